@@ -1,0 +1,96 @@
+// conveyor/cm.hpp — the connection manager, in the rdma_cm style.
+//
+// Target (passive side):
+//   auto lis = conveyor::listener::bind(dev, "0.0.0.0:7471").value();
+//   auto req = lis.accept(5s).value();            // peer's private data: req.private_data()
+//   req.accept(qp, mr.remote().encode()).value(); // qp is now RTS
+// Initiator (active side):
+//   auto info = conveyor::connect(qp, "127.0.0.1:7471", {.private_data = hello}).value();
+//   auto peer = conveyor::remote_region::decode(info.private_data).value();
+//
+// Errors say what happened and where: "connect to 127.0.0.1:7471: connection
+// refused", "peer 127.0.0.1:7471 rejected: <reason>", "MPA handshake with
+// 127.0.0.1:7471 timed out after 5 s". Private data is at most 251 bytes each way.
+//
+// Thread safety: a listener is thread-compatible; connect may run concurrently
+// for different QPs.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "conveyor/device.hpp"
+#include "conveyor/error.hpp"
+#include "conveyor/qp.hpp"
+
+namespace conveyor {
+
+namespace detail {
+class listener_impl;
+class conn_request_impl;
+}  // namespace detail
+
+inline constexpr std::size_t max_private_data = 251;
+
+struct connect_options {
+  std::span<const std::byte> private_data{};
+  std::chrono::milliseconds timeout{5000};  // TCP connect + MPA handshake
+};
+
+// What connect() / connect_request::accept() learned.
+struct connection_info {
+  std::vector<std::byte> private_data;  // the peer's
+  qp_connection_attr attr;
+};
+
+class connect_request {
+ public:
+  connect_request() = default;
+  explicit connect_request(std::unique_ptr<detail::conn_request_impl> impl) noexcept;
+  connect_request(connect_request&&) noexcept;
+  connect_request& operator=(connect_request&&) noexcept;
+  ~connect_request();  // an unanswered request is rejected
+
+  std::span<const std::byte> private_data() const noexcept;
+  std::string peer_address() const;
+
+  // Completes the handshake on `qp` (state INIT, same device); qp becomes RTS.
+  result<connection_info> accept(queue_pair& qp, std::span<const std::byte> private_data = {});
+  // Refuses the peer; it sees errc::rejected with this reason.
+  result<void> reject(std::span<const std::byte> reason = {});
+  result<void> reject(std::string_view reason);
+
+ private:
+  std::unique_ptr<detail::conn_request_impl> impl_;
+};
+
+class listener {
+ public:
+  listener() = default;
+  explicit listener(std::unique_ptr<detail::listener_impl> impl) noexcept;
+  listener(listener&&) noexcept;
+  listener& operator=(listener&&) noexcept;
+  ~listener();
+
+  // "ip:port" (port 0 picks a free one; see address()).
+  static result<listener> bind(const device& dev, std::string_view address, int backlog = 64);
+  std::string address() const;
+  std::uint16_t port() const noexcept;
+
+  // Waits for a peer's connection request (TCP + MPA request), bounded.
+  result<connect_request> accept(std::chrono::milliseconds timeout);
+
+ private:
+  std::unique_ptr<detail::listener_impl> impl_;
+};
+
+// Connects `qp` (state INIT) to a listener; on success qp is RTS.
+result<connection_info> connect(queue_pair& qp, std::string_view address,
+                                const connect_options& opts = {});
+
+}  // namespace conveyor

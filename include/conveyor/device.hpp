@@ -1,0 +1,103 @@
+// conveyor/device.hpp — devices: discovery, opening, attributes.
+//
+//   for (auto& info : conveyor::device::list()) std::cout << info.name << '\n';
+//   auto dev = conveyor::device::open("soft").value();
+//   auto cq  = dev.create_cq({.depth = 1024}).value();
+//
+// A device is one software or hardware RNIC. The `soft` provider's device runs a
+// progress engine (one thread by default) that serves incoming one-sided
+// operations with no application thread involved; with progress_mode::manual the
+// engine instead runs inside completion_queue::poll/wait.
+//
+// Thread safety: a device handle is thread-compatible; objects created from it
+// may be used from different threads as their own headers state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "conveyor/cq.hpp"
+#include "conveyor/error.hpp"
+
+namespace conveyor {
+
+class protection_domain;
+
+namespace detail {
+class device_impl;
+}
+
+enum class transport : std::uint8_t { iwarp, roce, infiniband, shm };
+std::string_view to_string(transport t) noexcept;
+
+enum class progress_mode : std::uint8_t {
+  thread,  // an engine thread per device (default): the target's CPU threads idle
+  manual,  // no thread: poll()/wait() on any CQ of the device drive the engine
+};
+
+struct device_options {
+  progress_mode progress = progress_mode::thread;
+  bool request_crc = true;         // ask peers for MPA CRC32c (the peer may ask too)
+  std::uint32_t spin_us = 20;      // engine/wait busy-poll before blocking
+  std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
+};
+
+struct device_attr {
+  std::string name;
+  std::string provider;  // "soft", "verbs", "shm"
+  transport transport_type = transport::iwarp;
+  std::uint32_t max_qp = 0;
+  std::uint32_t max_cqe = 0;
+  std::uint32_t max_qp_wr = 0;
+  std::uint32_t max_sge = 0;
+  std::uint32_t max_inline_data = 0;
+  std::uint32_t max_mr = 0;
+  std::uint64_t max_mr_size = 0;
+  std::uint32_t max_msg_size = 0;
+  std::uint32_t max_qp_rd_atom = 0;  // IRD/ORD limit
+  bool atomics = false;          // between two peers that both support them
+  bool immediate_data = false;   // likewise
+  bool send_with_invalidate = true;
+};
+
+struct device_info {
+  std::string name;
+  std::string provider;
+  transport transport_type = transport::iwarp;
+  bool available = true;
+  std::string reason;  // why not available
+};
+
+class device {
+ public:
+  device() = default;
+  explicit device(std::shared_ptr<detail::device_impl> impl) noexcept;
+  device(device&&) noexcept = default;
+  device& operator=(device&&) noexcept = default;
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+  ~device();
+
+  // Every device of every provider built into this library.
+  static std::vector<device_info> list();
+  // Opens a device by name ("soft", or "soft:<label>" for a separate instance)
+  // or by provider; errc::not_found names the devices that exist.
+  static result<device> open(std::string_view name, const device_options& opts = {});
+
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+  const device_attr& attr() const noexcept;
+  const device_options& options() const noexcept;
+  std::string_view name() const noexcept { return attr().name; }
+
+  result<protection_domain> alloc_pd();
+  result<completion_queue> create_cq(const cq_options& opts = {});
+
+  const std::shared_ptr<detail::device_impl>& shared_impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<detail::device_impl> impl_;
+};
+
+}  // namespace conveyor

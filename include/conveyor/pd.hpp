@@ -1,0 +1,57 @@
+// conveyor/pd.hpp — protection domains: memory registration and QP creation.
+//
+//   auto pd = dev.alloc_pd().value();
+//   auto mr = pd.register_memory(std::as_writable_bytes(std::span(buf)),
+//                                access::local_write | access::remote_write).value();
+//   auto qp = pd.create_qp({.send_cq = &cq, .recv_cq = &cq}).value();
+//
+// A key is usable only by QPs of the protection domain that registered it; the
+// engine checks this on every remote access. Handles keep the device alive.
+// Thread safety: register_memory and create_qp may be called concurrently.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "conveyor/error.hpp"
+#include "conveyor/mr.hpp"
+#include "conveyor/qp.hpp"
+
+namespace conveyor {
+
+namespace detail {
+class pd_impl;
+}
+
+class protection_domain {
+ public:
+  protection_domain() = default;
+  explicit protection_domain(std::shared_ptr<detail::pd_impl> impl) noexcept;
+  protection_domain(protection_domain&&) noexcept = default;
+  protection_domain& operator=(protection_domain&&) noexcept = default;
+  protection_domain(const protection_domain&) = delete;
+  protection_domain& operator=(const protection_domain&) = delete;
+  ~protection_domain();
+
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+  // Registers any user buffer (it must outlive the registration). Errors:
+  // invalid_argument (empty span, no rights, remote_write/atomic without
+  // local_write), resource_exhausted (key table full).
+  result<memory_region> register_memory(std::span<std::byte> buf, access rights);
+  template <class T>
+  result<memory_region> register_memory(std::span<T> buf, access rights) {
+    return register_memory(std::as_writable_bytes(buf), rights);
+  }
+
+  // Creates an RC QP in state INIT (ready for post_recv and for connecting).
+  result<queue_pair> create_qp(const qp_init_attr& attr);
+
+  const std::shared_ptr<detail::pd_impl>& shared_impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<detail::pd_impl> impl_;
+};
+
+}  // namespace conveyor

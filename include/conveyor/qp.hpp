@@ -1,0 +1,171 @@
+// conveyor/qp.hpp — reliable-connected queue pairs: work requests and posting.
+//
+//   auto qp = pd.create_qp({.send_cq = &cq, .recv_cq = &cq}).value();  // state INIT
+//   qp.post_recv(recv_mr.as_sge(), /*wr_id=*/1);                        // before connecting
+//   conveyor::connect(qp, "127.0.0.1:7471", {}).value();                // now RTS
+//   qp.post_write(local.as_sge(), peer.slice(0, 4096), /*wr_id=*/2);
+//
+// States follow verbs: RESET -> INIT -> RTR -> RTS, and ERROR from anywhere.
+// The connection manager (cm.hpp) drives INIT -> RTR -> RTS. In ERROR every
+// outstanding request completes with wr_flush_err and new posts return
+// errc::qp_in_error.
+//
+// Posting never blocks, never allocates and never throws: a full queue returns
+// errc::again. Thread safety: post_send/post_recv may be called from several
+// threads (each queue has its own lock); other members are thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "conveyor/cq.hpp"
+#include "conveyor/error.hpp"
+#include "conveyor/mr.hpp"
+
+namespace conveyor {
+
+namespace detail {
+class qp_impl;
+}
+
+enum class qp_state : std::uint8_t { reset, init, rtr, rts, error };
+std::string_view to_string(qp_state s) noexcept;
+
+enum class wr_opcode : std::uint8_t {
+  send,
+  send_with_imm,
+  send_with_inv,
+  rdma_write,
+  rdma_write_with_imm,
+  rdma_read,
+  atomic_cmp_and_swp,
+  atomic_fetch_and_add,
+};
+std::string_view to_string(wr_opcode op) noexcept;
+
+enum class send_flags : std::uint32_t {
+  none = 0,
+  signaled = 1u << 0,   // produce a completion (always on if the QP signals all)
+  inline_data = 1u << 1,  // copy the payload at post time; lkeys are not checked
+  fence = 1u << 2,      // wait for earlier READs/atomics to complete first
+  solicited = 1u << 3,  // solicited event (SEND variants)
+};
+constexpr send_flags operator|(send_flags a, send_flags b) noexcept {
+  return static_cast<send_flags>(static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b));
+}
+constexpr bool has(send_flags set, send_flags bit) noexcept {
+  return (static_cast<std::uint32_t>(set) & static_cast<std::uint32_t>(bit)) != 0;
+}
+
+struct send_wr {
+  std::uint64_t wr_id = 0;
+  wr_opcode opcode = wr_opcode::send;
+  send_flags flags = send_flags::signaled;
+  std::span<const sge> sg_list;        // local data (READ: the sink; atomics: 8-byte result)
+  std::uint64_t remote_addr = 0;       // RDMA and atomics
+  std::uint32_t rkey = 0;              // RDMA and atomics
+  std::uint32_t imm_data = 0;          // *_with_imm
+  std::uint32_t invalidate_rkey = 0;   // send_with_inv
+  std::uint64_t compare_add = 0;       // cmp_and_swp: compare; fetch_and_add: add
+  std::uint64_t swap = 0;              // cmp_and_swp: swap
+};
+
+struct recv_wr {
+  std::uint64_t wr_id = 0;
+  std::span<const sge> sg_list;
+};
+
+struct qp_caps {
+  std::uint32_t max_send_wr = 256;
+  std::uint32_t max_recv_wr = 256;
+  std::uint32_t max_send_sge = 4;
+  std::uint32_t max_recv_sge = 4;
+  std::uint32_t max_inline_data = 256;
+};
+
+struct qp_init_attr {
+  completion_queue* send_cq = nullptr;  // required; must outlive nothing (kept alive)
+  completion_queue* recv_cq = nullptr;  // required
+  qp_caps cap{};
+  bool sq_sig_all = false;  // every send WR completes, whatever its flags
+  // Outbound READ/atomic depth wanted (ORD) and inbound depth offered (IRD);
+  // the connection negotiates the final values with the peer.
+  std::uint32_t max_rd_atomic = 16;
+  std::uint32_t max_dest_rd_atomic = 16;
+};
+
+// What the connection negotiated (valid once the QP reached RTS).
+struct qp_connection_attr {
+  std::string local_address;   // "ip:port"
+  std::string peer_address;    // "ip:port"
+  std::uint32_t ird = 0;       // inbound READs we accept at once
+  std::uint32_t ord = 0;       // outbound READs we may have outstanding
+  bool crc = false;            // MPA CRC32c in use
+  std::uint32_t mss = 0;       // TCP maximum segment size
+  std::uint32_t max_fpdu = 0;  // bytes per FPDU we send (header + payload + CRC)
+  std::uint8_t mpa_revision = 0;
+  bool extensions = false;     // RFC 7306 atomics and immediate data usable
+  std::string rtr;             // "write", "read", "none"
+};
+
+// Per-QP counters (read with qp.counters()).
+struct qp_counters {
+  std::uint64_t tx_bytes = 0, rx_bytes = 0;
+  std::uint64_t tx_fpdus = 0, rx_fpdus = 0;
+  std::uint64_t tx_syscalls = 0, rx_syscalls = 0;
+  std::uint64_t reads_served = 0, writes_placed = 0, atomics_served = 0;
+  std::uint64_t terminates_sent = 0, terminates_received = 0;
+};
+
+class queue_pair {
+ public:
+  queue_pair() = default;
+  explicit queue_pair(std::shared_ptr<detail::qp_impl> impl) noexcept;
+  queue_pair(queue_pair&&) noexcept = default;
+  queue_pair& operator=(queue_pair&&) noexcept;
+  queue_pair(const queue_pair&) = delete;
+  queue_pair& operator=(const queue_pair&) = delete;
+  ~queue_pair();  // disconnects (bounded) and flushes
+
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+  std::uint32_t qp_num() const noexcept;
+  qp_state state() const noexcept;
+  const qp_caps& caps() const noexcept;
+
+  // Posts a batch with one doorbell. On failure, *bad (if given) is the index of
+  // the first request not posted; those before it were posted.
+  status post_send(std::span<const send_wr> wrs, std::size_t* bad = nullptr) noexcept;
+  status post_recv(std::span<const recv_wr> wrs, std::size_t* bad = nullptr) noexcept;
+
+  // Single-request conveniences (signaled).
+  status post_send(const send_wr& wr) noexcept { return post_send(std::span(&wr, 1)); }
+  status post_recv(const sge& local, std::uint64_t wr_id) noexcept;
+  status post_send_msg(const sge& local, std::uint64_t wr_id) noexcept;
+  status post_write(const sge& local, const remote_region& remote, std::uint64_t wr_id) noexcept;
+  status post_read(const sge& local, const remote_region& remote, std::uint64_t wr_id) noexcept;
+  status post_fetch_add(const sge& result8, const remote_region& remote, std::uint64_t add,
+                        std::uint64_t wr_id) noexcept;
+  status post_cmp_swap(const sge& result8, const remote_region& remote, std::uint64_t compare,
+                       std::uint64_t swap, std::uint64_t wr_id) noexcept;
+
+  // Moves the QP to ERROR (flushing everything outstanding) or, from ERROR or
+  // INIT, back to RESET/INIT. Other transitions belong to the connection manager.
+  result<void> modify(qp_state target);
+
+  // Negotiated parameters; errc::invalid_state before the connection is up.
+  result<qp_connection_attr> connection() const;
+  qp_counters counters() const noexcept;
+
+  // Orderly close: the peer sees the connection end; outstanding requests flush.
+  void disconnect() noexcept;
+
+  detail::qp_impl* impl() const noexcept { return impl_.get(); }
+  const std::shared_ptr<detail::qp_impl>& shared_impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<detail::qp_impl> impl_;
+};
+
+}  // namespace conveyor

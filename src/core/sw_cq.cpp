@@ -1,0 +1,113 @@
+#include "core/sw_cq.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <thread>
+
+namespace conveyor::detail {
+
+result<std::shared_ptr<sw_cq>> sw_cq::create(std::uint32_t depth, std::shared_ptr<void> keep,
+                                             progress_source* manual, std::uint32_t spin_us) {
+  if (depth == 0 || depth > (1u << 22))
+    return make_error(errc::invalid_argument,
+                      "create_cq: depth " + std::to_string(depth) + " not in 1..4194304");
+  int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (efd < 0) return make_error(errc::resource_exhausted, "create_cq: eventfd", errno);
+  return std::make_shared<sw_cq>(depth, efd, std::move(keep), manual, spin_us);
+}
+
+sw_cq::sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* manual,
+             std::uint32_t spin_us)
+    : depth_(depth), efd_(efd), keep_(std::move(keep)), manual_(manual), spin_us_(spin_us),
+      ring_(depth) {}
+
+sw_cq::~sw_cq() { ::close(efd_); }
+
+void sw_cq::notify() noexcept {
+  if (armed_.exchange(false, std::memory_order_acq_rel)) {
+    signaled_.store(true, std::memory_order_release);
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(efd_, &one, sizeof one);
+  }
+}
+
+bool sw_cq::push(const work_completion& wc) noexcept {
+  bool ok;
+  {
+    std::lock_guard lk(mu_);
+    ok = count_ < depth_;
+    if (ok) {
+      ring_[(head_ + count_) % depth_] = wc;
+      ++count_;
+      approx_count_.store(count_, std::memory_order_release);
+    } else {
+      overflow_.store(true, std::memory_order_release);
+    }
+  }
+  notify();
+  return ok;
+}
+
+std::size_t sw_cq::take(std::span<work_completion> out) noexcept {
+  if (approx_count_.load(std::memory_order_acquire) == 0) return 0;
+  std::lock_guard lk(mu_);
+  std::size_t n = 0;
+  while (n < out.size() && count_ > 0) {
+    out[n++] = ring_[head_];
+    head_ = (head_ + 1) % depth_;
+    --count_;
+  }
+  approx_count_.store(count_, std::memory_order_release);
+  return n;
+}
+
+std::expected<std::size_t, errc> sw_cq::poll(std::span<work_completion> out) noexcept {
+  if (overflow_.load(std::memory_order_acquire)) return std::unexpected(errc::cq_overflow);
+  std::size_t n = take(out);
+  if (n == 0 && manual_) {
+    manual_->progress();
+    n = take(out);
+  }
+  if (n == 0 && signaled_.load(std::memory_order_acquire)) {
+    // Reset the event descriptor so level-triggered users do not spin.
+    signaled_.store(false, std::memory_order_release);
+    std::uint64_t v;
+    [[maybe_unused]] auto r = ::read(efd_, &v, sizeof v);
+  }
+  return n;
+}
+
+void sw_cq::arm() noexcept {
+  armed_.store(true, std::memory_order_release);
+  if (approx_count_.load(std::memory_order_acquire) != 0 || overflowed()) notify();
+}
+
+std::expected<std::size_t, errc> sw_cq::wait(std::span<work_completion> out,
+                                             std::chrono::nanoseconds timeout) noexcept {
+  using clk = std::chrono::steady_clock;
+  const auto start = clk::now();
+  const auto deadline = start + timeout;
+  const auto spin_end = start + std::chrono::microseconds(spin_us_);
+  for (;;) {
+    auto r = poll(out);
+    if (!r || *r > 0) return r;
+    const auto now = clk::now();
+    if (now >= deadline) return std::unexpected(errc::timed_out);
+    if (now < spin_end) {
+      std::this_thread::yield();
+      continue;
+    }
+    arm();
+    r = poll(out);
+    if (!r || *r > 0) return r;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+    int ms = static_cast<int>(std::min<long long>(std::max<long long>(left, 0) + 1, 1000));
+    pollfd fds[2] = {{efd_, POLLIN, 0}, {manual_ ? manual_->wait_fd() : -1, POLLIN, 0}};
+    ::poll(fds, manual_ ? 2 : 1, ms);
+  }
+}
+
+}  // namespace conveyor::detail

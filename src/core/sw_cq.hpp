@@ -1,0 +1,61 @@
+// A completion queue in software, shared by the software providers: a ring
+// with a per-CQ lock (never a global one), an eventfd for blocking waits and
+// user event loops, and sticky overflow reporting.
+#pragma once
+
+#include "core/impl.hpp"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace conveyor::detail {
+
+// Drives a provider's engine from poll()/wait() in manual-progress mode.
+class progress_source {
+ public:
+  virtual ~progress_source() = default;
+  virtual void progress() noexcept = 0;
+  virtual int wait_fd() const noexcept = 0;  // readable when progress() has work
+};
+
+class sw_cq final : public cq_impl {
+ public:
+  // `keep` keeps the device alive; `manual` is non-null in manual-progress mode.
+  static result<std::shared_ptr<sw_cq>> create(std::uint32_t depth, std::shared_ptr<void> keep,
+                                               progress_source* manual, std::uint32_t spin_us);
+  sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* manual,
+        std::uint32_t spin_us);
+  ~sw_cq() override;
+
+  std::uint32_t depth() const noexcept override { return depth_; }
+  std::expected<std::size_t, errc> poll(std::span<work_completion> out) noexcept override;
+  std::expected<std::size_t, errc> wait(std::span<work_completion> out,
+                                        std::chrono::nanoseconds timeout) noexcept override;
+  int fd() const noexcept override { return efd_; }
+  void arm() noexcept override;
+
+  // Provider side: false if the queue was full (the completion is lost and the
+  // queue reports overflow from now on).
+  bool push(const work_completion& wc) noexcept;
+  bool overflowed() const noexcept { return overflow_.load(std::memory_order_relaxed); }
+
+ private:
+  std::size_t take(std::span<work_completion> out) noexcept;
+  void notify() noexcept;
+
+  const std::uint32_t depth_;
+  const int efd_;
+  std::shared_ptr<void> keep_;
+  progress_source* manual_;
+  const std::uint32_t spin_us_;
+  std::mutex mu_;
+  std::vector<work_completion> ring_;
+  std::size_t head_ = 0, count_ = 0;
+  std::atomic<std::size_t> approx_count_{0};
+  std::atomic<bool> overflow_{false};
+  std::atomic<bool> armed_{false};
+  std::atomic<bool> signaled_{false};
+};
+
+}  // namespace conveyor::detail

@@ -1,0 +1,106 @@
+#include "providers/soft/engine/engine.hpp"
+
+#include "providers/soft/engine/soft_qp.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+
+namespace conveyor::soft {
+
+engine::engine(bool own_thread, std::uint32_t spin_us) : spin_us_(spin_us) {
+  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epfd_ >= 0 && wake_ >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_, &ev);
+  }
+  if (own_thread && ok()) thread_ = std::thread([this] { run(); });
+}
+
+engine::~engine() {
+  stop_.store(true);
+  if (wake_ >= 0) {
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(wake_, &one, sizeof one);
+  }
+  if (thread_.joinable()) thread_.join();
+  if (epfd_ >= 0) ::close(epfd_);
+  if (wake_ >= 0) ::close(wake_);
+}
+
+void engine::attach(soft_qp* qp, int fd) noexcept {
+  {
+    std::lock_guard lk(mu_);
+    live_.insert(qp);
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.ptr = qp;
+  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void engine::want_write(soft_qp* qp, int fd, bool on) noexcept {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0u);
+  ev.data.ptr = qp;
+  ::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void engine::detach(soft_qp* qp, int fd) noexcept {
+  std::unique_lock lk(mu_);
+  if (!live_.erase(qp)) return;
+  if (fd >= 0) ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  if (progress_thread_ == std::this_thread::get_id()) return;  // detaching itself
+  cv_.wait(lk, [&] { return current_ != qp; });
+}
+
+int engine::dispatch(int timeout_ms) noexcept {
+  epoll_event evs[64];
+  int n = ::epoll_wait(epfd_, evs, 64, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    auto* qp = static_cast<soft_qp*>(evs[i].data.ptr);
+    if (qp == nullptr) {
+      std::uint64_t v;
+      [[maybe_unused]] auto r = ::read(wake_, &v, sizeof v);
+      continue;
+    }
+    {
+      std::lock_guard lk(mu_);
+      if (!live_.contains(qp)) continue;
+      current_ = qp;
+    }
+    qp->on_events(evs[i].events);
+    {
+      std::lock_guard lk(mu_);
+      current_ = nullptr;
+    }
+    cv_.notify_all();
+  }
+  return n;
+}
+
+void engine::progress() noexcept {
+  std::unique_lock pl(progress_mu_, std::try_to_lock);
+  if (!pl.owns_lock()) return;
+  progress_thread_ = std::this_thread::get_id();
+  dispatch(0);
+  progress_thread_ = {};
+}
+
+void engine::run() {
+  progress_thread_ = std::this_thread::get_id();
+  using clk = std::chrono::steady_clock;
+  auto last_activity = clk::now();
+  const auto spin = std::chrono::microseconds(spin_us_);
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const bool spinning = clk::now() - last_activity < spin;
+    if (dispatch(spinning ? 0 : 1000) > 0) last_activity = clk::now();
+  }
+}
+
+}  // namespace conveyor::soft

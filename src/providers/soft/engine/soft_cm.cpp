@@ -1,0 +1,341 @@
+// The soft provider's connection manager: MPA (RFC 5044) with the RFC 6581
+// enhanced setup, as initiator (connect) and responder (listener/accept).
+//
+// Initiator: TCP connect, MPA Request rev 2 with H, the IRD/ORD words, peer-to-
+// peer mode offering Write and Read RTRs, C if the device asks for CRC, and
+// Conveyor's RFC 7306 offer bit. Reply parsed; the RTR the Reply chose is sent
+// as the first FPDU. Responder: accepts rev 1 and rev 2 requests, refuses
+// markers, echoes C and A, picks the Write RTR when offered (else Read), and
+// answers the extension offer with ext_ack (never by echoing the offer).
+#include "providers/soft/engine/soft_qp.hpp"
+#include "providers/soft/soft_device.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <cstdio>
+
+namespace conveyor::soft {
+
+using namespace wire;
+using clk = net::clock;
+
+namespace {
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g s", static_cast<double>(ms.count()) / 1000.0);
+  return b;
+}
+
+std::string printable(std::span<const std::byte> pd) {
+  std::string s;
+  for (auto b : pd) {
+    const char c = static_cast<char>(b);
+    if (c == 0) break;
+    s += (c >= 32 && c < 127) ? c : '?';
+  }
+  return s;
+}
+
+// Reads one MPA frame (header, then exactly PD_Length bytes) before the deadline.
+result<mpa_frame> read_mpa(int fd, bool reply, clk::time_point deadline, std::chrono::milliseconds t,
+                           const std::string& peer) {
+  std::byte hdr[mpa_header_size];
+  const std::string what = "MPA handshake with " + peer;
+  auto r = net::read_exact(fd, hdr, deadline, what);
+  if (!r) {
+    if (r.error().code == errc::timed_out)
+      return make_error(errc::timed_out, what + " timed out after " + seconds_text(t));
+    return std::unexpected(r.error());
+  }
+  auto pdlen = mpa_pd_length(hdr, reply);
+  if (!pdlen)
+    return make_error(errc::protocol_error, what + ": " + std::string(to_string(pdlen.error())));
+  std::vector<std::byte> frame(hdr, hdr + mpa_header_size);
+  frame.resize(mpa_header_size + *pdlen);
+  r = net::read_exact(fd, std::span(frame).subspan(mpa_header_size), deadline, what);
+  if (!r) {
+    if (r.error().code == errc::timed_out)
+      return make_error(errc::timed_out, what + " timed out after " + seconds_text(t));
+    return std::unexpected(r.error());
+  }
+  auto f = decode_mpa(frame, reply);
+  if (!f) return make_error(errc::protocol_error, what + ": " + std::string(to_string(f.error())));
+  return std::move(*f);
+}
+
+class soft_conn_request;
+
+class soft_listener final : public detail::listener_impl {
+ public:
+  soft_listener(std::shared_ptr<soft_device> dev, net::fd_guard fd)
+      : dev_(std::move(dev)), fd_(std::move(fd)), local_(net::local_endpoint(fd_.get())) {}
+  std::string address() const override { return local_.to_string(); }
+  std::uint16_t port() const noexcept override {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&local_.ss);
+    return ntohs(a->sin_port);
+  }
+  result<std::unique_ptr<detail::conn_request_impl>> accept(std::chrono::milliseconds timeout) override;
+
+ private:
+  std::shared_ptr<soft_device> dev_;
+  net::fd_guard fd_;
+  net::endpoint local_;
+};
+
+class soft_conn_request final : public detail::conn_request_impl {
+ public:
+  soft_conn_request(std::shared_ptr<soft_device> dev, net::fd_guard fd, mpa_frame req, std::string peer)
+      : dev_(std::move(dev)), fd_(std::move(fd)), req_(std::move(req)), peer_(std::move(peer)) {}
+  ~soft_conn_request() override {
+    if (fd_) (void)reject(std::as_bytes(std::span("not accepted", 12)));
+  }
+  std::span<const std::byte> private_data() const noexcept override { return req_.private_data; }
+  std::string peer_address() const override { return peer_; }
+  result<connection_info> accept(queue_pair& qp, std::span<const std::byte> pd) override;
+  result<void> reject(std::span<const std::byte> reason) override;
+
+ private:
+  mpa_frame reply_base() const {
+    mpa_frame rep;
+    rep.reply = true;
+    rep.revision = req_.revision == 2 ? 2 : 1;
+    return rep;
+  }
+  std::shared_ptr<soft_device> dev_;
+  net::fd_guard fd_;
+  mpa_frame req_;
+  std::string peer_;
+};
+
+result<std::unique_ptr<detail::conn_request_impl>> soft_listener::accept(std::chrono::milliseconds timeout) {
+  const auto deadline = clk::now() + timeout;
+  auto c = net::accept_tcp(fd_.get(), deadline);
+  if (!c) return std::unexpected(c.error());
+  const std::string peer = net::peer_endpoint(c->get()).to_string();
+  const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
+  auto req = read_mpa(c->get(), false, clk::now() + hs, hs, peer);
+  if (!req) {
+    // A request with markers gets a rejecting Reply (as siw does); others are dropped.
+    return std::unexpected(req.error());
+  }
+  if (req->markers()) {
+    mpa_frame rep;
+    rep.reply = true;
+    rep.revision = req->revision;
+    rep.flags = mpa_flag::reject;
+    auto bytes = encode_mpa(rep);
+    (void)net::write_all(c->get(), bytes, clk::now() + hs, "MPA reject");
+    return make_error(errc::protocol_error, "MPA request from " + peer + " asks for markers (refused)");
+  }
+  return std::unique_ptr<detail::conn_request_impl>(
+      new soft_conn_request(dev_, std::move(*c), std::move(*req), peer));
+}
+
+result<void> soft_conn_request::reject(std::span<const std::byte> reason) {
+  if (!fd_) return make_error(errc::invalid_state, "reject: request already answered");
+  mpa_frame rep = reply_base();
+  rep.flags = mpa_flag::reject;
+  if (req_.v2) rep.v2 = mpa_v2_words{};
+  rep.private_data.assign(reason.begin(), reason.begin() + std::min(reason.size(), max_private_data));
+  auto bytes = encode_mpa(rep);
+  auto r = net::write_all(fd_.get(), bytes, clk::now() + std::chrono::seconds(1), "MPA reject to " + peer_);
+  ::shutdown(fd_.get(), SHUT_WR);
+  fd_ = net::fd_guard();
+  return r;
+}
+
+result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<const std::byte> pd) {
+  auto* sq = dynamic_cast<soft_qp*>(qp.impl());
+  if (!sq) return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP of another provider");
+  if (&sq->pd().dev() != dev_.get())
+    return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP belongs to another device");
+  if (sq->state() != qp_state::init)
+    return make_error(errc::invalid_state, "accept from " + peer_ + ": QP " +
+                                               std::to_string(sq->qp_num()) + " is " +
+                                               std::string(to_string(sq->state())) + ", not INIT");
+  if (pd.size() > max_private_data)
+    return make_error(errc::invalid_argument, "accept: private data longer than " +
+                                                  std::to_string(max_private_data) + " bytes");
+  const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
+  const auto deadline = clk::now() + hs;
+  mpa_frame rep = reply_base();
+  const bool crc = req_.crc() || dev_->options().request_crc;
+  rep.flags = crc ? mpa_flag::crc : 0;
+  const bool ext = (req_.flags & mpa_flag::ext_offer) != 0;
+  if (ext) rep.flags |= mpa_flag::ext_ack;  // never ext_offer: an echo proves nothing
+  conn_params cp;
+  cp.crc = crc;
+  cp.ext = ext;
+  std::string rtr = "none";
+  bool p2p = false;
+  bool read_rtr = false;
+  if (req_.v2) {
+    mpa_v2_words w;
+    // Our IRD absorbs the initiator's ORD; our ORD stays within its IRD.
+    cp.ird = std::clamp<std::uint32_t>(req_.v2->ord, 1, 128);
+    cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ord(), req_.v2->ird), 1, 128);
+    w.ird = static_cast<std::uint16_t>(cp.ird);
+    w.ord = static_cast<std::uint16_t>(cp.ord);
+    if (req_.v2->peer2peer) {
+      p2p = true;
+      w.peer2peer = true;
+      if (req_.v2->write_rtr || !req_.v2->read_rtr) {
+        w.write_rtr = true;
+        rtr = "write";
+      } else {
+        w.read_rtr = true;
+        read_rtr = true;
+        rtr = "read";
+      }
+    }
+    rep.v2 = w;
+  } else {
+    cp.ird = sq->want_ird();
+    cp.ord = sq->want_ord();
+  }
+  rep.private_data.assign(pd.begin(), pd.end());
+  auto bytes = encode_mpa(rep);
+  auto w = net::write_all(fd_.get(), bytes, deadline, "MPA reply to " + peer_);
+  if (!w) return std::unexpected(w.error());
+  if (p2p) {
+    // Nothing may be sent before the initiator's RTR arrives; read exactly it.
+    const std::size_t n = read_rtr ? fpdu_size(ddp::untagged_hdr + read_request_hdr)
+                                   : fpdu_size(ddp::tagged_hdr);
+    std::byte buf[64];
+    auto r = net::read_exact(fd_.get(), std::span(buf, n), deadline, "MPA RTR from " + peer_);
+    if (!r) {
+      if (r.error().code == errc::timed_out)
+        return make_error(errc::timed_out, "MPA handshake with " + peer_ + " timed out after " +
+                                               seconds_text(hs) + " (no RTR)");
+      return std::unexpected(r.error());
+    }
+    auto h = parse_fpdu_header(std::span(buf, n));
+    const bool ok = h && h->total() == n && h->payload_len == 0 &&
+                    (read_rtr ? h->opcode == rdmap_op::read_request : h->opcode == rdmap_op::write) &&
+                    (!crc || check_fpdu_crc(std::span(buf, n)));
+    if (!ok) return make_error(errc::protocol_error, "MPA handshake with " + peer_ + ": bad RTR frame");
+    if (read_rtr && h->msn != 1)
+      return make_error(errc::protocol_error, "MPA handshake with " + peer_ + ": read RTR MSN != 1");
+    cp.answer_read_rtr = read_rtr;
+  }
+  qp_connection_attr attr;
+  attr.local_address = net::local_endpoint(fd_.get()).to_string();
+  attr.peer_address = peer_;
+  attr.ird = cp.ird;
+  attr.ord = cp.ord;
+  attr.crc = crc;
+  attr.mpa_revision = rep.revision;
+  attr.extensions = ext;
+  attr.rtr = rtr;
+  sq->start(std::move(fd_), cp, attr, false);
+  connection_info info{req_.private_data, *sq->connection()};
+  return info;
+}
+
+}  // namespace
+
+result<std::unique_ptr<detail::listener_impl>> soft_device::bind_listener(std::string_view address,
+                                                                          int backlog) {
+  auto ep = net::parse_endpoint(address);
+  if (!ep) return std::unexpected(ep.error());
+  auto fd = net::listen_tcp(*ep, backlog);
+  if (!fd) return std::unexpected(fd.error());
+  auto self = std::static_pointer_cast<soft_device>(shared_from_this());
+  return std::unique_ptr<detail::listener_impl>(new soft_listener(std::move(self), std::move(*fd)));
+}
+
+result<connection_info> soft_qp::connect(std::string_view address, const connect_options& opts) {
+  if (state() != qp_state::init)
+    return make_error(errc::invalid_state, "connect QP " + std::to_string(qpn_) + ": state is " +
+                                               std::string(to_string(state())) + ", not INIT");
+  if (opts.private_data.size() > max_private_data)
+    return make_error(errc::invalid_argument, "connect: private data longer than " +
+                                                  std::to_string(max_private_data) + " bytes");
+  auto ep = net::parse_endpoint(address);
+  if (!ep) return std::unexpected(ep.error());
+  const std::string peer = ep->to_string();
+  const auto deadline = clk::now() + opts.timeout;
+  auto fd = net::connect_tcp(*ep, deadline, "timeout " + seconds_text(opts.timeout));
+  if (!fd) return std::unexpected(fd.error());
+  const auto& dopts = dev_->options();
+  mpa_frame req;
+  req.reply = false;
+  req.revision = 2;
+  req.flags = static_cast<std::uint8_t>((dopts.request_crc ? mpa_flag::crc : 0) | mpa_flag::ext_offer);
+  mpa_v2_words w;
+  w.ird = static_cast<std::uint16_t>(want_ird_);
+  w.ord = static_cast<std::uint16_t>(want_ord_);
+  w.peer2peer = true;
+  w.write_rtr = true;
+  w.read_rtr = true;
+  req.v2 = w;
+  req.private_data.assign(opts.private_data.begin(), opts.private_data.end());
+  auto bytes = encode_mpa(req);
+  auto wr = net::write_all(fd->get(), bytes, deadline, "MPA request to " + peer);
+  if (!wr) return std::unexpected(wr.error());
+  auto rep = read_mpa(fd->get(), true, deadline, opts.timeout, peer);
+  if (!rep) return std::unexpected(rep.error());
+  if (rep->rejected()) {
+    const std::string why = printable(rep->private_data);
+    return make_error(errc::rejected,
+                      "peer " + peer + " rejected: " + (why.empty() ? std::string("(no reason given)") : why));
+  }
+  conn_params cp;
+  cp.crc = dopts.request_crc || rep->crc();
+  // Confirmed only by the ack bit *without* the offer bit: an echo of our flags
+  // (what Linux siw sends back) has the offer bit and no ack.
+  cp.ext = (rep->flags & mpa_flag::ext_ack) && !(rep->flags & mpa_flag::ext_offer);
+  std::string rtr = "none";
+  if (rep->v2) {
+    cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(want_ord_, rep->v2->ird), 1, 128);
+    cp.ird = std::clamp<std::uint32_t>(std::max<std::uint32_t>(want_ird_, rep->v2->ord), 1, 128);
+    if (rep->v2->peer2peer) {
+      std::byte f[64];
+      std::size_t n;
+      if (rep->v2->write_rtr) {
+        n = fpdu_size(ddp::tagged_hdr);
+        write_tagged_header(f, rdmap_op::write, true, 1, 0, 0);
+        rtr = "write";
+      } else if (rep->v2->read_rtr) {
+        n = fpdu_size(ddp::untagged_hdr + read_request_hdr);
+        write_untagged_header(f, rdmap_op::read_request, true, qn::read_request, 1, 0, 0,
+                              read_request_hdr, 0);
+        std::byte* p = f + untagged_header_size;
+        put_be32(p, 1);
+        put_be64(p + 4, 0);
+        put_be32(p + 12, 0);
+        put_be32(p + 16, 1);
+        put_be64(p + 20, 0);
+        rtr = "read";
+      } else {
+        return make_error(errc::protocol_error, "MPA reply from " + peer + ": no matching RTR option");
+      }
+      finish_fpdu(std::span(f, n), cp.crc);
+      auto r = net::write_all(fd->get(), std::span(f, n), deadline, "MPA RTR to " + peer);
+      if (!r) return std::unexpected(r.error());
+    }
+  } else {
+    cp.ird = want_ird_;
+    cp.ord = want_ord_;
+  }
+  qp_connection_attr attr;
+  attr.local_address = net::local_endpoint(fd->get()).to_string();
+  attr.peer_address = peer;
+  attr.ird = cp.ird;
+  attr.ord = cp.ord;
+  attr.crc = cp.crc;
+  attr.mpa_revision = rep->revision;
+  attr.extensions = cp.ext;
+  attr.rtr = rtr;
+  const bool read_rtr_sent = rtr == "read";
+  start(std::move(*fd), cp, attr, read_rtr_sent);
+  connection_info info{std::move(rep->private_data), *connection()};
+  return info;
+}
+
+}  // namespace conveyor::soft

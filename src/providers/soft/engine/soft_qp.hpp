@@ -1,0 +1,242 @@
+// The soft provider's queue pair: an iWARP RC endpoint over one TCP socket.
+//
+// Send side: post_send copies the work request into a preallocated SQ slot and,
+// under the QP's send lock, frames FPDUs straight from the registered buffers
+// (iovecs, no bounce copy) and hands them to the socket with sendmsg, many
+// frames per call. What the socket does not take waits for EPOLLOUT in the
+// engine. SEND/WRITE completions are reported once the peer has provably
+// placed them: a zero-length RDMA Read (standard iWARP, like an RTR) follows
+// signaled SEND/WRITEs and its response confirms everything before it, so a
+// remote protection error completes the very request that caused it.
+//
+// Receive side (engine only): a byte-stream parser; headers come through a
+// staging buffer read in large batches, bulk payload is received directly into
+// its final buffer (readv into the region, then the trailer, then a small
+// look-ahead). Every tagged access re-validates its key per step, so
+// deregistration takes effect at once.
+#pragma once
+
+#include "core/impl.hpp"
+#include "core/key_table.hpp"
+#include "core/sw_cq.hpp"
+#include "providers/soft/net/tcp.hpp"
+#include "providers/soft/wire/wire.hpp"
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+namespace conveyor::soft {
+
+class soft_pd;
+class soft_device;
+
+struct conn_params {
+  bool crc = false;
+  bool ext = false;
+  std::uint32_t ird = 0;  // inbound reads we accept
+  std::uint32_t ord = 0;  // outbound reads we may have outstanding
+  bool answer_read_rtr = false;  // the responder got a zero-length Read RTR to answer
+};
+
+class soft_qp final : public detail::qp_impl, public std::enable_shared_from_this<soft_qp> {
+ public:
+  soft_qp(std::shared_ptr<soft_pd> pd, std::shared_ptr<detail::sw_cq> scq,
+          std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
+  ~soft_qp() override;
+
+  std::uint32_t qp_num() const noexcept override { return qpn_; }
+  qp_state state() const noexcept override { return state_.load(std::memory_order_acquire); }
+  const qp_caps& caps() const noexcept override { return caps_; }
+  status post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept override;
+  status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept override;
+  result<void> modify(qp_state target) override;
+  result<qp_connection_attr> connection() const override;
+  qp_counters counters() const noexcept override;
+  void disconnect() noexcept override;
+  result<connection_info> connect(std::string_view address, const connect_options& opts) override;
+
+  // Engine callback.
+  void on_events(std::uint32_t events) noexcept;
+  // Connection manager: the handshake is done; take the socket and go to RTS.
+  // sent_read_rtr: we (initiator) sent a zero-length Read RTR and await its response.
+  void start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr, bool sent_read_rtr);
+  soft_pd& pd() noexcept { return *pd_; }
+  std::uint32_t want_ird() const noexcept { return want_ird_; }
+  std::uint32_t want_ord() const noexcept { return want_ord_; }
+
+ private:
+  enum class wqe_st : std::uint8_t { queued, unconfirmed, awaiting, done };
+  struct swqe {
+    std::uint64_t wr_id;
+    wr_opcode op;
+    bool signaled, fence, solicited, inl;
+    std::uint32_t nsge;
+    std::uint64_t len;
+    std::uint64_t remote_addr;
+    std::uint32_t rkey, imm, inv;
+    std::uint64_t cmp_add, swap;
+    wqe_st st;
+    wc_status status;
+    std::uint32_t byte_len;
+    std::uint32_t msn;            // untagged MSN used (send/read/atomic) for Terminate matching
+    std::uint64_t confirm_id;     // confirm read that covers this SEND/WRITE
+    std::uint64_t atomic_result;  // fetched original value
+  };
+  struct rwqe {
+    std::uint64_t wr_id;
+    std::uint32_t nsge;
+    std::uint64_t len;
+  };
+  // An outbound READ/atomic/confirm waiting for its response.
+  struct outstanding {
+    enum kind_t : std::uint8_t { user_read, confirm, atomic } kind;
+    std::uint32_t wqe;         // SQ index (user_read/atomic)
+    std::uint64_t confirm_id;  // confirm
+    std::uint32_t sink_stag;
+    std::uint64_t sink_to;
+    std::uint64_t len, got;
+  };
+  // An inbound request we answer (the IRQ).
+  struct response {
+    enum kind_t : std::uint8_t { read, atomic } kind;
+    std::uint32_t sink_stag;
+    std::uint64_t sink_to;
+    std::uint64_t len, sent;
+    std::uint32_t src_stag;
+    std::uint64_t src_to;
+    std::uint32_t request_id;
+    std::uint64_t original;
+  };
+  // One sendmsg batch.
+  static constexpr int max_iov = 512;
+  static constexpr std::size_t arena_size = 32 * 1024;
+  struct mark {
+    std::size_t end;
+    enum kind_t : std::uint8_t { sq, resp, term } kind;
+    std::uint32_t idx;
+  };
+  struct batch_key {
+    std::uint32_t key;
+    std::uint64_t addr, len;
+    std::size_t end;
+  };
+
+  // ---- send side (under tx_mu_) ----
+  void tx_progress_locked() noexcept;
+  bool build_batch_locked() noexcept;
+  bool frame_sq_locked(std::uint32_t idx) noexcept;
+  bool frame_response_locked(response& r) noexcept;
+  bool add_control_locked(std::span<const std::byte> fpdu) noexcept;
+  bool add_data_fpdu_locked(bool tagged, wire::rdmap_op op, bool last, std::uint32_t stag,
+                            std::uint64_t to, std::uint32_t q, std::uint32_t msn, std::uint32_t mo,
+                            std::uint32_t inv, std::span<const iovec> payload,
+                            std::size_t payload_len) noexcept;
+  void after_send_locked(std::size_t sent_now) noexcept;
+  void retire_locked() noexcept;
+  void complete_send_locked(swqe& w, wc_status st) noexcept;
+  std::size_t gather_sq(const swqe& w, std::uint32_t idx, std::uint64_t off, std::uint64_t len,
+                        iovec* out, int max) noexcept;
+  void maybe_confirm_locked() noexcept;
+  status validate_send(const send_wr& wr) noexcept;
+
+  // ---- receive side (engine) ----
+  void rx_progress() noexcept;
+  bool rx_header() noexcept;   // parse + validate + plan; false on fatal
+  bool rx_payload() noexcept;  // false when it must wait for the socket
+  bool rx_trailer() noexcept;
+  bool rx_message_done() noexcept;
+  bool rx_fill(std::size_t want) noexcept;  // read more into staging; false on EAGAIN/EOF
+  int plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int max) noexcept;
+  void handle_read_request(const wire::read_request& rr) noexcept;
+  void handle_atomic_request(const wire::atomic_request& a) noexcept;
+  void handle_terminate(const wire::terminate_msg& t) noexcept;
+  void fail_with_terminate(const wire::terminate_msg& t, wc_status local_status) noexcept;
+  void protocol_violation(wire::term_layer layer, std::uint8_t etype, std::uint8_t ecode,
+                          wc_status local_status) noexcept;
+
+  // ---- errors and teardown ----
+  void enter_error(wc_status first_status, std::uint32_t vendor) noexcept;
+  void flush_locked(wc_status first_status, std::uint32_t vendor) noexcept;
+  void close_socket() noexcept;
+
+  std::shared_ptr<soft_pd> pd_;
+  soft_device* dev_;
+  std::shared_ptr<detail::sw_cq> scq_, rcq_;
+  qp_caps caps_;
+  bool sig_all_;
+  std::uint32_t qpn_;
+  std::uint32_t want_ird_, want_ord_;
+  std::atomic<qp_state> state_{qp_state::init};
+
+  // connection
+  int fd_ = -1;
+  std::atomic<bool> attached_{false};
+  conn_params cp_;
+  qp_connection_attr attr_;
+  std::size_t max_fpdu_ = 1460;
+
+  // SQ (tx_mu_)
+  mutable std::mutex tx_mu_;
+  std::vector<swqe> sq_;
+  std::vector<sge> sq_sge_;
+  std::vector<std::byte> sq_inline_;
+  std::uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;  // retire / transmit / post
+  std::uint64_t cur_off_ = 0;       // bytes of the current SQ message already framed
+  bool cur_imm_sent_ = false;       // send_with_imm: the Immediate Data part went out
+  std::deque<outstanding> out_reads_;   // in order of request
+  std::deque<outstanding> out_atomics_;
+  std::uint32_t ord_used_ = 0;
+  std::uint64_t confirm_next_ = 1;  // id the next confirm read will carry
+  bool need_confirm_ = false;
+  std::uint32_t tx_msn_[4] = {1, 1, 1, 1};
+  std::deque<response> irq_;        // inbound reads/atomics to answer, in order
+  std::size_t irq_framing_ = 0;     // responses of irq_ already fully framed
+  std::vector<std::byte> term_bytes_;
+  bool term_pending_ = false, term_sent_ = false;
+  std::uint32_t atomic_req_id_ = 1;
+  // current batch
+  iovec iov_[max_iov];
+  int niov_ = 0, iov_pos_ = 0;
+  std::size_t batch_bytes_ = 0, batch_sent_ = 0;
+  std::unique_ptr<std::byte[]> arena_;
+  std::size_t arena_used_ = 0;
+  std::vector<mark> marks_;
+  std::vector<batch_key> batch_keys_;
+  bool want_write_ = false;
+
+  // RQ (rq_mu_)
+  std::mutex rq_mu_;
+  std::vector<rwqe> rq_;
+  std::vector<sge> rq_sge_;
+  std::uint64_t rq_head_ = 0, rq_tail_ = 0;
+
+  // receive state (engine thread only; rx_mu_ for teardown)
+  std::mutex rx_mu_;
+  std::unique_ptr<std::byte[]> rxbuf_;
+  std::size_t rx_beg_ = 0, rx_end_ = 0;
+  enum class rx_phase : std::uint8_t { header, payload, trailer } rx_phase_ = rx_phase::header;
+  wire::fpdu_header h_{};
+  std::uint32_t rx_crc_ = 0;
+  std::uint64_t rx_done_ = 0;        // payload bytes of this FPDU placed
+  std::byte rx_trailer_[8]{};
+  std::size_t rx_trailer_got_ = 0;
+  bool rx_last_big_ = false;
+  std::uint32_t rx_msn_[4] = {1, 1, 1, 1};
+  std::uint64_t rx_msg_off_ = 0;     // untagged: bytes of the current message so far
+  bool rx_in_send_ = false;
+  std::uint64_t rx_pending_imm_ = 0;
+  bool rx_has_pending_imm_ = false;
+  std::uint64_t rx_ctl_value_ = 0;   // immediate value / atomic original
+  std::uint32_t rx_ctl_id_ = 0;      // atomic response request id
+
+  // counters
+  std::atomic<std::uint64_t> c_tx_bytes_{0}, c_rx_bytes_{0}, c_tx_fpdus_{0}, c_rx_fpdus_{0},
+      c_tx_sys_{0}, c_rx_sys_{0}, c_reads_{0}, c_writes_{0}, c_atomics_{0}, c_term_tx_{0},
+      c_term_rx_{0};
+};
+
+}  // namespace conveyor::soft
