@@ -10,19 +10,20 @@
 namespace conveyor::detail {
 
 result<std::shared_ptr<sw_cq>> sw_cq::create(std::uint32_t depth, std::shared_ptr<void> keep,
-                                             progress_source* manual, std::uint32_t spin_us) {
+                                             progress_source* engine, std::uint32_t spin_us,
+                                             bool manual) {
   if (depth == 0 || depth > (1u << 22))
     return make_error(errc::invalid_argument,
                       "create_cq: depth " + std::to_string(depth) + " not in 1..4194304");
   int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (efd < 0) return make_error(errc::resource_exhausted, "create_cq: eventfd", errno);
-  return std::make_shared<sw_cq>(depth, efd, std::move(keep), manual, spin_us);
+  return std::make_shared<sw_cq>(depth, efd, std::move(keep), engine, spin_us, manual);
 }
 
-sw_cq::sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* manual,
-             std::uint32_t spin_us)
-    : depth_(depth), efd_(efd), keep_(std::move(keep)), manual_(manual), spin_us_(spin_us),
-      ring_(depth) {}
+sw_cq::sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* engine,
+             std::uint32_t spin_us, bool manual)
+    : depth_(depth), efd_(efd), keep_(std::move(keep)), spin_us_(spin_us), engine_(engine),
+      manual_(manual), ring_(depth) {}
 
 sw_cq::~sw_cq() { ::close(efd_); }
 
@@ -67,8 +68,8 @@ std::size_t sw_cq::take(std::span<work_completion> out) noexcept {
 std::expected<std::size_t, errc> sw_cq::poll(std::span<work_completion> out) noexcept {
   if (overflow_.load(std::memory_order_acquire)) return std::unexpected(errc::cq_overflow);
   std::size_t n = take(out);
-  if (n == 0 && manual_) {
-    manual_->progress();
+  if (n == 0 && engine_) {
+    engine_->progress();
     n = take(out);
   }
   if (n == 0 && signaled_.load(std::memory_order_acquire)) {
@@ -105,7 +106,7 @@ std::expected<std::size_t, errc> sw_cq::wait(std::span<work_completion> out,
     if (!r || *r > 0) return r;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
     int ms = static_cast<int>(std::min<long long>(std::max<long long>(left, 0) + 1, 1000));
-    pollfd fds[2] = {{efd_, POLLIN, 0}, {manual_ ? manual_->wait_fd() : -1, POLLIN, 0}};
+    pollfd fds[2] = {{efd_, POLLIN, 0}, {manual_ ? engine_->wait_fd() : -1, POLLIN, 0}};
     ::poll(fds, manual_ ? 2 : 1, ms);
   }
 }

@@ -21,11 +21,14 @@ class progress_source {
 
 class sw_cq final : public cq_impl {
  public:
-  // `keep` keeps the device alive; `manual` is non-null in manual-progress mode.
+  // `keep` keeps the device alive. `engine` (may be null) is progressed by poll
+  // when the queue is empty; with `manual`, wait() also sleeps on its descriptor
+  // because nothing else will progress it.
   static result<std::shared_ptr<sw_cq>> create(std::uint32_t depth, std::shared_ptr<void> keep,
-                                               progress_source* manual, std::uint32_t spin_us);
-  sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* manual,
-        std::uint32_t spin_us);
+                                               progress_source* engine, std::uint32_t spin_us,
+                                               bool manual = false);
+  sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* engine,
+        std::uint32_t spin_us, bool manual);
   ~sw_cq() override;
 
   std::uint32_t depth() const noexcept override { return depth_; }
@@ -47,8 +50,9 @@ class sw_cq final : public cq_impl {
   const std::uint32_t depth_;
   const int efd_;
   std::shared_ptr<void> keep_;
-  progress_source* manual_;
   const std::uint32_t spin_us_;
+  progress_source* engine_;
+  const bool manual_;
   std::mutex mu_;
   std::vector<work_completion> ring_;
   std::size_t head_ = 0, count_ = 0;

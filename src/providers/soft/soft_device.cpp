@@ -1,6 +1,7 @@
 // The soft provider: device, protection domain, memory registration, QP creation.
 #include "providers/soft/soft_device.hpp"
 
+#include "core/log.hpp"
 #include "providers/soft/engine/soft_qp.hpp"
 
 #include <cstdio>
@@ -44,9 +45,12 @@ result<std::shared_ptr<detail::cq_impl>> soft_device::create_cq(const cq_options
     return make_error(errc::invalid_argument, "create_cq on " + attr_.name + ": depth " +
                                                   std::to_string(opts.depth) + " exceeds max_cqe " +
                                                   std::to_string(attr_.max_cqe));
-  auto r = detail::sw_cq::create(opts.depth, shared_from_this(),
-                                 opts_.progress == progress_mode::manual ? engine_.get() : nullptr,
-                                 opts_.spin_us);
+  // Manual mode: poll/wait drive the engine. Thread mode: an application thread
+  // that polls an empty CQ also progresses the engine when the engine thread is
+  // not running (opportunistic; it never blocks on it), which removes a thread
+  // wake-up from the latency path of busy-polling applications.
+  auto r = detail::sw_cq::create(opts.depth, shared_from_this(), engine_.get(), opts_.spin_us,
+                                 opts_.progress == progress_mode::manual);
   if (!r) return std::unexpected(r.error());
   return std::shared_ptr<detail::cq_impl>(std::move(*r));
 }
@@ -116,6 +120,12 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
   auto dev = std::make_shared<soft_device>(std::string(name), o);
   if (!dev->eng().ok())
     return make_error(errc::resource_exhausted, "open " + std::string(name) + ": epoll/eventfd failed");
+  if (detail::log_enabled(detail::log_level::info))
+    detail::log_line(detail::log_level::info,
+                     "opened device " + std::string(name) + " (provider soft, iWARP over TCP, progress " +
+                         (o.progress == progress_mode::thread ? "thread" : "manual") + ", crc " +
+                         (o.request_crc ? "requested" : "not requested") + ", spin " +
+                         std::to_string(o.spin_us) + " us)");
   return std::shared_ptr<detail::device_impl>(std::move(dev));
 }
 

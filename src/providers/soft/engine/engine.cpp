@@ -93,13 +93,22 @@ void engine::progress() noexcept {
 }
 
 void engine::run() {
-  progress_thread_ = std::this_thread::get_id();
   using clk = std::chrono::steady_clock;
   auto last_activity = clk::now();
   const auto spin = std::chrono::microseconds(spin_us_);
   while (!stop_.load(std::memory_order_relaxed)) {
     const bool spinning = clk::now() - last_activity < spin;
-    if (dispatch(spinning ? 0 : 1000) > 0) last_activity = clk::now();
+    // Wait for readiness without the progress lock, then dispatch under it: an
+    // application thread polling a CQ may be progressing the same sockets.
+    epoll_event ev;
+    if (!spinning) {
+      if (::epoll_wait(epfd_, &ev, 1, 1000) <= 0) continue;
+      // Level-triggered: the event is reported again by the dispatch below.
+    }
+    std::lock_guard pl(progress_mu_);
+    progress_thread_ = std::this_thread::get_id();
+    if (dispatch(0) > 0) last_activity = clk::now();
+    progress_thread_ = {};
   }
 }
 

@@ -2,6 +2,7 @@
 // parser, placement with key validation, completions, Terminate and flushing.
 #include "providers/soft/engine/soft_qp.hpp"
 
+#include "core/log.hpp"
 #include "providers/soft/soft_device.hpp"
 
 #include <sys/epoll.h>
@@ -1392,6 +1393,15 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
       ++ord_used_;
     }
   }
+  if (detail::log_enabled(detail::log_level::info))
+    detail::log_line(detail::log_level::info,
+                     dev_->attr().name + " QP " + std::to_string(qpn_) + " connected " +
+                         attr_.local_address + " <-> " + attr_.peer_address + ": MPA rev " +
+                         std::to_string(attr_.mpa_revision) + ", IRD " + std::to_string(attr_.ird) +
+                         ", ORD " + std::to_string(attr_.ord) + ", CRC " + (attr_.crc ? "on" : "off") +
+                         ", MSS " + std::to_string(attr_.mss) + ", FPDU " +
+                         std::to_string(attr_.max_fpdu) + ", RTR " + attr_.rtr + ", RFC 7306 " +
+                         (attr_.extensions ? "on" : "off"));
   attached_.store(true);
   dev_->eng().attach(this, fd_);
   std::lock_guard lk(tx_mu_);

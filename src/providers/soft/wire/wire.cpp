@@ -59,6 +59,7 @@ std::vector<std::byte> encode_mpa(const mpa_frame& f) {
   const std::size_t v2len = f.v2 ? 4 : 0;
   const std::size_t pd = v2len + f.private_data.size();
   if (pd > mpa_max_private_data) return {};
+  if (f.v2 && f.revision != 2) return {};  // the IRD/ORD words exist only in revision 2
   std::vector<std::byte> out(mpa_header_size + pd);
   const auto key = f.reply ? mpa_rep_key : mpa_req_key;
   std::memcpy(out.data(), key.data(), 16);

@@ -1,0 +1,15 @@
+// Minimal logging: one line per event to stderr, filtered by level. The level
+// comes from CONVEYOR_LOG (error|warn|info|debug; default warn), read once.
+// Never used on the data path's hot loop.
+#pragma once
+
+#include <string_view>
+
+namespace conveyor::detail {
+
+enum class log_level : int { error = 0, warn = 1, info = 2, debug = 3 };
+
+bool log_enabled(log_level l) noexcept;
+void log_line(log_level l, std::string_view msg) noexcept;
+
+}  // namespace conveyor::detail

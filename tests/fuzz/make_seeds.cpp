@@ -1,0 +1,158 @@
+// Writes the seed corpora under tests/fuzz/corpus/{fpdu,mpa}/ from the wire
+// encoders: one valid example of every FPDU kind and MPA frame kind, plus a
+// few coalesced streams. The checked-in seeds were made with it:
+//   fuzz_make_seeds tests/fuzz/corpus
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "providers/soft/wire/wire.hpp"
+
+namespace {
+
+using namespace conveyor::wire;
+
+std::vector<std::byte> text(std::string_view s) {
+  std::vector<std::byte> out;
+  for (char c : s) out.push_back(std::byte(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::vector<std::byte> counting(std::size_t n) {
+  std::vector<std::byte> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = std::byte(i);
+  return out;
+}
+
+std::vector<std::byte> cat(std::initializer_list<std::vector<std::byte>> parts) {
+  std::vector<std::byte> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+bool save(const std::filesystem::path& dir, const std::string& name,
+          const std::vector<std::byte>& b) {
+  std::ofstream f(dir / name, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  return static_cast<bool>(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus-dir>\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path root = argv[1];
+  const auto fpdu = root / "fpdu";
+  const auto mpa = root / "mpa";
+  std::filesystem::create_directories(fpdu);
+  std::filesystem::create_directories(mpa);
+  bool ok = true;
+
+  // ---- FPDUs
+  read_request rr{0x11223344u, 0x7F0000001000ull, 4096, 0x00000201u, 0x7F0000002000ull};
+  read_request read_rtr{};
+  read_rtr.src_stag = 1;
+  terminate_msg term_llp;
+  term_llp.layer = term_layer::llp;
+  term_llp.ecode = term::llp_crc;
+  const auto bad_write = encode_tagged(rdmap_op::write, true, 0x42, 0, counting(5), false);
+  terminate_msg term_ddp;
+  term_ddp.layer = term_layer::ddp;
+  term_ddp.etype = term::ddp_tagged;
+  term_ddp.ecode = term::ddp_t_inv_stag;
+  term_ddp.has_segment_length = true;
+  term_ddp.ddp_segment_length = 19;
+  term_ddp.ddp_header.assign(bad_write.begin() + 2, bad_write.begin() + 16);
+  const auto rr_fpdu = encode_read_request(rr, 1, false);
+  terminate_msg term_rdmap;
+  term_rdmap.layer = term_layer::rdmap;
+  term_rdmap.etype = term::rdmap_remote_prot;
+  term_rdmap.ecode = term::rdmap_access;
+  term_rdmap.ddp_segment_length = 46;
+  term_rdmap.ddp_header.assign(rr_fpdu.begin() + 2, rr_fpdu.begin() + 20);
+  term_rdmap.rdmap_header.assign(rr_fpdu.begin() + 20, rr_fpdu.begin() + 48);
+  atomic_request fadd;
+  fadd.request_id = 7;
+  fadd.stag = 0x301;
+  fadd.to = 0x7F0000003000ull;
+  fadd.add_swap = 1;
+  atomic_request cswap = fadd;
+  cswap.kind = atomic_kind::cmp_swap;
+  cswap.compare = 5;
+
+  const auto write_rtr = encode_tagged(rdmap_op::write, true, 1, 0, {}, true);
+  const auto send = encode_untagged(rdmap_op::send, true, qn::send, 1, 0, 0, text("hello"), true);
+  const auto write =
+      encode_tagged(rdmap_op::write, true, 0x101, 0x7F0000001000ull, counting(33), false);
+  ok &= save(fpdu, "write_rtr_crc", write_rtr);
+  ok &= save(fpdu, "write_payload_nocrc", write);
+  ok &= save(fpdu, "write_first_segment_crc",
+             encode_tagged(rdmap_op::write, false, 0x101, 0x1000, counting(64), true));
+  ok &= save(fpdu, "read_response_crc",
+             encode_tagged(rdmap_op::read_response, true, 0x11223344u, 0x7F0000001000ull,
+                           counting(20), true));
+  ok &= save(fpdu, "send_crc", send);
+  ok &= save(fpdu, "send_inv_nocrc",
+             encode_untagged(rdmap_op::send_inv, true, qn::send, 2, 0, 0x201u, counting(7), false));
+  ok &= save(fpdu, "send_se_middle_crc",
+             encode_untagged(rdmap_op::send_se, false, qn::send, 3, 1024, 0, counting(9), true));
+  ok &= save(fpdu, "send_se_inv_empty",
+             encode_untagged(rdmap_op::send_se_inv, true, qn::send, 4, 0, 0x301u, {}, true));
+  ok &= save(fpdu, "read_request_crc", encode_read_request(rr, 1, true));
+  ok &= save(fpdu, "read_rtr_nocrc", encode_read_request(read_rtr, 1, false));
+  ok &= save(fpdu, "terminate_llp_crc", encode_terminate(term_llp, true));
+  ok &= save(fpdu, "terminate_ddp_tagged", encode_terminate(term_ddp, false));
+  ok &= save(fpdu, "terminate_rdmap_read", encode_terminate(term_rdmap, true));
+  ok &= save(fpdu, "immediate", encode_immediate(0x0102030405060708ull, false, 5, true));
+  ok &= save(fpdu, "immediate_se", encode_immediate(42, true, 6, false));
+  ok &= save(fpdu, "atomic_fetch_add", encode_atomic_request(fadd, 1, true));
+  ok &= save(fpdu, "atomic_cmp_swap", encode_atomic_request(cswap, 2, false));
+  ok &= save(fpdu, "atomic_response", encode_atomic_response({7, 99}, 1, true));
+  ok &= save(fpdu, "stream_rtr_send_write", cat({write_rtr, send, write}));
+  ok &= save(fpdu, "stream_split_tail",
+             cat({send, std::vector<std::byte>(write.begin(), write.begin() + 11)}));
+
+  // ---- MPA frames
+  mpa_frame req;
+  req.revision = 2;
+  req.v2 = mpa_v2_words{128, 128, true, false, true, true};
+  req.private_data = text("conveyor");
+  mpa_frame rep = req;
+  rep.reply = true;
+  rep.v2 = mpa_v2_words{128, 128, true, false, true, false};
+  rep.private_data.clear();
+  mpa_frame req_crc = req;
+  req_crc.flags = mpa_flag::crc | mpa_flag::ext_offer;
+  mpa_frame v1_req;
+  v1_req.revision = 1;
+  v1_req.private_data = text("rev one");
+  mpa_frame v1_rep = v1_req;
+  v1_rep.reply = true;
+  v1_rep.flags = mpa_flag::crc;
+  mpa_frame reject;
+  reject.reply = true;
+  reject.flags = mpa_flag::reject;
+  reject.private_data = text("no");
+  mpa_frame big;
+  big.v2 = mpa_v2_words{16, 16, false, false, false, false};
+  big.private_data = counting(252);
+  ok &= save(mpa, "req_v2_p2p", encode_mpa(req));
+  ok &= save(mpa, "rep_v2_write_rtr", encode_mpa(rep));
+  ok &= save(mpa, "req_v2_crc_ext", encode_mpa(req_crc));
+  ok &= save(mpa, "req_v1", encode_mpa(v1_req));
+  ok &= save(mpa, "rep_v1_crc", encode_mpa(v1_rep));
+  ok &= save(mpa, "rep_reject", encode_mpa(reject));
+  ok &= save(mpa, "req_v2_max_pd", encode_mpa(big));
+  ok &= save(mpa, "req_then_fpdu", cat({encode_mpa(req), write_rtr}));
+  if (!ok) {
+    std::fprintf(stderr, "failed to write seeds under %s\n", argv[1]);
+    return 1;
+  }
+  return 0;
+}
