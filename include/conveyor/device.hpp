@@ -40,7 +40,11 @@ enum class progress_mode : std::uint8_t {
 struct device_options {
   progress_mode progress = progress_mode::thread;
   bool request_crc = true;         // ask peers for MPA CRC32c (the peer may ask too)
-  std::uint32_t spin_us = 20;      // engine/wait busy-poll before blocking
+  std::uint32_t spin_us = 20;      // completion_queue::wait busy-polls this long before sleeping
+  // The engine thread busy-polls this long after activity before sleeping. 0 by
+  // default: on small machines a spinning engine steals the core its peer (or
+  // the application) needs; CQ pollers progress the engine themselves.
+  std::uint32_t engine_spin_us = 0;
   std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
 };
 

@@ -136,6 +136,12 @@ class queue_pair {
 
   // Posts a batch with one doorbell. On failure, *bad (if given) is the index of
   // the first request not posted; those before it were posted.
+  // Returns: ok; again (queue full); invalid_argument (malformed: too many SGEs,
+  // inline data too long, misaligned or wrongly sized atomic); unsupported
+  // (atomics/immediate data on a connection without them); qp_in_error;
+  // invalid_state (not RTS). As in verbs, a bad lkey or an SGE outside its region
+  // is not a posting error: the request completes with loc_prot_err and the QP
+  // moves to ERROR. post_recv checks its lkeys at once (invalid_argument).
   status post_send(std::span<const send_wr> wrs, std::size_t* bad = nullptr) noexcept;
   status post_recv(std::span<const recv_wr> wrs, std::size_t* bad = nullptr) noexcept;
 

@@ -32,7 +32,7 @@ soft_device::soft_device(std::string name, const device_options& opts) {
   attr_.atomics = true;         // with a Conveyor peer (RFC 7306, negotiated)
   attr_.immediate_data = true;  // likewise
   attr_.send_with_invalidate = true;
-  engine_ = std::make_unique<soft::engine>(opts.progress == progress_mode::thread, opts.spin_us);
+  engine_ = std::make_unique<soft::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us);
 }
 
 result<std::shared_ptr<detail::pd_impl>> soft_device::alloc_pd() {
@@ -116,7 +116,10 @@ std::vector<device_info> list_devices() {
 result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
                                                          const device_options& opts) {
   device_options o = opts;
-  if (const char* spin = std::getenv("CONVEYOR_SPIN_US")) o.spin_us = static_cast<std::uint32_t>(std::atoi(spin));
+  // Documented overrides of the option struct (see docs/CONFIGURATION.md).
+  if (const char* v = std::getenv("CONVEYOR_SPIN_US")) o.spin_us = static_cast<std::uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("CONVEYOR_ENGINE_SPIN_US"))
+    o.engine_spin_us = static_cast<std::uint32_t>(std::atoi(v));
   auto dev = std::make_shared<soft_device>(std::string(name), o);
   if (!dev->eng().ok())
     return make_error(errc::resource_exhausted, "open " + std::string(name) + ": epoll/eventfd failed");
@@ -124,8 +127,9 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
     detail::log_line(detail::log_level::info,
                      "opened device " + std::string(name) + " (provider soft, iWARP over TCP, progress " +
                          (o.progress == progress_mode::thread ? "thread" : "manual") + ", crc " +
-                         (o.request_crc ? "requested" : "not requested") + ", spin " +
-                         std::to_string(o.spin_us) + " us)");
+                         (o.request_crc ? "requested" : "not requested") + ", wait spin " +
+                         std::to_string(o.spin_us) + " us, engine spin " +
+                         std::to_string(o.engine_spin_us) + " us)");
   return std::shared_ptr<detail::device_impl>(std::move(dev));
 }
 

@@ -104,6 +104,11 @@ status soft_qp::validate_send(const send_wr& wr) noexcept {
       return errc::invalid_argument;
     return errc::ok;
   }
+  return errc::ok;
+}
+
+bool soft_qp::local_sges_ok(const send_wr& wr) noexcept {
+  if (has(wr.flags, send_flags::inline_data)) return true;
   const bool sink = wr.opcode == wr_opcode::rdma_read || is_atomic_op(wr.opcode);
   for (const auto& s : wr.sg_list) {
     if (s.length == 0) continue;
@@ -111,9 +116,9 @@ status soft_qp::validate_send(const send_wr& wr) noexcept {
     std::byte* p = nullptr;
     if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, s.length,
                              sink ? access::local_write : access::none, g, &p) != key_check::ok)
-      return errc::invalid_argument;
+      return false;
   }
-  return errc::ok;
+  return true;
 }
 
 status soft_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept {
@@ -148,7 +153,9 @@ status soft_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexce
     w.cmp_add = wr.compare_add;
     w.swap = wr.swap;
     w.st = wqe_st::queued;
-    w.status = wc_status::success;
+    // As in verbs, a bad lkey or range is not a posting error: the request
+    // completes with loc_prot_err when it reaches the wire, and the QP fails.
+    w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
     std::uint64_t total = 0;
     sge* dst = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
     std::byte* inl = &sq_inline_[std::size_t(idx) * caps_.max_inline_data];
@@ -366,7 +373,8 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
     finish_fpdu(std::span(ctl, n), cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     w.msn = tx_msn_[qn::read_request]++;
-    out_reads_.push_back({outstanding::user_read, idx, 0, rr.sink_stag, rr.sink_to, w.len, 0});
+    out_reads_.push_back({outstanding::user_read, idx, 0, rr.sink_stag, rr.sink_to, w.len, 0, sq_next_});
+    need_confirm_ = false;  // this response confirms everything before it
     ++ord_used_;
   } else {  // atomics
     atomic_request a;
@@ -395,13 +403,11 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
     finish_fpdu(std::span(ctl, n), cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     w.msn = tx_msn_[qn::atomic]++;
-    out_atomics_.push_back({outstanding::atomic, idx, atomic_req_id_++, 0, 0, 8, 0});
+    out_atomics_.push_back({outstanding::atomic, idx, atomic_req_id_++, 0, 0, 8, 0, sq_next_});
+    need_confirm_ = false;
     ++ord_used_;
   }
-  if ((is_send_op(w.op) || is_write_op(w.op)) && w.signaled) {
-    w.confirm_id = confirm_next_;
-    need_confirm_ = true;
-  }
+  if ((is_send_op(w.op) || is_write_op(w.op)) && w.signaled) need_confirm_ = true;
   return true;
 }
 
@@ -480,6 +486,14 @@ bool soft_qp::build_batch_locked() noexcept {
       const bool needs_ord = w.op == wr_opcode::rdma_read || is_atomic_op(w.op);
       if (!sq_mid && needs_ord && ord_used_ >= cp_.ord) break;
       if (!sq_mid && w.fence && (ord_used_ > 0 || need_confirm_)) break;
+      if (!sq_mid && w.status != wc_status::success) {  // local protection error
+        sq_[idx].st = wqe_st::done;
+        ++sq_next_;
+        state_.store(qp_state::error);
+        flush_locked(wc_status::wr_flush_err, 0);
+        if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+        break;
+      }
       if (!frame_sq_locked(idx)) break;
       marks_.push_back({batch_bytes_, mark::sq, idx});
       ++sq_next_;
@@ -502,7 +516,7 @@ bool soft_qp::build_batch_locked() noexcept {
       finish_fpdu(std::span(ctl, n), cp_.crc);
       if (!add_control_locked(std::span(ctl, n))) break;
       ++tx_msn_[qn::read_request];
-      out_reads_.push_back({outstanding::confirm, 0, confirm_next_, 1, 0, 0, 0});
+      out_reads_.push_back({outstanding::confirm, 0, confirm_next_, 1, 0, 0, 0, sq_next_});
       ++confirm_next_;
       ++ord_used_;
       need_confirm_ = false;
@@ -596,6 +610,16 @@ void soft_qp::tx_progress_locked() noexcept {
   }
 }
 
+void soft_qp::confirm_before_locked(std::uint64_t sq_pos) noexcept {
+  for (std::uint64_t i = sq_head_; i < sq_pos && i < sq_next_; ++i) {
+    swqe& w = sq_[i % caps_.max_send_wr];
+    if (w.st == wqe_st::unconfirmed) {
+      w.byte_len = static_cast<std::uint32_t>(w.len);
+      complete_send_locked(w, wc_status::success);
+    }
+  }
+}
+
 void soft_qp::complete_send_locked(swqe& w, wc_status st) noexcept {
   w.status = st;
   w.st = wqe_st::done;
@@ -675,10 +699,11 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
   // Destination of payload bytes [off, off+len) of the current FPDU.
   switch (h_.opcode) {
     case rdmap_op::write: {
-      detail::key_table::guard g;  // validated per step; see rx_header for the first check
+      // Validated again for every step, and held (rx_guard_) until the bytes
+      // are in: a deregistration waits for this step and no longer.
       std::byte* p = nullptr;
-      if (dev_->keys().acquire(h_.stag, pd_->id(), h_.to + off, len, access::remote_write, g, &p) !=
-          key_check::ok)
+      if (dev_->keys().acquire(h_.stag, pd_->id(), h_.to + off, len, access::remote_write,
+                               rx_guard_, &p) != key_check::ok)
         return -1;
       out[0] = {p, len};
       return 1;
@@ -886,7 +911,7 @@ bool soft_qp::rx_header() noexcept {
       bool match;
       {
         std::lock_guard lk(tx_mu_);
-        match = !out_atomics_.empty() && out_atomics_.front().confirm_id == rx_ctl_id_;
+        match = !out_atomics_.empty() && out_atomics_.front().id == rx_ctl_id_;
       }
       if (!match) {
         fail_with_terminate({term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op,
@@ -924,6 +949,7 @@ bool soft_qp::rx_payload() noexcept {
         std::memcpy(v[i].iov_base, src, v[i].iov_len);
         src += v[i].iov_len;
       }
+      rx_guard_.release();
       if (cp_.crc) rx_crc_ = crc32c_update(rx_crc_, rxbuf_.get() + rx_beg_, n);
       rx_beg_ += n;
       rx_done_ += n;
@@ -944,6 +970,7 @@ bool soft_qp::rx_payload() noexcept {
     rx_beg_ = rx_end_ = 0;
     v[k + 1] = {rxbuf_.get(), header_lookahead};
     const ssize_t n = ::readv(fd_, v, k + 2);
+    rx_guard_.release();
     c_rx_sys_.fetch_add(1, std::memory_order_relaxed);
     if (n <= 0) {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
@@ -1014,18 +1041,11 @@ bool soft_qp::rx_message_done() noexcept {
         tx_progress_locked();
         return false;
       }
+      confirm_before_locked(o.sq_pos);
       if (o.kind == outstanding::user_read) {
         swqe& w = sq_[o.wqe];
         w.byte_len = static_cast<std::uint32_t>(o.len);
         complete_send_locked(w, wc_status::success);
-      } else {
-        for (std::uint64_t i = sq_head_; i < sq_next_; ++i) {
-          swqe& w = sq_[i % caps_.max_send_wr];
-          if (w.st == wqe_st::unconfirmed && w.confirm_id <= o.confirm_id) {
-            w.byte_len = static_cast<std::uint32_t>(w.len);
-            complete_send_locked(w, wc_status::success);
-          }
-        }
       }
       out_reads_.pop_front();
       --ord_used_;
@@ -1110,6 +1130,7 @@ bool soft_qp::rx_message_done() noexcept {
       outstanding o = out_atomics_.front();
       out_atomics_.pop_front();
       --ord_used_;
+      confirm_before_locked(o.sq_pos);
       swqe& w = sq_[o.wqe];
       const sge& s = sq_sge_[std::size_t(o.wqe) * caps_.max_send_sge];
       std::memcpy(reinterpret_cast<void*>(s.addr), &rx_ctl_value_, 8);
@@ -1232,6 +1253,7 @@ void soft_qp::handle_terminate(const terminate_msg& t) noexcept {
   }
   state_.store(qp_state::error);
   flush_locked(culprit == sq_tail_ ? st : wc_status::wr_flush_err, t.control_word());
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);  // the peer closes after its Terminate
 }
 
 // ------------------------------------------------------------ error & flush ----
@@ -1389,7 +1411,7 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
     }
     if (sent_read_rtr) {
       tx_msn_[qn::read_request] = 2;
-      out_reads_.push_back({outstanding::confirm, 0, 0, 1, 0, 0, 0});
+      out_reads_.push_back({outstanding::confirm, 0, 0, 1, 0, 0, 0, 0});
       ++ord_used_;
     }
   }

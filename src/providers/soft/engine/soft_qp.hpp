@@ -83,7 +83,6 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
     wc_status status;
     std::uint32_t byte_len;
     std::uint32_t msn;            // untagged MSN used (send/read/atomic) for Terminate matching
-    std::uint64_t confirm_id;     // confirm read that covers this SEND/WRITE
     std::uint64_t atomic_result;  // fetched original value
   };
   struct rwqe {
@@ -95,10 +94,13 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   struct outstanding {
     enum kind_t : std::uint8_t { user_read, confirm, atomic } kind;
     std::uint32_t wqe;         // SQ index (user_read/atomic)
-    std::uint64_t confirm_id;  // confirm
+    std::uint64_t id;          // atomic request id; confirm read serial
     std::uint32_t sink_stag;
     std::uint64_t sink_to;
     std::uint64_t len, got;
+    // Absolute SQ position: the peer processes in order, so this response proves
+    // every SEND/WRITE posted before it was placed.
+    std::uint64_t sq_pos;
   };
   // An inbound request we answer (the IRQ).
   struct response {
@@ -140,8 +142,9 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   void complete_send_locked(swqe& w, wc_status st) noexcept;
   std::size_t gather_sq(const swqe& w, std::uint32_t idx, std::uint64_t off, std::uint64_t len,
                         iovec* out, int max) noexcept;
-  void maybe_confirm_locked() noexcept;
+  void confirm_before_locked(std::uint64_t sq_pos) noexcept;
   status validate_send(const send_wr& wr) noexcept;
+  bool local_sges_ok(const send_wr& wr) noexcept;
 
   // ---- receive side (engine) ----
   void rx_progress() noexcept;
@@ -221,6 +224,7 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   enum class rx_phase : std::uint8_t { header, payload, trailer } rx_phase_ = rx_phase::header;
   wire::fpdu_header h_{};
   std::uint32_t rx_crc_ = 0;
+  detail::key_table::guard rx_guard_;  // the tagged key held during one placement step
   std::uint64_t rx_done_ = 0;        // payload bytes of this FPDU placed
   std::byte rx_trailer_[8]{};
   std::size_t rx_trailer_got_ = 0;

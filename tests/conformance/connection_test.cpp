@@ -1,0 +1,179 @@
+// Connection manager and negotiated connection attributes.
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <conveyor/conveyor.hpp>
+
+#include "common/pair.hpp"
+#include "common/raw_tcp.hpp"
+
+namespace cvt {
+namespace {
+
+using conveyor::errc;
+using conveyor::qp_state;
+using std::chrono::milliseconds;
+
+class connection : public pair_test {
+ protected:
+  void check_attributes(bool init_crc, bool tgt_crc);
+};
+
+std::string attr_diff(const conveyor::qp_connection_attr& a, const conveyor::qp_connection_attr& b) {
+  std::string d;
+  if (a.local_address != b.local_address) d += " local_address";
+  if (a.peer_address != b.peer_address) d += " peer_address";
+  if (a.ird != b.ird) d += " ird";
+  if (a.ord != b.ord) d += " ord";
+  if (a.crc != b.crc) d += " crc";
+  if (a.mss != b.mss) d += " mss";
+  if (a.max_fpdu != b.max_fpdu) d += " max_fpdu";
+  if (a.mpa_revision != b.mpa_revision) d += " mpa_revision";
+  if (a.extensions != b.extensions) d += " extensions";
+  if (a.rtr != b.rtr) d += " rtr";
+  return d;
+}
+
+void connection::check_attributes(bool init_crc, bool tgt_crc) {
+  pair_options o;
+  o.init_crc = init_crc;
+  o.tgt_crc = tgt_crc;
+  o.init_max_rd_atomic = 8;
+  o.init_max_dest_rd_atomic = 12;
+  o.tgt_max_rd_atomic = 10;
+  o.tgt_max_dest_rd_atomic = 6;
+  ASSERT_NO_FATAL_FAILURE(connect_pair(o));
+  EXPECT_EQ(name(init.qp.state()), name(qp_state::rts));
+  EXPECT_EQ(name(tgt.qp.state()), name(qp_state::rts));
+
+  auto ic = init.qp.connection();
+  CVT_ASSERT_OK(ic);
+  auto tc = tgt.qp.connection();
+  CVT_ASSERT_OK(tc);
+  // MPA: CRC is in force when either side asked for it.
+  const bool want_crc = init_crc || tgt_crc;
+  for (const auto* c : {&*ic, &*tc}) {
+    SCOPED_TRACE(c == &*ic ? "initiator" : "target");
+    EXPECT_GT(c->mss, 0u);
+    EXPECT_GT(c->ird, 0u);
+    EXPECT_GT(c->ord, 0u);
+    EXPECT_GT(c->max_fpdu, 0u);
+    EXPECT_LE(c->max_fpdu, c->mss) << "an FPDU must fit in one TCP segment";
+    EXPECT_EQ(c->crc, want_crc) << "requested: initiator " << init_crc << ", target " << tgt_crc;
+    EXPECT_GE(c->mpa_revision, 1u);
+    EXPECT_FALSE(c->local_address.empty());
+    EXPECT_FALSE(c->peer_address.empty());
+    if (conveyor_peer(param().provider)) {
+      EXPECT_TRUE(c->extensions) << "Conveyor<->Conveyor must negotiate RFC 7306 extensions";
+    }
+  }
+  // Negotiation: neither side may have more READs outstanding than the other
+  // accepts, and no ORD exceeds what its side asked for. (An IRD may grow to
+  // cover the peer's ORD: IWARP.md, "its IRD should cover the Initiator's ORD".)
+  EXPECT_LE(ic->ord, tc->ird);
+  EXPECT_LE(tc->ord, ic->ird);
+  EXPECT_LE(ic->ord, 8u);
+  EXPECT_LE(tc->ord, 10u);
+  EXPECT_EQ(ic->peer_address, listen_address_);
+  EXPECT_EQ(ic->local_address, tc->peer_address);
+  EXPECT_EQ(ic->peer_address, tc->local_address);
+  EXPECT_EQ(ic->mpa_revision, tc->mpa_revision);
+  EXPECT_EQ(ic->extensions, tc->extensions);
+  // What connect() and accept() returned is what the QP reports.
+  EXPECT_EQ(attr_diff(init.info.attr, *ic), "") << "connect() result differs from qp.connection()";
+  EXPECT_EQ(attr_diff(tgt.info.attr, *tc), "") << "accept() result differs from qp.connection()";
+}
+
+TEST_P(connection, qp_is_rts_and_attributes_are_sane_with_crc) { check_attributes(true, true); }
+
+TEST_P(connection, qp_is_rts_and_attributes_are_sane_without_crc) { check_attributes(false, false); }
+
+TEST_P(connection, crc_is_on_when_only_the_initiator_requests_it) { check_attributes(true, false); }
+
+TEST_P(connection, crc_is_on_when_only_the_target_requests_it) { check_attributes(false, true); }
+
+TEST_P(connection, connection_attributes_are_invalid_state_before_connect) {
+  ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  EXPECT_EQ(name(init.qp.state()), name(qp_state::init));
+  CVT_EXPECT_ERRC(init.qp.connection(), errc::invalid_state);
+}
+
+TEST_P(connection, private_data_of_max_size_passes_both_ways) {
+  ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
+  CVT_ASSERT_OK(lis);
+  const std::string addr = "127.0.0.1:" + std::to_string(lis->port());
+  const auto to_tgt = make_pattern(conveyor::max_private_data, 0x51);
+  const auto to_init = make_pattern(conveyor::max_private_data, 0x52);
+  std::string err;
+  std::vector<std::byte> seen;
+  std::thread acceptor([&] {
+    auto req = lis->accept(scaled(milliseconds(10000)));
+    if (!req) {
+      err = req.error().to_string();
+      return;
+    }
+    seen.assign(req->private_data().begin(), req->private_data().end());
+    auto r = req->accept(tgt.qp, to_init);
+    if (!r) err = r.error().to_string();
+  });
+  auto info = conveyor::connect(init.qp, addr, {.private_data = to_tgt, .timeout = scaled(milliseconds(10000))});
+  acceptor.join();
+  CVT_ASSERT_OK(info);
+  ASSERT_EQ(err, "");
+  EXPECT_EQ(check_equal(seen, to_tgt), "");
+  EXPECT_EQ(check_equal(info->private_data, to_init), "");
+}
+
+TEST_P(connection, listener_reject_reason_reaches_the_connector_as_rejected) {
+  ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
+  CVT_ASSERT_OK(lis);
+  const std::string addr = "127.0.0.1:" + std::to_string(lis->port());
+  const std::string reason = "no room at the inn (cvt-reason-42)";
+  std::string err;
+  std::thread acceptor([&] {
+    auto req = lis->accept(scaled(milliseconds(10000)));
+    if (!req) {
+      err = "accept: " + req.error().to_string();
+      return;
+    }
+    auto r = req->reject(reason);
+    if (!r) err = "reject: " + r.error().to_string();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto info = conveyor::connect(init.qp, addr, {.timeout = scaled(milliseconds(10000))});
+  const auto took = std::chrono::steady_clock::now() - t0;
+  acceptor.join();
+  ASSERT_EQ(err, "");
+  CVT_EXPECT_ERRC(info, errc::rejected);
+  if (!info) {
+    EXPECT_NE(info.error().context.find(reason), std::string::npos)
+        << "the reason is missing from the error: " << info.error().to_string();
+  }
+  EXPECT_LT(took, scaled(milliseconds(5000))) << "a reject must not wait for a timeout";
+  EXPECT_NE(name(init.qp.state()), name(qp_state::rts));
+}
+
+TEST_P(connection, connect_to_port_without_listener_is_connection_refused) {
+  ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  const std::uint16_t port = unused_port();
+  ASSERT_NE(port, 0);
+  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto info = conveyor::connect(init.qp, addr, {.timeout = milliseconds(5000)});
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CVT_EXPECT_ERRC(info, errc::connection_refused);
+  if (!info) {
+    EXPECT_NE(info.error().context.find(addr), std::string::npos)
+        << "the address is missing from the error: " << info.error().to_string();
+  }
+  EXPECT_LT(took, milliseconds(4000)) << "a refused connection must fail at once, not time out";
+  EXPECT_NE(name(init.qp.state()), name(qp_state::rts));
+}
+
+INSTANTIATE_TEST_SUITE_P(providers, connection, testing::ValuesIn(all_params()), param_name);
+
+}  // namespace
+}  // namespace cvt

@@ -1,0 +1,131 @@
+// More READs (and atomics) outstanding than the negotiated ORD: the engine must
+// queue them, never exceed the peer's IRD, and complete every one correctly.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <conveyor/conveyor.hpp>
+
+#include "common/pair.hpp"
+
+namespace cvt {
+namespace {
+
+using conveyor::access;
+using conveyor::send_wr;
+using conveyor::sge;
+using conveyor::wc_opcode;
+using conveyor::wc_status;
+using conveyor::work_completion;
+using conveyor::wr_opcode;
+
+class ord_limit : public pair_test {
+ protected:
+  // A small ORD: the initiator asks for 2 outstanding READs/atomics, the target
+  // offers 2 inbound (the responder may raise its IRD to cover the initiator's ORD).
+  void connect_with_small_ord() {
+    pair_options o;
+    o.init_max_rd_atomic = 2;
+    o.tgt_max_dest_rd_atomic = 2;
+    ASSERT_NO_FATAL_FAILURE(connect_pair(o));
+    auto ic = init.qp.connection();
+    CVT_ASSERT_OK(ic);
+    auto tc = tgt.qp.connection();
+    CVT_ASSERT_OK(tc);
+    ASSERT_GE(ic->ord, 1u);
+    ASSERT_LE(ic->ord, 2u) << "ORD above what the initiator asked for";
+    ASSERT_LE(ic->ord, tc->ird) << "negotiated ORD exceeds the peer's IRD";
+    ord_ = ic->ord;
+  }
+  std::uint32_t ord_ = 0;
+};
+
+TEST_P(ord_limit, reads_beyond_the_negotiated_ord_are_queued_and_all_complete) {
+  ASSERT_NO_FATAL_FAILURE(connect_with_small_ord());
+  constexpr std::size_t n = 64, len = 16 * KiB;
+  ASSERT_GT(n, 4 * ord_);
+  auto sink = make_region(init.pd, n * len, access::local_write, 0xf100);
+  CVT_ASSERT_OK(sink);
+  std::vector<sge> sgs(n);
+  std::vector<send_wr> wrs(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    sgs[i] = sink->sge(i * len, len);
+    wrs[i] = send_wr{.wr_id = 70000 + i,
+                     .opcode = wr_opcode::rdma_read,
+                     .sg_list = std::span<const sge>(&sgs[i], 1),
+                     .remote_addr = peer.addr + i * len,
+                     .rkey = peer.rkey};
+  }
+  CVT_ASSERT_POST_OK(init.qp.post_send(wrs));  // one batch, far beyond ORD
+  std::vector<work_completion> iw;
+  ASSERT_TRUE(wait_ok(init.send_reader(), n, op_timeout(n * len), &iw));
+  for (std::size_t i = 0; i < n; ++i) {
+    SCOPED_TRACE("READ " + std::to_string(i));
+    EXPECT_TRUE(ok(check_wc(iw[i], wc_status::success, wc_opcode::rdma_read, 70000 + i)));
+    EXPECT_EQ(iw[i].byte_len, len);
+  }
+  EXPECT_TRUE(ok(check_pattern(sink->bytes(), opts_.tgt_region_seed)));
+  EXPECT_EQ(name(tgt.qp.state()), name(conveyor::qp_state::rts)) << "the target saw an IRD violation";
+  EXPECT_EQ(name(init.qp.state()), name(conveyor::qp_state::rts));
+  const auto c = tgt.qp.counters();
+  std::cout << "[   INFO   ] ORD " << ord_ << "; target reads_served " << c.reads_served
+            << ", terminates_sent " << c.terminates_sent << '\n';
+  EXPECT_EQ(c.terminates_sent, 0u);
+}
+
+TEST_P(ord_limit, reads_and_atomics_beyond_the_negotiated_ord_complete_in_order) {
+  ASSERT_NO_FATAL_FAILURE(connect_with_small_ord());
+  CVT_REQUIRE_ATOMICS();
+  constexpr std::size_t pairs = 32, len = 4 * KiB;
+  const std::uint64_t initial = 1000;
+  aligned_buffer counter_buf(64);
+  std::memcpy(counter_buf.data(), &initial, 8);
+  auto counter_mr = tgt.pd.register_memory(counter_buf.bytes(), all_rights);
+  CVT_ASSERT_OK(counter_mr);
+  const auto counter = counter_mr->remote().slice(0, 8);
+  auto sink = make_region(init.pd, pairs * len, access::local_write, 0xf200);
+  CVT_ASSERT_OK(sink);
+  auto results = make_region(init.pd, pairs * 8, access::local_write, 0xf300);
+  CVT_ASSERT_OK(results);
+  std::vector<sge> sgs(2 * pairs);
+  std::vector<send_wr> wrs(2 * pairs);
+  for (std::size_t i = 0; i < pairs; ++i) {
+    sgs[2 * i] = sink->sge(i * len, len);
+    wrs[2 * i] = send_wr{.wr_id = 80000 + 2 * i,
+                         .opcode = wr_opcode::rdma_read,
+                         .sg_list = std::span<const sge>(&sgs[2 * i], 1),
+                         .remote_addr = peer.addr + i * len,
+                         .rkey = peer.rkey};
+    sgs[2 * i + 1] = results->sge(i * 8, 8);
+    wrs[2 * i + 1] = send_wr{.wr_id = 80000 + 2 * i + 1,
+                             .opcode = wr_opcode::atomic_fetch_and_add,
+                             .sg_list = std::span<const sge>(&sgs[2 * i + 1], 1),
+                             .remote_addr = counter.addr,
+                             .rkey = counter.rkey,
+                             .compare_add = 1};
+  }
+  CVT_ASSERT_POST_OK(init.qp.post_send(wrs));
+  std::vector<work_completion> iw;
+  ASSERT_TRUE(wait_ok(init.send_reader(), 2 * pairs, op_timeout(MiB), &iw));
+  for (std::size_t i = 0; i < 2 * pairs; ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_TRUE(ok(check_wc(iw[i], wc_status::success, i % 2 == 0 ? wc_opcode::rdma_read : wc_opcode::fetch_add,
+                            80000 + i)));
+  }
+  EXPECT_TRUE(ok(check_pattern(sink->bytes(), opts_.tgt_region_seed)));
+  for (std::size_t i = 0; i < pairs; ++i) {
+    std::uint64_t got = 0;
+    std::memcpy(&got, results->data() + i * 8, 8);
+    EXPECT_EQ(got, initial + i) << "fetch_add " << i << " ran out of order";
+  }
+  ASSERT_TRUE(sync_target(op_timeout(8)));
+  std::uint64_t final_value = 0;
+  std::memcpy(&final_value, counter_buf.data(), 8);
+  EXPECT_EQ(final_value, initial + pairs);
+  counter_mr->deregister();
+}
+
+INSTANTIATE_TEST_SUITE_P(providers, ord_limit, testing::ValuesIn(all_params()), param_name);
+
+}  // namespace
+}  // namespace cvt

@@ -1,0 +1,210 @@
+// Peer death and connection loss: every outstanding request completes, with an
+// error, in bounded time; nothing hangs.
+#include <sys/wait.h>
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include <conveyor/conveyor.hpp>
+
+#include "common/pair.hpp"
+#include "common/process.hpp"
+#include "common/script.hpp"
+
+namespace cvt {
+namespace {
+
+using conveyor::access;
+using conveyor::errc;
+using conveyor::qp_state;
+using conveyor::send_wr;
+using conveyor::sge;
+using conveyor::wc_opcode;
+using conveyor::wc_status;
+using conveyor::work_completion;
+using conveyor::wr_opcode;
+using std::chrono::milliseconds;
+
+// The brief's bound for "every outstanding request completes": 10 s (twice
+// that under sanitizers, which slow the engine down).
+milliseconds abort_bound() { return milliseconds(timeout_scale() > 1.0 ? 20000 : 10000); }
+
+// Checks the completions of a send queue that lost its connection part-way:
+// one per posted request, in posting order, successes first, then only
+// retry_exc_err (connection lost) or wr_flush_err (flushed), at least one error.
+std::string check_aborted(const std::vector<work_completion>& wcs, std::uint64_t first_id,
+                          std::size_t* successes) {
+  bool failed = false;
+  std::size_t ok_count = 0;
+  for (std::size_t i = 0; i < wcs.size(); ++i) {
+    const auto& wc = wcs[i];
+    if (wc.wr_id != first_id + i) return "completion " + std::to_string(i) + " out of order: " + describe(wc);
+    if (wc.status == wc_status::success) {
+      if (failed) {
+        return "a success after an error: " + describe(wc) + "; completions: " +
+               describe(std::span<const work_completion>(wcs).first(std::min<std::size_t>(wcs.size(), i + 2)));
+      }
+      ++ok_count;
+      continue;
+    }
+    failed = true;
+    if (wc.status != wc_status::retry_exc_err && wc.status != wc_status::wr_flush_err) {
+      return "completion " + std::to_string(i) + " has status " + name(wc.status) +
+             ", expected retry_exc_err (connection lost) or wr_flush_err: " + describe(wc);
+    }
+  }
+  if (!failed) return "every request succeeded: the connection loss was not observed";
+  if (successes != nullptr) *successes = ok_count;
+  return {};
+}
+
+class peer_death : public pair_test {
+ protected:
+  // Posts n 1-MiB READs of tgt_main into a 16 MiB sink, then cuts the target with `cut`.
+  template <class Cut>
+  void reads_then_cut(Cut cut);
+};
+
+template <class Cut>
+void peer_death::reads_then_cut(Cut cut) {
+  pair_options o;
+  o.tgt_region_size = 16 * MiB;
+  ASSERT_NO_FATAL_FAILURE(connect_pair(o));
+  constexpr std::size_t n = 64;
+  auto sink = make_region(init.pd, 16 * MiB, access::local_write, 0xd100);
+  CVT_ASSERT_OK(sink);
+  std::vector<sge> sgs(n);
+  std::vector<send_wr> wrs(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t off = (i % 16) * MiB;
+    sgs[i] = sink->sge(off, MiB);
+    wrs[i] = send_wr{.wr_id = 50000 + i,
+                     .opcode = wr_opcode::rdma_read,
+                     .sg_list = std::span<const sge>(&sgs[i], 1),
+                     .remote_addr = peer.addr + off,
+                     .rkey = peer.rkey};
+  }
+  CVT_ASSERT_POST_OK(init.qp.post_send(wrs));
+  cut();
+  std::vector<work_completion> iw;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait(init.send_reader(), n, abort_bound(), iw)) << "outstanding READs hung after the cut";
+  std::cout << "[   INFO   ] all " << n << " READs completed "
+            << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
+            << " ms after the cut\n";
+  std::size_t good = 0;
+  EXPECT_TRUE(ok(check_aborted(iw, 50000, &good)));
+  // READs that succeeded before the cut brought the right bytes.
+  for (std::size_t i = 0; i < good && i < 16; ++i) {
+    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(i * MiB, MiB), opts_.tgt_region_seed, i * MiB)))
+        << "READ " << i;
+  }
+  EXPECT_TRUE(wait_state(init.qp, qp_state::error, abort_bound()));
+  EXPECT_EQ(name(init.qp.post_read(sink->sge(0, 64), peer.slice(0, 64), 1)), name(errc::qp_in_error));
+}
+
+TEST_P(peer_death, target_qp_destroyed_while_reads_outstanding_fails_every_read_in_bounded_time) {
+  reads_then_cut([this] { tgt.qp = conveyor::queue_pair(); });
+}
+
+TEST_P(peer_death, target_disconnect_while_reads_outstanding_fails_every_read_in_bounded_time) {
+  reads_then_cut([this] { tgt.qp.disconnect(); });
+}
+
+TEST_P(peer_death, target_modify_to_error_while_reads_outstanding_fails_every_read_in_bounded_time) {
+  reads_then_cut([this] {
+    auto r = tgt.qp.modify(qp_state::error);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+  });
+}
+
+// A separate process serves the initiator; it is SIGKILLed mid-stream.
+class peer_process : public testing::TestWithParam<provider_param> {};
+
+TEST_P(peer_process, peer_killed_mid_transfer_fails_every_request_within_10s) {
+  two_party_script s;
+  s.provider = GetParam().provider;
+  s.progress = GetParam().progress;
+  s.region_size = 16 * MiB;
+  std::vector<std::string> args{"target"};
+  for (const auto& a : s.to_args()) args.push_back(a);
+  args.push_back("--mode=serve");
+  args.push_back("--lifetime=" + std::to_string(scaled(milliseconds(120000)).count() / 1000));
+  // Fork before this process opens any device.
+  auto child = child_process::spawn(args);
+  ASSERT_TRUE(child.has_value()) << child.error();
+  auto line = child->read_line(scaled(milliseconds(30000)));
+  ASSERT_TRUE(line.has_value()) << line.error();
+  ASSERT_EQ(line->rfind("port ", 0), 0u) << *line;
+  const std::string addr = "127.0.0.1:" + line->substr(5);
+
+  auto dev = conveyor::device::open(device_name(s.provider, "init"), make_options(s.progress));
+  CVT_ASSERT_OK(dev);
+  auto pd = dev->alloc_pd();
+  CVT_ASSERT_OK(pd);
+  auto cq = dev->create_cq({.depth = 1024});
+  CVT_ASSERT_OK(cq);
+  auto qp = pd->create_qp({.send_cq = &*cq, .recv_cq = &*cq, .cap = {.max_send_wr = 256}});
+  CVT_ASSERT_OK(qp);
+  cq_reader reader(&*cq, "initiator CQ");
+  auto src = make_region(*pd, 8 * MiB, access::local_write, 0xd200);
+  CVT_ASSERT_OK(src);
+  auto sink = make_region(*pd, 8 * MiB, access::local_write, 0xd300);
+  CVT_ASSERT_OK(sink);
+  auto info = conveyor::connect(*qp, addr, {.timeout = scaled(milliseconds(10000))});
+  CVT_ASSERT_OK(info);
+  ASSERT_GE(info->private_data.size(), conveyor::remote_region::encoded_size);
+  auto data = conveyor::remote_region::decode(
+      std::span<const std::byte>(info->private_data).first(conveyor::remote_region::encoded_size));
+  CVT_ASSERT_OK(data);
+
+  // READs from the lower half, WRITEs to the upper half: READ data stays checkable.
+  constexpr std::size_t n = 200;
+  std::vector<sge> sgs(n);
+  std::vector<send_wr> wrs(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t off = ((i / 2) % 8) * MiB;
+    const bool read = i % 2 == 0;
+    sgs[i] = read ? sink->sge(off, MiB) : src->sge(off, MiB);
+    wrs[i] = send_wr{.wr_id = 60000 + i,
+                     .opcode = read ? wr_opcode::rdma_read : wr_opcode::rdma_write,
+                     .sg_list = std::span<const sge>(&sgs[i], 1),
+                     .remote_addr = data->addr + (read ? off : 8 * MiB + off),
+                     .rkey = data->rkey};
+  }
+  ASSERT_LE(n, qp->caps().max_send_wr);
+  CVT_ASSERT_POST_OK(qp->post_send(wrs));
+  std::vector<work_completion> wcs;
+  ASSERT_TRUE(ok(wait_for(reader, 1, scaled(milliseconds(30000)), wcs))) << "no progress before the kill";
+  child->kill(SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(ok(wait_for(reader, n - 1, abort_bound(), wcs)))
+      << "outstanding requests hung after the peer was killed";
+  std::cout << "[   INFO   ] " << n << " requests done "
+            << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
+            << " ms after SIGKILL\n";
+  std::size_t good = 0;
+  EXPECT_TRUE(ok(check_aborted(wcs, 60000, &good)));
+  for (std::size_t i = 0; i < good; i += 2) {
+    const std::size_t off = ((i / 2) % 8) * MiB;
+    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(off, MiB), s.region_seed, off))) << "READ " << i;
+  }
+  // The QP is dead for good.
+  const auto deadline = std::chrono::steady_clock::now() + abort_bound();
+  while (qp->state() != qp_state::error && std::chrono::steady_clock::now() < deadline) {
+    reader.poll_once();
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_EQ(name(qp->state()), name(qp_state::error));
+  EXPECT_EQ(name(qp->post_read(sink->sge(0, 64), data->slice(0, 64), 1)), name(errc::qp_in_error));
+  auto st = child->wait_exit(scaled(milliseconds(10000)));
+  ASSERT_TRUE(st.has_value()) << st.error();
+  EXPECT_TRUE(WIFSIGNALED(*st) && WTERMSIG(*st) == SIGKILL) << child_process::describe_status(*st);
+}
+
+INSTANTIATE_TEST_SUITE_P(providers, peer_death, testing::ValuesIn(all_params()), param_name);
+INSTANTIATE_TEST_SUITE_P(providers, peer_process, testing::ValuesIn(all_params()), param_name);
+
+}  // namespace
+}  // namespace cvt
