@@ -50,7 +50,7 @@ struct connection_info {
 
 class connect_request {
  public:
-  connect_request() = default;
+  connect_request() noexcept;
   explicit connect_request(std::unique_ptr<detail::conn_request_impl> impl) noexcept;
   connect_request(connect_request&&) noexcept;
   connect_request& operator=(connect_request&&) noexcept;
@@ -71,7 +71,7 @@ class connect_request {
 
 class listener {
  public:
-  listener() = default;
+  listener() noexcept;
   explicit listener(std::unique_ptr<detail::listener_impl> impl) noexcept;
   listener(listener&&) noexcept;
   listener& operator=(listener&&) noexcept;

@@ -219,6 +219,7 @@ result<device> device::open(std::string_view name, const device_options& opts) {
 }
 
 // ------------------------------------------------------------------------ cm ----
+connect_request::connect_request() noexcept = default;
 connect_request::connect_request(std::unique_ptr<conn_request_impl> impl) noexcept
     : impl_(std::move(impl)) {}
 connect_request::connect_request(connect_request&&) noexcept = default;
@@ -244,6 +245,7 @@ result<void> connect_request::reject(std::string_view reason) {
   return reject(std::as_bytes(std::span(reason.data(), reason.size())));
 }
 
+listener::listener() noexcept = default;
 listener::listener(std::unique_ptr<listener_impl> impl) noexcept : impl_(std::move(impl)) {}
 listener::listener(listener&&) noexcept = default;
 listener& listener::operator=(listener&&) noexcept = default;

@@ -89,7 +89,7 @@ void engine::progress() noexcept {
   if (!pl.owns_lock()) return;
   progress_thread_ = std::this_thread::get_id();
   dispatch(0);
-  progress_thread_ = {};
+  progress_thread_.store(std::thread::id{});
 }
 
 void engine::run() {
@@ -108,7 +108,7 @@ void engine::run() {
     std::lock_guard pl(progress_mu_);
     progress_thread_ = std::this_thread::get_id();
     if (dispatch(0) > 0) last_activity = clk::now();
-    progress_thread_ = {};
+    progress_thread_.store(std::thread::id{});
   }
 }
 

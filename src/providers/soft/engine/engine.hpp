@@ -47,7 +47,7 @@ class engine final : public detail::progress_source {
   std::condition_variable cv_;
   std::unordered_set<soft_qp*> live_;
   soft_qp* current_ = nullptr;
-  std::thread::id progress_thread_{};
+  std::atomic<std::thread::id> progress_thread_{};
   std::mutex progress_mu_;        // one progressing thread at a time (manual mode)
   std::thread thread_;
 };

@@ -43,7 +43,7 @@ std::string printable(std::span<const std::byte> pd) {
 
 // Reads one MPA frame (header, then exactly PD_Length bytes) before the deadline.
 result<mpa_frame> read_mpa(int fd, bool reply, clk::time_point deadline, std::chrono::milliseconds t,
-                           const std::string& peer) {
+                           const std::string& peer, bool* markers = nullptr) {
   std::byte hdr[mpa_header_size];
   const std::string what = "MPA handshake with " + peer;
   auto r = net::read_exact(fd, hdr, deadline, what);
@@ -52,6 +52,7 @@ result<mpa_frame> read_mpa(int fd, bool reply, clk::time_point deadline, std::ch
       return make_error(errc::timed_out, what + " timed out after " + seconds_text(t));
     return std::unexpected(r.error());
   }
+  if (markers != nullptr) *markers = std::to_integer<std::uint8_t>(hdr[16]) & mpa_flag::markers;
   auto pdlen = mpa_pd_length(hdr, reply);
   if (!pdlen)
     return make_error(errc::protocol_error, what + ": " + std::string(to_string(pdlen.error())));
@@ -118,20 +119,19 @@ result<std::unique_ptr<detail::conn_request_impl>> soft_listener::accept(std::ch
   if (!c) return std::unexpected(c.error());
   const std::string peer = net::peer_endpoint(c->get()).to_string();
   const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
-  auto req = read_mpa(c->get(), false, clk::now() + hs, hs, peer);
-  if (!req) {
-    // A request with markers gets a rejecting Reply (as siw does); others are dropped.
-    return std::unexpected(req.error());
-  }
-  if (req->markers()) {
+  bool markers = false;
+  auto req = read_mpa(c->get(), false, clk::now() + hs, hs, peer, &markers);
+  if (markers) {
+    // A request asking for markers gets a rejecting Reply (as siw does).
     mpa_frame rep;
     rep.reply = true;
-    rep.revision = req->revision;
+    rep.revision = 2;
     rep.flags = mpa_flag::reject;
     auto bytes = encode_mpa(rep);
     (void)net::write_all(c->get(), bytes, clk::now() + hs, "MPA reject");
     return make_error(errc::protocol_error, "MPA request from " + peer + " asks for markers (refused)");
   }
+  if (!req) return std::unexpected(req.error());  // the peer is dropped
   return std::unique_ptr<detail::conn_request_impl>(
       new soft_conn_request(dev_, std::move(*c), std::move(*req), peer));
 }

@@ -549,8 +549,10 @@ void soft_qp::after_send_locked(std::size_t n) noexcept {
       if (w.op == wr_opcode::rdma_read || is_atomic_op(w.op)) w.st = wqe_st::awaiting;
       else w.st = w.signaled ? wqe_st::unconfirmed : wqe_st::done;
     } else if (mk.kind == mark::resp) {
-      irq_.pop_front();
-      --irq_framing_;
+      if (!irq_.empty()) {  // a flush may have dropped the queue already
+        irq_.pop_front();
+        if (irq_framing_ > 0) --irq_framing_;
+      }
     } else {
       term_sent_ = true;
       c_term_tx_.fetch_add(1, std::memory_order_relaxed);
