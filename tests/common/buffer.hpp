@@ -34,8 +34,8 @@ class aligned_buffer {
 };
 
 inline constexpr conveyor::access all_rights =
-    conveyor::access::local_write | conveyor::access::remote_write |
-    conveyor::access::remote_read | conveyor::access::remote_atomic;
+    conveyor::access::local_write | conveyor::access::remote_write | conveyor::access::remote_read |
+    conveyor::access::remote_atomic;
 
 // A buffer and its registration. The registration is released first (member
 // order), so the provider never touches freed memory.
@@ -56,7 +56,9 @@ struct test_region {
   std::span<std::byte> bytes() const noexcept { return buf.bytes(); }
   std::byte* data() const noexcept { return buf.data(); }
   std::size_t size() const noexcept { return buf.size(); }
-  conveyor::sge sge(std::size_t offset, std::size_t len) const noexcept { return mr.slice(offset, len); }
+  conveyor::sge sge(std::size_t offset, std::size_t len) const noexcept {
+    return mr.slice(offset, len);
+  }
   conveyor::remote_region remote() const noexcept { return mr.remote(); }
   conveyor::remote_region remote(std::size_t offset, std::size_t len) const noexcept {
     return mr.remote().slice(offset, len);

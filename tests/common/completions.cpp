@@ -42,7 +42,9 @@ std::string describe(std::span<const work_completion> wcs) {
 cq_reader::cq_reader(conveyor::completion_queue* cq, std::string name)
     : cq_(cq), name_(std::move(name)) {}
 
-cq_reader::~cq_reader() { stop_pump(); }
+cq_reader::~cq_reader() {
+  stop_pump();
+}
 
 void cq_reader::start_pump(std::chrono::milliseconds slice) {
   if (pump_.joinable()) return;
@@ -183,7 +185,8 @@ std::string check_wc(const work_completion& wc, conveyor::wc_status status,
   if (status == conveyor::wc_status::success && wc.opcode != opcode) {
     err += " opcode " + name(wc.opcode) + " != " + name(opcode) + ";";
   }
-  if (wc.wr_id != wr_id) err += " wr_id " + std::to_string(wc.wr_id) + " != " + std::to_string(wr_id) + ";";
+  if (wc.wr_id != wr_id)
+    err += " wr_id " + std::to_string(wc.wr_id) + " != " + std::to_string(wr_id) + ";";
   if (err.empty()) return {};
   return "unexpected completion" + err + " " + describe(wc);
 }

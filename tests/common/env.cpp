@@ -87,7 +87,8 @@ double timeout_scale() {
 }
 
 milliseconds scaled(milliseconds base) {
-  return milliseconds(static_cast<std::int64_t>(static_cast<double>(base.count()) * timeout_scale()));
+  return milliseconds(
+      static_cast<std::int64_t>(static_cast<double>(base.count()) * timeout_scale()));
 }
 
 std::string device_name(const std::string& provider, const std::string& role) {
@@ -106,12 +107,22 @@ conveyor::device_options make_options(conveyor::progress_mode mode, bool request
   return o;
 }
 
-bool conveyor_peer(const std::string& provider) { return provider == "soft" || provider == "shm"; }
+bool conveyor_peer(const std::string& provider) {
+  return provider == "soft" || provider == "shm";
+}
 
-std::string name(conveyor::wc_status s) { return std::string(conveyor::to_string(s)); }
-std::string name(conveyor::wc_opcode o) { return std::string(conveyor::to_string(o)); }
-std::string name(conveyor::errc e) { return std::string(conveyor::to_string(e)); }
-std::string name(conveyor::qp_state s) { return std::string(conveyor::to_string(s)); }
+std::string name(conveyor::wc_status s) {
+  return std::string(conveyor::to_string(s));
+}
+std::string name(conveyor::wc_opcode o) {
+  return std::string(conveyor::to_string(o));
+}
+std::string name(conveyor::errc e) {
+  return std::string(conveyor::to_string(e));
+}
+std::string name(conveyor::qp_state s) {
+  return std::string(conveyor::to_string(s));
+}
 
 std::vector<std::byte> as_bytes(std::string_view s) {
   std::vector<std::byte> out(s.size());

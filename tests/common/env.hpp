@@ -73,13 +73,13 @@ std::vector<std::byte> as_bytes(std::string_view s);
 // A result<T> that must hold a value; prints the error's to_string().
 #define CVT_ASSERT_OK(res) ASSERT_TRUE((res).has_value()) << (res).error().to_string()
 // A result<T> that must hold this error code.
-#define CVT_EXPECT_ERRC(res, want_code)                                                   \
-  do {                                                                               \
-    const auto& cvt_res_ = (res);                                                    \
-    if (cvt_res_.has_value()) {                                                      \
-      ADD_FAILURE() << "expected error " << ::cvt::name(want_code) << ", got success";    \
-    } else {                                                                         \
-      EXPECT_EQ(::cvt::name(cvt_res_.error().code), ::cvt::name(want_code))               \
-          << cvt_res_.error().to_string();                                           \
-    }                                                                                \
+#define CVT_EXPECT_ERRC(res, want_code)                                                \
+  do {                                                                                 \
+    const auto& cvt_res_ = (res);                                                      \
+    if (cvt_res_.has_value()) {                                                        \
+      ADD_FAILURE() << "expected error " << ::cvt::name(want_code) << ", got success"; \
+    } else {                                                                           \
+      EXPECT_EQ(::cvt::name(cvt_res_.error().code), ::cvt::name(want_code))            \
+          << cvt_res_.error().to_string();                                             \
+    }                                                                                  \
   } while (0)

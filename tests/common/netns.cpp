@@ -61,7 +61,8 @@ std::unique_ptr<netns_pair> netns_pair::create(std::string& why, bool& environme
             run({"-n", p->b_, "addr", "add", std::string(addr_b) + "/24", "dev", vb}) &&
             run({"-n", p->a_, "link", "set", va, "mtu", "1500", "up"}) &&
             run({"-n", p->b_, "link", "set", vb, "mtu", "1500", "up"}) &&
-            run({"-n", p->a_, "link", "set", "lo", "up"}) && run({"-n", p->b_, "link", "set", "lo", "up"});
+            run({"-n", p->a_, "link", "set", "lo", "up"}) &&
+            run({"-n", p->b_, "link", "set", "lo", "up"});
   if (!ok) return nullptr;
   return p;
 }

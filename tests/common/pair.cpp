@@ -32,7 +32,9 @@ void close_endpoint(endpoint& e) {
 
 }  // namespace
 
-void pair_test::TearDown() { reset_pair(); }
+void pair_test::TearDown() {
+  reset_pair();
+}
 
 void pair_test::reset_pair() {
   // QPs first (bounded disconnect) while the target poller still drives the target.
@@ -50,10 +52,12 @@ void pair_test::prepare_pair(const pair_options& o) {
   opts_ = o;
   const auto& p = GetParam();
 
-  auto idev = conveyor::device::open(device_name(p.provider, "init"), make_options(p.progress, o.init_crc));
+  auto idev =
+      conveyor::device::open(device_name(p.provider, "init"), make_options(p.progress, o.init_crc));
   CVT_ASSERT_OK(idev);
   init.dev = std::move(*idev);
-  auto tdev = conveyor::device::open(device_name(p.provider, "tgt"), make_options(p.progress, o.tgt_crc));
+  auto tdev =
+      conveyor::device::open(device_name(p.provider, "tgt"), make_options(p.progress, o.tgt_crc));
   CVT_ASSERT_OK(tdev);
   tgt.dev = std::move(*tdev);
   ASSERT_EQ(init.dev.attr().provider, p.provider);
@@ -138,9 +142,11 @@ void pair_test::connect_pair(const pair_options& o) {
     }
     tgt.info = std::move(*info);
   });
-  auto info = conveyor::connect(init.qp, listen_address_, {.private_data = hello, .timeout = timeout});
+  auto info =
+      conveyor::connect(init.qp, listen_address_, {.private_data = hello, .timeout = timeout});
   acceptor.join();
-  ASSERT_TRUE(info.has_value()) << "connect to " << listen_address_ << ": " << info.error().to_string()
+  ASSERT_TRUE(info.has_value()) << "connect to " << listen_address_ << ": "
+                                << info.error().to_string()
                                 << (accept_err.empty() ? "" : "; target: " + accept_err);
   ASSERT_EQ(accept_err, "");
   init.info = std::move(*info);
@@ -165,13 +171,15 @@ void pair_test::drive() {
   for (auto* r : drivers()) r->poll_once();
 }
 
-testing::AssertionResult pair_test::wait(cq_reader& r, std::size_t n, std::chrono::milliseconds timeout,
+testing::AssertionResult pair_test::wait(cq_reader& r, std::size_t n,
+                                         std::chrono::milliseconds timeout,
                                          std::vector<work_completion>& out) {
   auto d = drivers();
   return ok(wait_for(r, n, timeout, out, d));
 }
 
-testing::AssertionResult pair_test::wait_ok(cq_reader& r, std::size_t n, std::chrono::milliseconds timeout,
+testing::AssertionResult pair_test::wait_ok(cq_reader& r, std::size_t n,
+                                            std::chrono::milliseconds timeout,
                                             std::vector<work_completion>* out) {
   std::vector<work_completion> local;
   auto& v = out != nullptr ? *out : local;
@@ -181,14 +189,16 @@ testing::AssertionResult pair_test::wait_ok(cq_reader& r, std::size_t n, std::ch
   return ok(all_success(std::span<const work_completion>(v.data() + before, v.size() - before)));
 }
 
-testing::AssertionResult pair_test::expect_no_completion(cq_reader& r, std::chrono::milliseconds d) {
+testing::AssertionResult pair_test::expect_no_completion(cq_reader& r,
+                                                         std::chrono::milliseconds d) {
   const auto deadline = std::chrono::steady_clock::now() + d;
   while (std::chrono::steady_clock::now() < deadline) {
     drive();
     r.wait_some(std::chrono::milliseconds(2));
     if (r.buffered() > 0) {
       auto extra = r.take(r.buffered());
-      return testing::AssertionFailure() << r.name() << ": unexpected completion(s) " << describe(extra);
+      return testing::AssertionFailure()
+             << r.name() << ": unexpected completion(s) " << describe(extra);
     }
   }
   return testing::AssertionSuccess();
@@ -204,9 +214,11 @@ testing::AssertionResult pair_test::sync_target(std::chrono::milliseconds timeou
   }
   std::vector<work_completion> t, i;
   if (auto r = wait(tgt.recv_reader(), 1, timeout, t); !r) return r << " (sync: target receive)";
-  if (auto e = check_wc(t[0], wc_status::success, wc_opcode::recv, id); !e.empty()) return ok("sync: " + e);
+  if (auto e = check_wc(t[0], wc_status::success, wc_opcode::recv, id); !e.empty())
+    return ok("sync: " + e);
   if (auto r = wait(init.send_reader(), 1, timeout, i); !r) return r << " (sync: initiator send)";
-  if (auto e = check_wc(i[0], wc_status::success, wc_opcode::send, id); !e.empty()) return ok("sync: " + e);
+  if (auto e = check_wc(i[0], wc_status::success, wc_opcode::send, id); !e.empty())
+    return ok("sync: " + e);
   return testing::AssertionSuccess();
 }
 
@@ -217,9 +229,9 @@ testing::AssertionResult pair_test::wait_state(const conveyor::queue_pair& qp, q
     auto cur = qp.state();
     if (cur == s) return testing::AssertionSuccess();
     if (std::chrono::steady_clock::now() >= deadline) {
-      return testing::AssertionFailure() << "QP " << qp.qp_num() << " is in state " << name(cur)
-                                         << ", expected " << name(s) << " within " << timeout.count()
-                                         << " ms";
+      return testing::AssertionFailure()
+             << "QP " << qp.qp_num() << " is in state " << name(cur) << ", expected " << name(s)
+             << " within " << timeout.count() << " ms";
     }
     drive();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -231,7 +243,8 @@ std::string capability_text(const endpoint& init, const endpoint& tgt, bool ext,
                             bool tgt_cap, const char* what) {
   return std::string(what) + ": initiator device attr " + (init_cap ? "true" : "false") +
          ", target device attr " + (tgt_cap ? "true" : "false") + ", connection extensions " +
-         (ext ? "true" : "false") + " (" + init.dev.attr().provider + " <-> " + tgt.dev.attr().provider + ")";
+         (ext ? "true" : "false") + " (" + init.dev.attr().provider + " <-> " +
+         tgt.dev.attr().provider + ")";
 }
 }  // namespace
 
@@ -253,7 +266,8 @@ std::string pair_test::atomics_unavailable() {
     }
     return {};
   }
-  return usable ? std::string() : capability_text(init, tgt, c->extensions, ic, tc, "atomics unavailable");
+  return usable ? std::string()
+                : capability_text(init, tgt, c->extensions, ic, tc, "atomics unavailable");
 }
 
 std::string pair_test::immediate_unavailable() {

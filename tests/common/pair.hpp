@@ -112,10 +112,10 @@ class pair_test : public testing::TestWithParam<provider_param> {
   pair_options opts_;
   endpoint init;
   endpoint tgt;
-  test_region tgt_main;       // published to the initiator via private data
+  test_region tgt_main;          // published to the initiator via private data
   conveyor::remote_region peer;  // what the initiator decoded
-  test_region sync_src;       // initiator, 64 bytes
-  test_region sync_sink;      // target, 64 bytes
+  test_region sync_src;          // initiator, 64 bytes
+  test_region sync_sink;         // target, 64 bytes
   std::uint64_t next_sync_id_ = 0x5c000000;
   std::string listen_address_;
 };
@@ -126,17 +126,17 @@ inline constexpr std::size_t k_sizes[] = {0, 1, 63, 4096, MiB, 16 * MiB};
 std::chrono::milliseconds op_timeout(std::size_t bytes);
 
 // Requires RFC 7306 atomics / immediate data; skips with the reason otherwise.
-#define CVT_REQUIRE_ATOMICS()                                     \
-  do {                                                            \
-    std::string cvt_why_ = this->atomics_unavailable();           \
-    if (::testing::Test::HasFatalFailure()) return;               \
-    if (!cvt_why_.empty()) GTEST_SKIP() << cvt_why_;              \
+#define CVT_REQUIRE_ATOMICS()                           \
+  do {                                                  \
+    std::string cvt_why_ = this->atomics_unavailable(); \
+    if (::testing::Test::HasFatalFailure()) return;     \
+    if (!cvt_why_.empty()) GTEST_SKIP() << cvt_why_;    \
   } while (0)
-#define CVT_REQUIRE_IMMEDIATE()                                   \
-  do {                                                            \
-    std::string cvt_why_ = this->immediate_unavailable();         \
-    if (::testing::Test::HasFatalFailure()) return;               \
-    if (!cvt_why_.empty()) GTEST_SKIP() << cvt_why_;              \
+#define CVT_REQUIRE_IMMEDIATE()                           \
+  do {                                                    \
+    std::string cvt_why_ = this->immediate_unavailable(); \
+    if (::testing::Test::HasFatalFailure()) return;       \
+    if (!cvt_why_.empty()) GTEST_SKIP() << cvt_why_;      \
   } while (0)
 
 }  // namespace cvt

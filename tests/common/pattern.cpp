@@ -33,7 +33,8 @@ void fill_pattern(std::span<std::byte> out, std::uint64_t seed, std::uint64_t st
   // Whole words (little-endian byte order of the word, as pattern_byte defines).
   while (j + 8 <= n) {
     std::uint64_t w = word(seed, (start + j) / 8);
-    for (int b = 0; b < 8; ++b) out[j + static_cast<std::size_t>(b)] = static_cast<std::byte>((w >> (8 * b)) & 0xff);
+    for (int b = 0; b < 8; ++b)
+      out[j + static_cast<std::size_t>(b)] = static_cast<std::byte>((w >> (8 * b)) & 0xff);
     j += 8;
   }
   while (j < n) {
@@ -59,7 +60,8 @@ std::string mismatch_text(std::size_t first, std::byte got, std::byte want, std:
 }
 }  // namespace
 
-std::string check_pattern(std::span<const std::byte> data, std::uint64_t seed, std::uint64_t start) {
+std::string check_pattern(std::span<const std::byte> data, std::uint64_t seed,
+                          std::uint64_t start) {
   // Compare block-wise against a generated chunk (fast path), then locate.
   constexpr std::size_t chunk = 64 * 1024;
   std::vector<std::byte> want(std::min(chunk, data.size()));
@@ -86,7 +88,8 @@ std::string check_pattern(std::span<const std::byte> data, std::uint64_t seed, s
 
 std::string check_equal(std::span<const std::byte> got, std::span<const std::byte> want) {
   if (got.size() != want.size()) {
-    return "size differs: got " + std::to_string(got.size()) + ", want " + std::to_string(want.size());
+    return "size differs: got " + std::to_string(got.size()) + ", want " +
+           std::to_string(want.size());
   }
   if (got.empty() || std::memcmp(got.data(), want.data(), got.size()) == 0) return {};
   std::size_t first = got.size(), count = 0;

@@ -15,7 +15,9 @@ namespace cvt {
 
 namespace {
 
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+std::string errno_text(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
 
 std::string self_exe() {
   char buf[4096];
@@ -28,7 +30,10 @@ std::string self_exe() {
 }  // namespace
 
 child_process::child_process(child_process&& o) noexcept
-    : pid_(o.pid_), report_fd_(o.report_fd_), reaped_(o.reaped_), status_(o.status_),
+    : pid_(o.pid_),
+      report_fd_(o.report_fd_),
+      reaped_(o.reaped_),
+      status_(o.status_),
       pending_(std::move(o.pending_)) {
   o.pid_ = -1;
   o.report_fd_ = -1;
@@ -61,7 +66,8 @@ child_process::~child_process() {
   pid_ = -1;
 }
 
-std::expected<child_process, std::string> child_process::spawn(const std::vector<std::string>& args) {
+std::expected<child_process, std::string> child_process::spawn(
+    const std::vector<std::string>& args) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return std::unexpected(errno_text("pipe2"));
   const std::string exe = self_exe();
@@ -98,7 +104,8 @@ std::expected<child_process, std::string> child_process::spawn(const std::vector
   return c;
 }
 
-std::expected<std::string, std::string> child_process::read_line(std::chrono::milliseconds timeout) {
+std::expected<std::string, std::string> child_process::read_line(
+    std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (auto nl = pending_.find('\n'); nl != std::string::npos) {
@@ -107,7 +114,8 @@ std::expected<std::string, std::string> child_process::read_line(std::chrono::mi
       return line;
     }
     if (report_fd_ < 0) return std::unexpected(std::string("child report pipe closed"));
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       return std::unexpected("no report from child " + std::to_string(pid_) + " within " +
                              std::to_string(timeout.count()) + " ms");
@@ -156,7 +164,8 @@ void child_process::kill(int sig) noexcept {
 std::string child_process::describe_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
-    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
   }
   return "wait status " + std::to_string(status);
 }
@@ -165,9 +174,12 @@ bool is_child_invocation(int argc, char** argv) {
   return argc >= 2 && std::strcmp(argv[1], "--conveyor-child") == 0;
 }
 
-bool command_result::ok() const { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+bool command_result::ok() const {
+  return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
-command_result run_command(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+command_result run_command(const std::vector<std::string>& args,
+                           std::chrono::milliseconds timeout) {
   command_result res;
   if (args.empty()) return res;
   int fds[2];
@@ -235,7 +247,8 @@ std::string find_program(const std::string& name) {
   std::size_t start = 0;
   while (start <= p.size()) {
     auto colon = p.find(':', start);
-    std::string dir = p.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string dir =
+        p.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
     if (!dir.empty() && ::access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
     if (colon == std::string::npos) break;
     start = colon + 1;

@@ -66,8 +66,8 @@ std::string wait_one(cq_reader& r, std::chrono::milliseconds timeout, work_compl
   return {};
 }
 
-std::string expect_wc(cq_reader& r, std::chrono::milliseconds timeout, wc_opcode op, std::uint64_t id,
-                      work_completion* out = nullptr) {
+std::string expect_wc(cq_reader& r, std::chrono::milliseconds timeout, wc_opcode op,
+                      std::uint64_t id, work_completion* out = nullptr) {
   work_completion wc;
   if (auto e = wait_one(r, timeout, wc); !e.empty()) return e;
   if (auto e = check_wc(wc, wc_status::success, op, id); !e.empty()) return e;
@@ -123,7 +123,8 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
   }
   const auto small = scaled(std::chrono::milliseconds(10000));
   const auto big = scaled(std::chrono::milliseconds(30000));
-  auto dev = conveyor::device::open(device_name(s.provider, "init"), make_options(s.progress, s.crc));
+  auto dev =
+      conveyor::device::open(device_name(s.provider, "init"), make_options(s.progress, s.crc));
   if (!dev) return "device::open: " + dev.error().to_string();
   auto pd = dev->alloc_pd();
   if (!pd) return "alloc_pd: " + pd.error().to_string();
@@ -153,27 +154,32 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
   auto atom_r = conveyor::remote_region::decode(
       pdata.subspan(conveyor::remote_region::encoded_size, conveyor::remote_region::encoded_size));
   if (!data_r || !atom_r) return "cannot decode the target's remote regions";
-  if (data_r->length != s.region_size) return "data region length " + std::to_string(data_r->length);
+  if (data_r->length != s.region_size)
+    return "data region length " + std::to_string(data_r->length);
 
   auto conn = qp->connection();
   if (!conn) return "qp.connection(): " + conn.error().to_string();
   if (conn->mss == 0) return "connection mss is 0";
   if (conn->max_fpdu == 0 || conn->max_fpdu > conn->mss) {
-    return "max_fpdu " + std::to_string(conn->max_fpdu) + " not in (0, mss " + std::to_string(conn->mss) + "]";
+    return "max_fpdu " + std::to_string(conn->max_fpdu) + " not in (0, mss " +
+           std::to_string(conn->mss) + "]";
   }
   if (s.max_mss != 0 && conn->mss > s.max_mss) {
-    return "mss " + std::to_string(conn->mss) + " exceeds " + std::to_string(s.max_mss) + " on this link";
+    return "mss " + std::to_string(conn->mss) + " exceeds " + std::to_string(s.max_mss) +
+           " on this link";
   }
   if (conn->crc != s.crc) return std::string("crc negotiated ") + (conn->crc ? "on" : "off");
   if (conveyor_peer(s.provider) && !conn->extensions) {
     return "Conveyor<->Conveyor connection without RFC 7306 extensions";
   }
-  log_line("initiator", "connected " + conn->local_address + " -> " + conn->peer_address +
-                            " mss=" + std::to_string(conn->mss) + " max_fpdu=" + std::to_string(conn->max_fpdu) +
-                            " ird=" + std::to_string(conn->ird) + " ord=" + std::to_string(conn->ord));
+  log_line("initiator",
+           "connected " + conn->local_address + " -> " + conn->peer_address +
+               " mss=" + std::to_string(conn->mss) + " max_fpdu=" + std::to_string(conn->max_fpdu) +
+               " ird=" + std::to_string(conn->ird) + " ord=" + std::to_string(conn->ord));
 
   // WRITE the prefix.
-  if (auto st = qp->post_write(src->sge(0, s.write_len), data_r->slice(0, s.write_len), 1); st != errc::ok) {
+  if (auto st = qp->post_write(src->sge(0, s.write_len), data_r->slice(0, s.write_len), 1);
+      st != errc::ok) {
     return "post_write: " + name(st);
   }
   if (auto e = expect_wc(reader, big, wc_opcode::rdma_write, 1); !e.empty()) return "WRITE: " + e;
@@ -183,34 +189,42 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
     return "post_read: " + name(st);
   }
   work_completion rwc;
-  if (auto e = expect_wc(reader, big, wc_opcode::rdma_read, 2, &rwc); !e.empty()) return "READ: " + e;
+  if (auto e = expect_wc(reader, big, wc_opcode::rdma_read, 2, &rwc); !e.empty())
+    return "READ: " + e;
   if (rwc.byte_len != s.region_size) return "READ byte_len " + std::to_string(rwc.byte_len);
   if (auto e = check_pattern(sink->bytes().first(s.write_len), s.write_seed, 0); !e.empty()) {
     return "READ after WRITE, written part: " + e;
   }
-  if (auto e = check_pattern(sink->bytes().subspan(s.write_len), s.region_seed, s.write_len); !e.empty()) {
+  if (auto e = check_pattern(sink->bytes().subspan(s.write_len), s.region_seed, s.write_len);
+      !e.empty()) {
     return "READ after WRITE, untouched part: " + e;
   }
   if (conn->extensions) {
     auto slot0 = atom_r->slice(0, 8), slot1 = atom_r->slice(8, 8);
-    if (auto st = qp->post_cmp_swap(result->sge(0, 8), slot0, s.cas_initial, s.cas_swap, 3); st != errc::ok) {
+    if (auto st = qp->post_cmp_swap(result->sge(0, 8), slot0, s.cas_initial, s.cas_swap, 3);
+        st != errc::ok) {
       return "post_cmp_swap: " + name(st);
     }
     if (auto e = expect_wc(reader, small, wc_opcode::comp_swap, 3); !e.empty()) return "CAS: " + e;
     if (load_u64(result->data()) != s.cas_initial) return "CAS returned the wrong original value";
     // A failing compare returns the current value and changes nothing.
-    if (auto st = qp->post_cmp_swap(result->sge(8, 8), slot0, s.cas_initial, 0, 4); st != errc::ok) {
+    if (auto st = qp->post_cmp_swap(result->sge(8, 8), slot0, s.cas_initial, 0, 4);
+        st != errc::ok) {
       return "post_cmp_swap: " + name(st);
     }
-    if (auto e = expect_wc(reader, small, wc_opcode::comp_swap, 4); !e.empty()) return "CAS (miss): " + e;
-    if (load_u64(result->data() + 8) != s.cas_swap) return "failed CAS returned the wrong current value";
+    if (auto e = expect_wc(reader, small, wc_opcode::comp_swap, 4); !e.empty())
+      return "CAS (miss): " + e;
+    if (load_u64(result->data() + 8) != s.cas_swap)
+      return "failed CAS returned the wrong current value";
     if (auto st = qp->post_fetch_add(result->sge(16, 8), slot1, s.faa_add, 5); st != errc::ok) {
       return "post_fetch_add: " + name(st);
     }
     if (auto e = expect_wc(reader, small, wc_opcode::fetch_add, 5); !e.empty()) return "FAA: " + e;
-    if (load_u64(result->data() + 16) != s.faa_initial) return "FAA returned the wrong original value";
+    if (load_u64(result->data() + 16) != s.faa_initial)
+      return "FAA returned the wrong original value";
   }
-  if (auto st = qp->post_send_msg(msg->sge(0, s.msg_len), 6); st != errc::ok) return "post_send: " + name(st);
+  if (auto st = qp->post_send_msg(msg->sge(0, s.msg_len), 6); st != errc::ok)
+    return "post_send: " + name(st);
   if (auto e = expect_wc(reader, big, wc_opcode::send, 6); !e.empty()) return "SEND: " + e;
   log_line("initiator", "script done");
   return {};
@@ -229,7 +243,8 @@ int run_two_party_target(const child_args& a) {
   if (auto ns = get(a, "netns"); !ns.empty()) {
     if (auto e = enter_netns(ns); !e.empty()) return fail(e, 2);
   }
-  auto dev = conveyor::device::open(device_name(s.provider, "child-tgt"), make_options(s.progress, s.crc));
+  auto dev =
+      conveyor::device::open(device_name(s.provider, "child-tgt"), make_options(s.progress, s.crc));
   if (!dev) return fail("device::open: " + dev.error().to_string(), 2);
   auto pd = dev->alloc_pd();
   if (!pd) return fail("alloc_pd: " + pd.error().to_string(), 2);
@@ -287,12 +302,15 @@ int run_two_party_target(const child_args& a) {
     return fail("waiting for the final SEND: " + e, 3);
   }
   if (auto e = check_wc(wc, wc_status::success, wc_opcode::recv, 77); !e.empty()) return fail(e, 4);
-  if (wc.byte_len != s.msg_len) return fail("final SEND byte_len " + std::to_string(wc.byte_len), 4);
-  if (auto e = check_pattern(msg->bytes().first(s.msg_len), s.msg_seed); !e.empty()) return fail("message: " + e, 5);
+  if (wc.byte_len != s.msg_len)
+    return fail("final SEND byte_len " + std::to_string(wc.byte_len), 4);
+  if (auto e = check_pattern(msg->bytes().first(s.msg_len), s.msg_seed); !e.empty())
+    return fail("message: " + e, 5);
   if (auto e = check_pattern(data->bytes().first(s.write_len), s.write_seed); !e.empty()) {
     return fail("written part: " + e, 5);
   }
-  if (auto e = check_pattern(data->bytes().subspan(s.write_len), s.region_seed, s.write_len); !e.empty()) {
+  if (auto e = check_pattern(data->bytes().subspan(s.write_len), s.region_seed, s.write_len);
+      !e.empty()) {
     return fail("untouched part: " + e, 5);
   }
   if (ext) {

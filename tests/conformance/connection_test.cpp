@@ -20,7 +20,8 @@ class connection : public pair_test {
   void check_attributes(bool init_crc, bool tgt_crc);
 };
 
-std::string attr_diff(const conveyor::qp_connection_attr& a, const conveyor::qp_connection_attr& b) {
+std::string attr_diff(const conveyor::qp_connection_attr& a,
+                      const conveyor::qp_connection_attr& b) {
   std::string d;
   if (a.local_address != b.local_address) d += " local_address";
   if (a.peer_address != b.peer_address) d += " peer_address";
@@ -85,13 +86,21 @@ void connection::check_attributes(bool init_crc, bool tgt_crc) {
   EXPECT_EQ(attr_diff(tgt.info.attr, *tc), "") << "accept() result differs from qp.connection()";
 }
 
-TEST_P(connection, qp_is_rts_and_attributes_are_sane_with_crc) { check_attributes(true, true); }
+TEST_P(connection, qp_is_rts_and_attributes_are_sane_with_crc) {
+  check_attributes(true, true);
+}
 
-TEST_P(connection, qp_is_rts_and_attributes_are_sane_without_crc) { check_attributes(false, false); }
+TEST_P(connection, qp_is_rts_and_attributes_are_sane_without_crc) {
+  check_attributes(false, false);
+}
 
-TEST_P(connection, crc_is_on_when_only_the_initiator_requests_it) { check_attributes(true, false); }
+TEST_P(connection, crc_is_on_when_only_the_initiator_requests_it) {
+  check_attributes(true, false);
+}
 
-TEST_P(connection, crc_is_on_when_only_the_target_requests_it) { check_attributes(false, true); }
+TEST_P(connection, crc_is_on_when_only_the_target_requests_it) {
+  check_attributes(false, true);
+}
 
 TEST_P(connection, connection_attributes_are_invalid_state_before_connect) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
@@ -118,7 +127,8 @@ TEST_P(connection, private_data_of_max_size_passes_both_ways) {
     auto r = req->accept(tgt.qp, to_init);
     if (!r) err = r.error().to_string();
   });
-  auto info = conveyor::connect(init.qp, addr, {.private_data = to_tgt, .timeout = scaled(milliseconds(10000))});
+  auto info = conveyor::connect(init.qp, addr,
+                                {.private_data = to_tgt, .timeout = scaled(milliseconds(10000))});
   acceptor.join();
   CVT_ASSERT_OK(info);
   ASSERT_EQ(err, "");

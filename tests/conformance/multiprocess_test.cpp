@@ -47,15 +47,17 @@ testing::AssertionResult exited_cleanly(child_process& c, const char* who, milli
   auto st = c.wait_exit(timeout);
   if (!st) return testing::AssertionFailure() << who << ": " << st.error();
   if (WIFEXITED(*st) && WEXITSTATUS(*st) == 0) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << who << " " << child_process::describe_status(*st)
-                                     << " (its stderr above says why)";
+  return testing::AssertionFailure()
+         << who << " " << child_process::describe_status(*st) << " (its stderr above says why)";
 }
 
 TEST_P(processes, child_target_serves_write_read_atomics_and_send_across_processes) {
   const auto s = script();
   // Fork before this process opens any device; the child opens its own.
   auto child = child_process::spawn(
-      with("target", s.to_args(), {"--mode=verify", "--lifetime=" + std::to_string(scaled(milliseconds(120000)).count() / 1000)}));
+      with("target", s.to_args(),
+           {"--mode=verify",
+            "--lifetime=" + std::to_string(scaled(milliseconds(120000)).count() / 1000)}));
   ASSERT_TRUE(child.has_value()) << child.error();
   auto line = child->read_line(scaled(milliseconds(30000)));
   ASSERT_TRUE(line.has_value()) << line.error();
@@ -81,23 +83,26 @@ TEST_P(processes, two_namespaces_over_veth_move_16_mib_with_mss_at_most_1460) {
   s.write_len = 16 * MiB;
   s.msg_len = 4096;
   s.max_mss = 1460;  // MTU 1500 - 20 (IPv4) - 20 (TCP)
-  const std::string lifetime = "--lifetime=" + std::to_string(scaled(milliseconds(200000)).count() / 1000);
+  const std::string lifetime =
+      "--lifetime=" + std::to_string(scaled(milliseconds(200000)).count() / 1000);
 
-  auto target = child_process::spawn(with("target", s.to_args(),
-                                          {"--mode=verify", "--netns=" + ns->a(),
-                                           std::string("--addr=") + netns_pair::addr_a + ":0", lifetime}));
+  auto target =
+      child_process::spawn(with("target", s.to_args(),
+                                {"--mode=verify", "--netns=" + ns->a(),
+                                 std::string("--addr=") + netns_pair::addr_a + ":0", lifetime}));
   ASSERT_TRUE(target.has_value()) << target.error();
   auto line = target->read_line(scaled(milliseconds(30000)));
   ASSERT_TRUE(line.has_value()) << line.error();
   const std::uint16_t port = parse_port(*line);
   ASSERT_NE(port, 0) << "target reported: " << *line;
 
-  auto initiator = child_process::spawn(
-      with("initiator", s.to_args(),
-           {"--netns=" + ns->b(), std::string("--connect=") + netns_pair::addr_a + ":" + std::to_string(port),
-            lifetime}));
+  auto initiator = child_process::spawn(with(
+      "initiator", s.to_args(),
+      {"--netns=" + ns->b(),
+       std::string("--connect=") + netns_pair::addr_a + ":" + std::to_string(port), lifetime}));
   ASSERT_TRUE(initiator.has_value()) << initiator.error();
-  const bool init_ok = exited_cleanly(*initiator, "initiator child (namespace B)", scaled(milliseconds(180000)));
+  const bool init_ok =
+      exited_cleanly(*initiator, "initiator child (namespace B)", scaled(milliseconds(180000)));
   EXPECT_TRUE(init_ok) << "initiator child failed";
   if (!init_ok) target->kill(SIGKILL);
   EXPECT_TRUE(exited_cleanly(*target, "target child (namespace A)", scaled(milliseconds(60000))));

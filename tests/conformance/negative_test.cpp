@@ -33,22 +33,32 @@ enum class local_fault { bad_lkey, outside_region };
 
 const char* op_name(op o) {
   switch (o) {
-    case op::write: return "RDMA WRITE";
-    case op::read: return "RDMA READ";
-    case op::cmp_swap: return "ATOMIC CMP_AND_SWP";
-    case op::fetch_add: return "ATOMIC FETCH_AND_ADD";
-    case op::send: return "SEND";
+    case op::write:
+      return "RDMA WRITE";
+    case op::read:
+      return "RDMA READ";
+    case op::cmp_swap:
+      return "ATOMIC CMP_AND_SWP";
+    case op::fetch_add:
+      return "ATOMIC FETCH_AND_ADD";
+    case op::send:
+      return "SEND";
   }
   return "?";
 }
 
 wc_opcode wc_of(op o) {
   switch (o) {
-    case op::write: return wc_opcode::rdma_write;
-    case op::read: return wc_opcode::rdma_read;
-    case op::cmp_swap: return wc_opcode::comp_swap;
-    case op::fetch_add: return wc_opcode::fetch_add;
-    case op::send: return wc_opcode::send;
+    case op::write:
+      return wc_opcode::rdma_write;
+    case op::read:
+      return wc_opcode::rdma_read;
+    case op::cmp_swap:
+      return wc_opcode::comp_swap;
+    case op::fetch_add:
+      return wc_opcode::fetch_add;
+    case op::send:
+      return wc_opcode::send;
   }
   return wc_opcode::send;
 }
@@ -62,14 +72,19 @@ class negative : public pair_test {
   void expect_remote_violation(op o, fault f);
   void expect_local_violation(op o, local_fault f);
   // Posts op `o` with the given local SGE and remote range.
-  conveyor::status post(op o, const sge& local, const conveyor::remote_region& r, std::uint64_t compare,
-                        std::uint64_t id) {
+  conveyor::status post(op o, const sge& local, const conveyor::remote_region& r,
+                        std::uint64_t compare, std::uint64_t id) {
     switch (o) {
-      case op::write: return init.qp.post_write(local, r, id);
-      case op::read: return init.qp.post_read(local, r, id);
-      case op::cmp_swap: return init.qp.post_cmp_swap(local, r, compare, ~compare, id);
-      case op::fetch_add: return init.qp.post_fetch_add(local, r, 1, id);
-      case op::send: return init.qp.post_send_msg(local, id);
+      case op::write:
+        return init.qp.post_write(local, r, id);
+      case op::read:
+        return init.qp.post_read(local, r, id);
+      case op::cmp_swap:
+        return init.qp.post_cmp_swap(local, r, compare, ~compare, id);
+      case op::fetch_add:
+        return init.qp.post_fetch_add(local, r, 1, id);
+      case op::send:
+        return init.qp.post_send_msg(local, id);
     }
     return errc::invalid_argument;
   }
@@ -86,13 +101,14 @@ void negative::expect_remote_violation(op o, fault f) {
   if (atomic) CVT_REQUIRE_ATOMICS();
   SCOPED_TRACE(op_name(o));
 
-  const access needed = o == op::write ? access::remote_write
+  const access needed = o == op::write  ? access::remote_write
                         : o == op::read ? access::remote_read
                                         : access::remote_atomic;
   const access rights = f == fault::missing_right ? without(all_rights, needed) : all_rights;
   // The registered length; the buffer behind it is 8 KiB so bytes past the end exist.
   const std::size_t reg_len = f == fault::past_end && atomic ? 4096 + 7 : 4096;
-  const std::uint64_t vseed = 0xa000 + static_cast<std::uint64_t>(o) * 16 + static_cast<std::uint64_t>(f);
+  const std::uint64_t vseed =
+      0xa000 + static_cast<std::uint64_t>(o) * 16 + static_cast<std::uint64_t>(f);
 
   conveyor::protection_domain other_pd;
   conveyor::protection_domain* pd = &tgt.pd;
@@ -112,7 +128,8 @@ void negative::expect_remote_violation(op o, fault f) {
   switch (f) {
     case fault::bad_rkey: {
       std::uint32_t bad = base.rkey ^ 0x5a5a5a5au;
-      while (bad == base.rkey || bad == tgt_main.mr.rkey() || bad == sync_sink.mr.rkey()) bad += 0x01010101u;
+      while (bad == base.rkey || bad == tgt_main.mr.rkey() || bad == sync_sink.mr.rkey())
+        bad += 0x01010101u;
       r = {base.addr, op_len, bad};
       break;
     }
@@ -169,7 +186,8 @@ void negative::expect_local_violation(op o, local_fault f) {
   // qp.hpp/error.hpp: a bad lkey or range is the completion status loc_prot_err
   // (post_* returns invalid_argument only for malformed requests).
   const auto st = post(o, s, peer.slice(0, 64), 0, 0x10c);
-  ASSERT_EQ(name(st), name(errc::ok)) << "expected the post to succeed and complete with loc_prot_err";
+  ASSERT_EQ(name(st), name(errc::ok))
+      << "expected the post to succeed and complete with loc_prot_err";
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait(init.send_reader(), 1, scaled(milliseconds(10000)), iw));
   EXPECT_TRUE(ok(check_wc(iw[0], wc_status::loc_prot_err, wc_of(o), 0x10c)));
@@ -179,9 +197,13 @@ void negative::expect_local_violation(op o, local_fault f) {
 }
 
 #define CVT_REMOTE_CASE(test_name, o, f) \
-  TEST_P(negative, test_name) { expect_remote_violation(o, f); }
+  TEST_P(negative, test_name) {          \
+    expect_remote_violation(o, f);       \
+  }
 #define CVT_LOCAL_CASE(test_name, o, f) \
-  TEST_P(negative, test_name) { expect_local_violation(o, f); }
+  TEST_P(negative, test_name) {         \
+    expect_local_violation(o, f);       \
+  }
 
 CVT_REMOTE_CASE(write_with_bad_rkey_is_rem_access_err, op::write, fault::bad_rkey)
 CVT_REMOTE_CASE(read_with_bad_rkey_is_rem_access_err, op::read, fault::bad_rkey)
@@ -191,17 +213,22 @@ CVT_REMOTE_CASE(fetch_add_with_bad_rkey_is_rem_access_err, op::fetch_add, fault:
 CVT_REMOTE_CASE(write_one_byte_past_region_end_is_rem_access_err, op::write, fault::past_end)
 CVT_REMOTE_CASE(read_one_byte_past_region_end_is_rem_access_err, op::read, fault::past_end)
 CVT_REMOTE_CASE(cmp_swap_one_byte_past_region_end_is_rem_access_err, op::cmp_swap, fault::past_end)
-CVT_REMOTE_CASE(fetch_add_one_byte_past_region_end_is_rem_access_err, op::fetch_add, fault::past_end)
+CVT_REMOTE_CASE(fetch_add_one_byte_past_region_end_is_rem_access_err, op::fetch_add,
+                fault::past_end)
 
 CVT_REMOTE_CASE(write_without_remote_write_right_is_rem_access_err, op::write, fault::missing_right)
 CVT_REMOTE_CASE(read_without_remote_read_right_is_rem_access_err, op::read, fault::missing_right)
-CVT_REMOTE_CASE(cmp_swap_without_remote_atomic_right_is_rem_access_err, op::cmp_swap, fault::missing_right)
-CVT_REMOTE_CASE(fetch_add_without_remote_atomic_right_is_rem_access_err, op::fetch_add, fault::missing_right)
+CVT_REMOTE_CASE(cmp_swap_without_remote_atomic_right_is_rem_access_err, op::cmp_swap,
+                fault::missing_right)
+CVT_REMOTE_CASE(fetch_add_without_remote_atomic_right_is_rem_access_err, op::fetch_add,
+                fault::missing_right)
 
 CVT_REMOTE_CASE(write_to_deregistered_region_is_rem_access_err, op::write, fault::deregistered)
 CVT_REMOTE_CASE(read_from_deregistered_region_is_rem_access_err, op::read, fault::deregistered)
-CVT_REMOTE_CASE(cmp_swap_on_deregistered_region_is_rem_access_err, op::cmp_swap, fault::deregistered)
-CVT_REMOTE_CASE(fetch_add_on_deregistered_region_is_rem_access_err, op::fetch_add, fault::deregistered)
+CVT_REMOTE_CASE(cmp_swap_on_deregistered_region_is_rem_access_err, op::cmp_swap,
+                fault::deregistered)
+CVT_REMOTE_CASE(fetch_add_on_deregistered_region_is_rem_access_err, op::fetch_add,
+                fault::deregistered)
 
 CVT_REMOTE_CASE(write_to_region_of_another_pd_is_rem_access_err, op::write, fault::other_pd)
 CVT_REMOTE_CASE(read_from_region_of_another_pd_is_rem_access_err, op::read, fault::other_pd)
@@ -211,8 +238,10 @@ CVT_REMOTE_CASE(fetch_add_on_region_of_another_pd_is_rem_access_err, op::fetch_a
 CVT_LOCAL_CASE(write_with_bad_lkey_is_loc_prot_err, op::write, local_fault::bad_lkey)
 CVT_LOCAL_CASE(send_with_bad_lkey_is_loc_prot_err, op::send, local_fault::bad_lkey)
 CVT_LOCAL_CASE(read_into_bad_lkey_is_loc_prot_err, op::read, local_fault::bad_lkey)
-CVT_LOCAL_CASE(write_from_sge_outside_its_region_is_loc_prot_err, op::write, local_fault::outside_region)
-CVT_LOCAL_CASE(read_into_sge_outside_its_region_is_loc_prot_err, op::read, local_fault::outside_region)
+CVT_LOCAL_CASE(write_from_sge_outside_its_region_is_loc_prot_err, op::write,
+               local_fault::outside_region)
+CVT_LOCAL_CASE(read_into_sge_outside_its_region_is_loc_prot_err, op::read,
+               local_fault::outside_region)
 
 INSTANTIATE_TEST_SUITE_P(providers, negative, testing::ValuesIn(all_params()), param_name);
 

@@ -35,8 +35,8 @@ std::uint64_t load_u64(const std::byte* p) {
 
 // A 64-byte region for atomics: pattern `seed` with the 64-bit word at offset 8
 // set to `value` (native byte order) before registration.
-conveyor::result<test_region> make_atomic_region(conveyor::protection_domain& pd, std::uint64_t seed,
-                                                 std::uint64_t value) {
+conveyor::result<test_region> make_atomic_region(conveyor::protection_domain& pd,
+                                                 std::uint64_t seed, std::uint64_t value) {
   test_region r;
   r.buf = aligned_buffer(64);
   fill_pattern(r.buf.bytes(), seed);
@@ -49,8 +49,10 @@ conveyor::result<test_region> make_atomic_region(conveyor::protection_domain& pd
 
 // Bytes of the atomic region other than the slot at offset 8 must keep their pattern.
 std::string check_atomic_neighbours(const test_region& r, std::uint64_t seed) {
-  if (auto e = check_pattern(r.bytes().first(8), seed); !e.empty()) return "bytes before the slot: " + e;
-  if (auto e = check_pattern(r.bytes().subspan(16), seed, 16); !e.empty()) return "bytes after the slot: " + e;
+  if (auto e = check_pattern(r.bytes().first(8), seed); !e.empty())
+    return "bytes before the slot: " + e;
+  if (auto e = check_pattern(r.bytes().subspan(16), seed, 16); !e.empty())
+    return "bytes after the slot: " + e;
   return {};
 }
 
@@ -70,7 +72,8 @@ TEST_P(opcodes, send_delivers_bytes_at_every_size) {
     ++id;
     CVT_ASSERT_POST_OK(tgt.qp.post_recv(dst->sge(0, size + 64), id));
     const sge s = src->sge(0, size);
-    CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = id, .opcode = wr_opcode::send, .sg_list = sgl(s, size)}));
+    CVT_ASSERT_POST_OK(init.qp.post_send(
+        send_wr{.wr_id = id, .opcode = wr_opcode::send, .sg_list = sgl(s, size)}));
     std::vector<work_completion> iw, tw;
     ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(size), iw));
     EXPECT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::send, id)));
@@ -82,7 +85,8 @@ TEST_P(opcodes, send_delivers_bytes_at_every_size) {
     EXPECT_EQ(tw[0].qp_num, tgt.qp.qp_num());
     EXPECT_EQ(iw[0].qp_num, init.qp.qp_num());
     EXPECT_TRUE(ok(check_pattern(dst->bytes().first(size), sseed))) << "received payload";
-    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size))) << "bytes past the message changed";
+    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size)))
+        << "bytes past the message changed";
   }
 }
 
@@ -102,8 +106,10 @@ TEST_P(opcodes, send_with_imm_delivers_bytes_and_immediate_at_every_size) {
     ++id;
     CVT_ASSERT_POST_OK(tgt.qp.post_recv(dst->sge(0, size + 64), id));
     const sge s = src->sge(0, size);
-    CVT_ASSERT_POST_OK(init.qp.post_send(
-        send_wr{.wr_id = id, .opcode = wr_opcode::send_with_imm, .sg_list = sgl(s, size), .imm_data = imm}));
+    CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = id,
+                                                 .opcode = wr_opcode::send_with_imm,
+                                                 .sg_list = sgl(s, size),
+                                                 .imm_data = imm}));
     std::vector<work_completion> iw, tw;
     ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(size), iw));
     EXPECT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::send, id)));
@@ -113,14 +119,16 @@ TEST_P(opcodes, send_with_imm_delivers_bytes_and_immediate_at_every_size) {
     EXPECT_TRUE(tw[0].with_imm);
     EXPECT_EQ(tw[0].imm_data, imm);
     EXPECT_TRUE(ok(check_pattern(dst->bytes().first(size), sseed))) << "received payload";
-    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size))) << "bytes past the message changed";
+    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size)))
+        << "bytes past the message changed";
   }
 }
 
 TEST_P(opcodes, send_with_inv_invalidates_the_target_rkey) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   if (!init.dev.attr().send_with_invalidate || !tgt.dev.attr().send_with_invalidate) {
-    if (conveyor_peer(param().provider)) FAIL() << "Conveyor's providers must support send_with_inv";
+    if (conveyor_peer(param().provider))
+      FAIL() << "Conveyor's providers must support send_with_inv";
     GTEST_SKIP() << "send_with_invalidate unsupported by the device";
   }
   std::uint64_t id = 300;
@@ -131,8 +139,9 @@ TEST_P(opcodes, send_with_inv_invalidates_the_target_rkey) {
     SCOPED_TRACE("size " + std::to_string(size));
     if (!size_fits(size)) continue;
     const std::uint64_t sseed = 0x3100 + size, dseed = 0x3200 + size;
-    auto victim = make_region(tgt.pd, 4096, access::local_write | access::remote_write | access::remote_read,
-                              vseed + size);
+    auto victim =
+        make_region(tgt.pd, 4096, access::local_write | access::remote_write | access::remote_read,
+                    vseed + size);
     CVT_ASSERT_OK(victim);
     const std::uint32_t rkey = victim->mr.rkey();
     auto src = make_region(init.pd, size, access::local_write, sseed);
@@ -142,8 +151,10 @@ TEST_P(opcodes, send_with_inv_invalidates_the_target_rkey) {
     ++id;
     CVT_ASSERT_POST_OK(tgt.qp.post_recv(dst->sge(0, size + 64), id));
     const sge s = src->sge(0, size);
-    CVT_ASSERT_POST_OK(init.qp.post_send(
-        send_wr{.wr_id = id, .opcode = wr_opcode::send_with_inv, .sg_list = sgl(s, size), .invalidate_rkey = rkey}));
+    CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = id,
+                                                 .opcode = wr_opcode::send_with_inv,
+                                                 .sg_list = sgl(s, size),
+                                                 .invalidate_rkey = rkey}));
     std::vector<work_completion> iw, tw;
     ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(size), iw));
     EXPECT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::send, id)));
@@ -197,7 +208,8 @@ TEST_P(opcodes, rdma_write_places_bytes_at_every_size) {
     ASSERT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::rdma_write, id)));
     ASSERT_TRUE(sync_target(op_timeout(size)));
     EXPECT_TRUE(ok(check_pattern(dst->bytes().first(size), sseed))) << "written bytes";
-    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size))) << "bytes past the write changed";
+    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size)))
+        << "bytes past the write changed";
   }
 }
 
@@ -235,9 +247,11 @@ TEST_P(opcodes, rdma_write_with_imm_consumes_a_recv_and_carries_imm_at_every_siz
     ASSERT_TRUE(ok(check_wc(tw[0], wc_status::success, wc_opcode::recv_rdma_with_imm, recv_a)));
     EXPECT_TRUE(tw[0].with_imm);
     EXPECT_EQ(tw[0].imm_data, imm);
-    EXPECT_EQ(tw[0].byte_len, size) << "verbs: byte_len of a WRITE_WITH_IMM receive is the written length";
+    EXPECT_EQ(tw[0].byte_len, size)
+        << "verbs: byte_len of a WRITE_WITH_IMM receive is the written length";
     EXPECT_TRUE(ok(check_pattern(dst->bytes().first(size), sseed))) << "written bytes";
-    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size))) << "bytes past the write changed";
+    EXPECT_TRUE(ok(check_pattern(dst->bytes().subspan(size), dseed, size)))
+        << "bytes past the write changed";
     // The next SEND lands in the second receive: exactly one was consumed.
     const std::uint64_t sid = ++id;
     CVT_ASSERT_POST_OK(init.qp.post_send_msg(sync_src.sge(0, 8), sid));
@@ -276,7 +290,8 @@ TEST_P(opcodes, rdma_read_fetches_bytes_at_every_size) {
     ASSERT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::rdma_read, id)));
     EXPECT_EQ(iw[0].byte_len, size);
     EXPECT_TRUE(ok(check_pattern(sink->bytes().first(size), tseed))) << "read bytes";
-    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(size), sseed, size))) << "bytes past the sink changed";
+    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(size), sseed, size)))
+        << "bytes past the sink changed";
   }
 }
 
@@ -293,11 +308,13 @@ TEST_P(opcodes, rdma_read_at_unaligned_offsets_fetches_the_right_bytes) {
   for (const auto& c : cases) {
     SCOPED_TRACE("remote offset " + std::to_string(c.remote_off) + " len " + std::to_string(c.len));
     ++id;
-    CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(c.local_off, c.len), peer.slice(c.remote_off, c.len), id));
+    CVT_ASSERT_POST_OK(
+        init.qp.post_read(sink->sge(c.local_off, c.len), peer.slice(c.remote_off, c.len), id));
     std::vector<work_completion> iw;
     ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(c.len), iw));
     ASSERT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::rdma_read, id)));
-    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(c.local_off, c.len), opts_.tgt_region_seed, c.remote_off)));
+    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(c.local_off, c.len), opts_.tgt_region_seed,
+                                 c.remote_off)));
   }
 }
 
@@ -311,12 +328,14 @@ TEST_P(opcodes, atomic_cmp_and_swp_swaps_when_the_compare_matches) {
   CVT_ASSERT_OK(target);
   auto result = make_region(init.pd, 64, access::local_write, 0x7200);
   CVT_ASSERT_OK(result);
-  CVT_ASSERT_POST_OK(init.qp.post_cmp_swap(result->sge(8, 8), target->remote(8, 8), initial, swap, 701));
+  CVT_ASSERT_POST_OK(
+      init.qp.post_cmp_swap(result->sge(8, 8), target->remote(8, 8), initial, swap, 701));
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(8), iw));
   ASSERT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::comp_swap, 701)));
   EXPECT_EQ(load_u64(result->data() + 8), initial) << "CAS must return the original value";
-  EXPECT_TRUE(ok(check_pattern(result->bytes().first(8), 0x7200))) << "result bytes outside the 8-byte sink";
+  EXPECT_TRUE(ok(check_pattern(result->bytes().first(8), 0x7200)))
+      << "result bytes outside the 8-byte sink";
   EXPECT_TRUE(ok(check_pattern(result->bytes().subspan(16), 0x7200, 16)));
   ASSERT_TRUE(sync_target(op_timeout(8)));
   EXPECT_EQ(load_u64(target->data() + 8), swap) << "the target word was not swapped";
@@ -331,8 +350,8 @@ TEST_P(opcodes, atomic_cmp_and_swp_leaves_the_value_when_the_compare_differs) {
   CVT_ASSERT_OK(target);
   auto result = make_region(init.pd, 64, access::local_write, 0x7400);
   CVT_ASSERT_OK(result);
-  CVT_ASSERT_POST_OK(
-      init.qp.post_cmp_swap(result->sge(0, 8), target->remote(8, 8), initial ^ 1, 0xdeadbeefULL, 702));
+  CVT_ASSERT_POST_OK(init.qp.post_cmp_swap(result->sge(0, 8), target->remote(8, 8), initial ^ 1,
+                                           0xdeadbeefULL, 702));
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(8), iw));
   ASSERT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::comp_swap, 702)));

@@ -40,13 +40,15 @@ struct piece {
 // Gathers the pieces of `buf` into one vector.
 std::vector<std::byte> gather(std::span<const std::byte> buf, std::span<const piece> pieces) {
   std::vector<std::byte> out;
-  for (const auto& p : pieces) out.insert(out.end(), buf.begin() + static_cast<std::ptrdiff_t>(p.off),
-                                          buf.begin() + static_cast<std::ptrdiff_t>(p.off + p.len));
+  for (const auto& p : pieces)
+    out.insert(out.end(), buf.begin() + static_cast<std::ptrdiff_t>(p.off),
+               buf.begin() + static_cast<std::ptrdiff_t>(p.off + p.len));
   return out;
 }
 
 // Scatters `data` over the pieces of `image` (in order, until data runs out).
-void scatter(std::vector<std::byte>& image, std::span<const piece> pieces, std::span<const std::byte> data) {
+void scatter(std::vector<std::byte>& image, std::span<const piece> pieces,
+             std::span<const std::byte> data) {
   std::size_t used = 0;
   for (const auto& p : pieces) {
     std::size_t n = std::min(p.len, data.size() - used);
@@ -62,8 +64,8 @@ std::vector<sge> sges(const test_region& r, std::span<const piece> pieces) {
   return v;
 }
 
-constexpr piece k_src_pieces[] = {{3, 17}, {101, 1001}, {5003, 4099}};     // 5117 bytes
-constexpr piece k_recv_pieces[] = {{5, 5}, {777, 3000}, {9001, 2162}};     // room for 5167
+constexpr piece k_src_pieces[] = {{3, 17}, {101, 1001}, {5003, 4099}};  // 5117 bytes
+constexpr piece k_recv_pieces[] = {{5, 5}, {777, 3000}, {9001, 2162}};  // room for 5167
 constexpr std::size_t k_total = 17 + 1001 + 4099;
 
 TEST_P(posting, multi_sge_send_gathers_and_multi_sge_recv_scatters) {
@@ -74,9 +76,11 @@ TEST_P(posting, multi_sge_send_gathers_and_multi_sge_recv_scatters) {
   auto dst = make_region(tgt.pd, 16 * KiB, access::local_write, 0x8200);
   CVT_ASSERT_OK(dst);
   auto rs = sges(*dst, k_recv_pieces);
-  CVT_ASSERT_POST_OK(tgt.qp.post_recv(std::span<const recv_wr>({recv_wr{.wr_id = 81, .sg_list = rs}})));
+  CVT_ASSERT_POST_OK(
+      tgt.qp.post_recv(std::span<const recv_wr>({recv_wr{.wr_id = 81, .sg_list = rs}})));
   auto ss = sges(*src, k_src_pieces);
-  CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = 82, .opcode = wr_opcode::send, .sg_list = ss}));
+  CVT_ASSERT_POST_OK(
+      init.qp.post_send(send_wr{.wr_id = 82, .opcode = wr_opcode::send, .sg_list = ss}));
   std::vector<work_completion> iw, tw;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(k_total), iw));
   EXPECT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::send, 82)));
@@ -98,8 +102,11 @@ TEST_P(posting, multi_sge_write_gathers_three_sges_into_one_range) {
   CVT_ASSERT_OK(dst);
   auto ss = sges(*src, k_src_pieces);
   const auto r = dst->remote(11, k_total);
-  CVT_ASSERT_POST_OK(init.qp.post_send(
-      send_wr{.wr_id = 83, .opcode = wr_opcode::rdma_write, .sg_list = ss, .remote_addr = r.addr, .rkey = r.rkey}));
+  CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = 83,
+                                               .opcode = wr_opcode::rdma_write,
+                                               .sg_list = ss,
+                                               .remote_addr = r.addr,
+                                               .rkey = r.rkey}));
   ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(k_total)));
   ASSERT_TRUE(sync_target(op_timeout(k_total)));
   auto image = make_pattern(16 * KiB, 0x8400);
@@ -118,8 +125,11 @@ TEST_P(posting, multi_sge_read_scatters_one_range_into_three_sges) {
   constexpr piece sink_pieces[] = {{9, 33}, {2001, 2999}, {8191, 2085}};  // 5117
   auto ss = sges(*sink, sink_pieces);
   const auto r = remote->remote(13, k_total);
-  CVT_ASSERT_POST_OK(init.qp.post_send(
-      send_wr{.wr_id = 84, .opcode = wr_opcode::rdma_read, .sg_list = ss, .remote_addr = r.addr, .rkey = r.rkey}));
+  CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = 84,
+                                               .opcode = wr_opcode::rdma_read,
+                                               .sg_list = ss,
+                                               .remote_addr = r.addr,
+                                               .rkey = r.rkey}));
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(k_total), iw));
   ASSERT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::rdma_read, 84)));
@@ -139,12 +149,13 @@ TEST_P(posting, unsignaled_requests_produce_no_completion) {
     const bool sig = i % 5 == 4;
     if (sig) signaled.push_back(1000 + i);
     const sge s = src->sge(i * len, len);
-    CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = 1000 + i,
-                                                 .opcode = wr_opcode::rdma_write,
-                                                 .flags = sig ? send_flags::signaled : send_flags::none,
-                                                 .sg_list = std::span<const sge>(&s, 1),
-                                                 .remote_addr = peer.addr + i * len,
-                                                 .rkey = peer.rkey}));
+    CVT_ASSERT_POST_OK(
+        init.qp.post_send(send_wr{.wr_id = 1000 + i,
+                                  .opcode = wr_opcode::rdma_write,
+                                  .flags = sig ? send_flags::signaled : send_flags::none,
+                                  .sg_list = std::span<const sge>(&s, 1),
+                                  .remote_addr = peer.addr + i * len,
+                                  .rkey = peer.rkey}));
   }
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait_ok(init.send_reader(), signaled.size(), op_timeout(n * len), &iw));
@@ -154,7 +165,8 @@ TEST_P(posting, unsignaled_requests_produce_no_completion) {
   EXPECT_TRUE(expect_no_completion(init.send_reader(), std::chrono::milliseconds(200)));
   // The sync SEND's completion must be the very next one (sync_target checks its wr_id).
   ASSERT_TRUE(sync_target(op_timeout(n * len)));
-  EXPECT_TRUE(ok(check_pattern(tgt_main.bytes().first(n * len), 0x8700))) << "unsignaled WRITEs' data";
+  EXPECT_TRUE(ok(check_pattern(tgt_main.bytes().first(n * len), 0x8700)))
+      << "unsignaled WRITEs' data";
   EXPECT_TRUE(ok(check_pattern(tgt_main.bytes().subspan(n * len), opts_.tgt_region_seed, n * len)));
 }
 
@@ -224,8 +236,8 @@ TEST_P(posting, batch_post_of_many_wrs_completes_every_one_in_order) {
   ASSERT_TRUE(wait_ok(init.send_reader(), 2 * pairs, op_timeout(MiB), &iw));
   for (std::size_t i = 0; i < 2 * pairs; ++i) {
     SCOPED_TRACE("send completion " + std::to_string(i));
-    EXPECT_TRUE(ok(check_wc(iw[i], wc_status::success, i % 2 == 0 ? wc_opcode::rdma_write : wc_opcode::send,
-                            4000 + i)));
+    EXPECT_TRUE(ok(check_wc(iw[i], wc_status::success,
+                            i % 2 == 0 ? wc_opcode::rdma_write : wc_opcode::send, 4000 + i)));
   }
   ASSERT_TRUE(wait_ok(tgt.recv_reader(), pairs, op_timeout(MiB), &tw));
   for (std::size_t i = 0; i < pairs; ++i) {

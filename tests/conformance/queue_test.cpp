@@ -65,7 +65,9 @@ class queues : public pair_test {
       auto r = init.scq.poll(buf);
       if (!r) return testing::AssertionFailure() << "poll: " << name(r.error());
       if (*r == 1) {
-        if (got) return testing::AssertionFailure() << "an unexpected second completion " << describe(buf[0]);
+        if (got)
+          return testing::AssertionFailure()
+                 << "an unexpected second completion " << describe(buf[0]);
         wc = buf[0];
         got = true;
         continue;
@@ -101,7 +103,8 @@ TEST_P(queues, writes_are_visible_when_the_following_send_arrives) {
                           .rkey = peer.rkey});
   }
   const sge msg = sync_src.sge(0, 8);
-  wrs.push_back(send_wr{.wr_id = 92, .opcode = wr_opcode::send, .sg_list = std::span<const sge>(&msg, 1)});
+  wrs.push_back(
+      send_wr{.wr_id = 92, .opcode = wr_opcode::send, .sg_list = std::span<const sge>(&msg, 1)});
   CVT_ASSERT_POST_OK(init.qp.post_send(wrs));
   std::vector<work_completion> tw;
   ASSERT_TRUE(wait(tgt.recv_reader(), 1, op_timeout(n * len), tw));
@@ -128,7 +131,8 @@ TEST_P(queues, many_sends_complete_in_order_with_correct_wr_ids) {
     const std::uint64_t v = i;
     std::memcpy(src->data() + i * slot, &v, 8);
   }
-  for (std::size_t i = 0; i < n; ++i) CVT_ASSERT_POST_OK(tgt.qp.post_recv(dst->sge(i * slot, slot), 10000 + i));
+  for (std::size_t i = 0; i < n; ++i)
+    CVT_ASSERT_POST_OK(tgt.qp.post_recv(dst->sge(i * slot, slot), 10000 + i));
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t len = 8 + (i * 7) % 57;  // 8..64 bytes
     CVT_ASSERT_POST_OK(init.qp.post_send_msg(src->sge(i * slot, len), 20000 + i));
@@ -146,7 +150,8 @@ TEST_P(queues, many_sends_complete_in_order_with_correct_wr_ids) {
     std::uint64_t got = 0;
     std::memcpy(&got, dst->data() + i * slot, 8);
     EXPECT_EQ(got, i) << "message landed in the wrong receive";
-    EXPECT_TRUE(ok(check_equal(dst->bytes().subspan(i * slot, len), src->bytes().subspan(i * slot, len))));
+    EXPECT_TRUE(
+        ok(check_equal(dst->bytes().subspan(i * slot, len), src->bytes().subspan(i * slot, len))));
   }
 }
 
@@ -199,7 +204,8 @@ TEST_P(queues, cq_overflow_is_reported_not_silent) {
     if (manual()) init.recv_reader().poll_once();
     std::this_thread::sleep_for(milliseconds(1));
   }
-  EXPECT_EQ(name(init.qp.state()), name(qp_state::error)) << "a QP that lost completions must go to ERROR";
+  EXPECT_EQ(name(init.qp.state()), name(qp_state::error))
+      << "a QP that lost completions must go to ERROR";
   // Now reap: the overflow must show, never only `depth` quiet successes.
   std::array<work_completion, 64> buf;
   std::size_t reaped = 0;
@@ -215,8 +221,9 @@ TEST_P(queues, cq_overflow_is_reported_not_silent) {
     reaped += *r;
     if (*r == 0) std::this_thread::sleep_for(milliseconds(1));
   }
-  EXPECT_TRUE(overflow) << "CQ of depth " << depth << " took " << n << " signaled completions; reaped "
-                        << reaped << " and poll never returned cq_overflow";
+  EXPECT_TRUE(overflow) << "CQ of depth " << depth << " took " << n
+                        << " signaled completions; reaped " << reaped
+                        << " and poll never returned cq_overflow";
   EXPECT_LE(reaped, depth);
   auto w = init.scq.wait_one(milliseconds(10));
   EXPECT_FALSE(w.has_value()) << "wait after overflow returned a completion: " << describe(*w);
@@ -251,13 +258,15 @@ TEST_P(queues, cq_fd_and_arm_work_with_poll_and_epoll) {
   ASSERT_EQ(::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
   init.scq.arm();
   epoll_event out{};
-  EXPECT_EQ(::epoll_wait(ep, &out, 1, 0), 0) << "epoll reports the fd readable after arm() on an empty CQ";
+  EXPECT_EQ(::epoll_wait(ep, &out, 1, 0), 0)
+      << "epoll reports the fd readable after arm() on an empty CQ";
   CVT_EXPECT_POST_OK(init.qp.post_write(src->sge(0, 4096), peer.slice(4096, 4096), 962));
   EXPECT_TRUE(wait_readable(fd, ep, timeout)) << "epoll: fd never became readable";
 
   // Round 3: arm() with a completion already queued makes the fd readable at once.
   init.scq.arm();
-  EXPECT_TRUE(wait_readable(fd, ep, milliseconds(100))) << "arm() with a queued completion: fd not readable";
+  EXPECT_TRUE(wait_readable(fd, ep, milliseconds(100)))
+      << "arm() with a queued completion: fd not readable";
   ::close(ep);
   ASSERT_TRUE(poll_one_directly(wc, timeout));
   EXPECT_TRUE(ok(check_wc(wc, wc_status::success, wc_opcode::rdma_write, 962)));
@@ -297,7 +306,8 @@ TEST_P(queues, recv_buffer_too_small_completes_with_loc_len_err) {
   std::vector<work_completion> tw, iw;
   ASSERT_TRUE(wait(tgt.recv_reader(), 1, op_timeout(100), tw));
   EXPECT_TRUE(ok(check_wc(tw[0], wc_status::loc_len_err, wc_opcode::recv, 971)));
-  EXPECT_TRUE(ok(check_pattern(small->bytes().subspan(16), 0x9700, 16))) << "overran the receive buffer";
+  EXPECT_TRUE(ok(check_pattern(small->bytes().subspan(16), 0x9700, 16)))
+      << "overran the receive buffer";
   EXPECT_TRUE(wait_state(tgt.qp, qp_state::error, scaled(milliseconds(5000))))
       << "an error completion moves the QP to ERROR";
   // The sender's request must complete too (any status): nothing hangs.
@@ -310,7 +320,8 @@ TEST_P(queues, modify_to_error_flushes_outstanding_recvs_and_refuses_posts) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   auto buf = make_region(init.pd, 5 * 64, access::local_write, 0x9900);
   CVT_ASSERT_OK(buf);
-  for (std::size_t i = 0; i < 5; ++i) CVT_ASSERT_POST_OK(init.qp.post_recv(buf->sge(i * 64, 64), 40000 + i));
+  for (std::size_t i = 0; i < 5; ++i)
+    CVT_ASSERT_POST_OK(init.qp.post_recv(buf->sge(i * 64, 64), 40000 + i));
   auto m = init.qp.modify(qp_state::error);
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
   EXPECT_EQ(name(init.qp.state()), name(qp_state::error));
@@ -321,9 +332,11 @@ TEST_P(queues, modify_to_error_flushes_outstanding_recvs_and_refuses_posts) {
   }
   EXPECT_TRUE(ok(check_pattern(buf->bytes(), 0x9900))) << "a flushed receive wrote its buffer";
   EXPECT_EQ(name(init.qp.post_recv(buf->sge(0, 64), 40010)), name(errc::qp_in_error));
-  EXPECT_EQ(name(init.qp.post_write(buf->sge(0, 64), peer.slice(0, 64), 40011)), name(errc::qp_in_error));
+  EXPECT_EQ(name(init.qp.post_write(buf->sge(0, 64), peer.slice(0, 64), 40011)),
+            name(errc::qp_in_error));
   EXPECT_EQ(name(init.qp.post_send_msg(buf->sge(0, 64), 40012)), name(errc::qp_in_error));
-  EXPECT_TRUE(expect_no_completion(init.send_reader(), milliseconds(100))) << "a refused post completed";
+  EXPECT_TRUE(expect_no_completion(init.send_reader(), milliseconds(100)))
+      << "a refused post completed";
 }
 
 TEST_P(queues, modify_to_error_flushes_outstanding_sends) {

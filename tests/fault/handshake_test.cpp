@@ -63,7 +63,8 @@ void handshake::connect_and_transfer(conveyor::listener& lis) {
   CVT_ASSERT_POST_OK(init.qp.post_read(back->sge(0, 4096), tgt_main.remote(0, 4096), 2));
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait_ok(init.send_reader(), 2, op_timeout(4096), &iw));
-  EXPECT_TRUE(ok(check_pattern(back->bytes(), 0xe100))) << "READ after WRITE over the new connection";
+  EXPECT_TRUE(ok(check_pattern(back->bytes(), 0xe100)))
+      << "READ after WRITE over the new connection";
 }
 
 TEST_P(handshake, connect_after_the_listener_closed_is_connection_refused) {
@@ -112,7 +113,8 @@ TEST_P(handshake, garbage_instead_of_an_mpa_reply_is_protocol_error) {
   const auto t0 = steady_clock::now();
   auto info = conveyor::connect(init.qp, addr, {.timeout = milliseconds(5000)});
   CVT_EXPECT_ERRC(info, errc::protocol_error);
-  EXPECT_LT(steady_clock::now() - t0, milliseconds(4000)) << "garbage must fail at once, not by timeout";
+  EXPECT_LT(steady_clock::now() - t0, milliseconds(4000))
+      << "garbage must fail at once, not by timeout";
   EXPECT_NE(name(init.qp.state()), name(qp_state::rts));
 }
 
@@ -124,7 +126,8 @@ TEST_P(handshake, peer_closing_during_the_mpa_handshake_is_connection_reset) {
   const auto t0 = steady_clock::now();
   auto info = conveyor::connect(init.qp, addr, {.timeout = milliseconds(5000)});
   CVT_EXPECT_ERRC(info, errc::connection_reset);
-  EXPECT_LT(steady_clock::now() - t0, milliseconds(4000)) << "a closed peer must fail at once, not by timeout";
+  EXPECT_LT(steady_clock::now() - t0, milliseconds(4000))
+      << "a closed peer must fail at once, not by timeout";
 }
 
 TEST_P(handshake, garbage_from_a_raw_client_fails_accept_and_the_listener_keeps_working) {

@@ -65,7 +65,8 @@ TEST_P(ord_limit, reads_beyond_the_negotiated_ord_are_queued_and_all_complete) {
     EXPECT_EQ(iw[i].byte_len, len);
   }
   EXPECT_TRUE(ok(check_pattern(sink->bytes(), opts_.tgt_region_seed)));
-  EXPECT_EQ(name(tgt.qp.state()), name(conveyor::qp_state::rts)) << "the target saw an IRD violation";
+  EXPECT_EQ(name(tgt.qp.state()), name(conveyor::qp_state::rts))
+      << "the target saw an IRD violation";
   EXPECT_EQ(name(init.qp.state()), name(conveyor::qp_state::rts));
   const auto c = tgt.qp.counters();
   std::cout << "[   INFO   ] ORD " << ord_ << "; target reads_served " << c.reads_served
@@ -109,8 +110,8 @@ TEST_P(ord_limit, reads_and_atomics_beyond_the_negotiated_ord_complete_in_order)
   ASSERT_TRUE(wait_ok(init.send_reader(), 2 * pairs, op_timeout(MiB), &iw));
   for (std::size_t i = 0; i < 2 * pairs; ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
-    EXPECT_TRUE(ok(check_wc(iw[i], wc_status::success, i % 2 == 0 ? wc_opcode::rdma_read : wc_opcode::fetch_add,
-                            80000 + i)));
+    EXPECT_TRUE(ok(check_wc(iw[i], wc_status::success,
+                            i % 2 == 0 ? wc_opcode::rdma_read : wc_opcode::fetch_add, 80000 + i)));
   }
   EXPECT_TRUE(ok(check_pattern(sink->bytes(), opts_.tgt_region_seed)));
   for (std::size_t i = 0; i < pairs; ++i) {

@@ -28,7 +28,9 @@ using std::chrono::milliseconds;
 
 // The brief's bound for "every outstanding request completes": 10 s (twice
 // that under sanitizers, which slow the engine down).
-milliseconds abort_bound() { return milliseconds(timeout_scale() > 1.0 ? 20000 : 10000); }
+milliseconds abort_bound() {
+  return milliseconds(timeout_scale() > 1.0 ? 20000 : 10000);
+}
 
 // Checks the completions of a send queue that lost its connection part-way:
 // one per posted request, in posting order, successes first, then only
@@ -39,11 +41,13 @@ std::string check_aborted(const std::vector<work_completion>& wcs, std::uint64_t
   std::size_t ok_count = 0;
   for (std::size_t i = 0; i < wcs.size(); ++i) {
     const auto& wc = wcs[i];
-    if (wc.wr_id != first_id + i) return "completion " + std::to_string(i) + " out of order: " + describe(wc);
+    if (wc.wr_id != first_id + i)
+      return "completion " + std::to_string(i) + " out of order: " + describe(wc);
     if (wc.status == wc_status::success) {
       if (failed) {
         return "a success after an error: " + describe(wc) + "; completions: " +
-               describe(std::span<const work_completion>(wcs).first(std::min<std::size_t>(wcs.size(), i + 2)));
+               describe(std::span<const work_completion>(wcs).first(
+                   std::min<std::size_t>(wcs.size(), i + 2)));
       }
       ++ok_count;
       continue;
@@ -89,19 +93,23 @@ void peer_death::reads_then_cut(Cut cut) {
   cut();
   std::vector<work_completion> iw;
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(wait(init.send_reader(), n, abort_bound(), iw)) << "outstanding READs hung after the cut";
-  std::cout << "[   INFO   ] all " << n << " READs completed "
-            << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
-            << " ms after the cut\n";
+  ASSERT_TRUE(wait(init.send_reader(), n, abort_bound(), iw))
+      << "outstanding READs hung after the cut";
+  std::cout
+      << "[   INFO   ] all " << n << " READs completed "
+      << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
+      << " ms after the cut\n";
   std::size_t good = 0;
   EXPECT_TRUE(ok(check_aborted(iw, 50000, &good)));
   // READs that succeeded before the cut brought the right bytes.
   for (std::size_t i = 0; i < good && i < 16; ++i) {
-    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(i * MiB, MiB), opts_.tgt_region_seed, i * MiB)))
+    EXPECT_TRUE(
+        ok(check_pattern(sink->bytes().subspan(i * MiB, MiB), opts_.tgt_region_seed, i * MiB)))
         << "READ " << i;
   }
   EXPECT_TRUE(wait_state(init.qp, qp_state::error, abort_bound()));
-  EXPECT_EQ(name(init.qp.post_read(sink->sge(0, 64), peer.slice(0, 64), 1)), name(errc::qp_in_error));
+  EXPECT_EQ(name(init.qp.post_read(sink->sge(0, 64), peer.slice(0, 64), 1)),
+            name(errc::qp_in_error));
 }
 
 TEST_P(peer_death, target_qp_destroyed_while_reads_outstanding_fails_every_read_in_bounded_time) {
@@ -112,7 +120,8 @@ TEST_P(peer_death, target_disconnect_while_reads_outstanding_fails_every_read_in
   reads_then_cut([this] { tgt.qp.disconnect(); });
 }
 
-TEST_P(peer_death, target_modify_to_error_while_reads_outstanding_fails_every_read_in_bounded_time) {
+TEST_P(peer_death,
+       target_modify_to_error_while_reads_outstanding_fails_every_read_in_bounded_time) {
   reads_then_cut([this] {
     auto r = tgt.qp.modify(qp_state::error);
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
@@ -176,19 +185,22 @@ TEST_P(peer_process, peer_killed_mid_transfer_fails_every_request_within_10s) {
   ASSERT_LE(n, qp->caps().max_send_wr);
   CVT_ASSERT_POST_OK(qp->post_send(wrs));
   std::vector<work_completion> wcs;
-  ASSERT_TRUE(ok(wait_for(reader, 1, scaled(milliseconds(30000)), wcs))) << "no progress before the kill";
+  ASSERT_TRUE(ok(wait_for(reader, 1, scaled(milliseconds(30000)), wcs)))
+      << "no progress before the kill";
   child->kill(SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(ok(wait_for(reader, n - 1, abort_bound(), wcs)))
       << "outstanding requests hung after the peer was killed";
-  std::cout << "[   INFO   ] " << n << " requests done "
-            << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
-            << " ms after SIGKILL\n";
+  std::cout
+      << "[   INFO   ] " << n << " requests done "
+      << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
+      << " ms after SIGKILL\n";
   std::size_t good = 0;
   EXPECT_TRUE(ok(check_aborted(wcs, 60000, &good)));
   for (std::size_t i = 0; i < good; i += 2) {
     const std::size_t off = ((i / 2) % 8) * MiB;
-    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(off, MiB), s.region_seed, off))) << "READ " << i;
+    EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(off, MiB), s.region_seed, off)))
+        << "READ " << i;
   }
   // The QP is dead for good.
   const auto deadline = std::chrono::steady_clock::now() + abort_bound();

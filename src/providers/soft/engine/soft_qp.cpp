@@ -711,6 +711,8 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
       return 1;
     }
     case rdmap_op::read_response: {
+      std::lock_guard lk(tx_mu_);
+      if (out_reads_.empty()) return -1;  // flushed meanwhile
       const outstanding& o = out_reads_.front();
       const swqe& w = sq_[o.wqe];
       std::uint64_t moff = (h_.to - o.sink_to) + off;
@@ -842,11 +844,18 @@ bool soft_qp::rx_header() noexcept {
       }
       break;
     case rdmap_op::read_response: {
-      std::lock_guard lk(tx_mu_);
-      if (out_reads_.empty() || h_.stag != out_reads_.front().sink_stag ||
-          h_.to != out_reads_.front().sink_to + out_reads_.front().got ||
-          out_reads_.front().got + h_.payload_len > out_reads_.front().len) {
-        protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_base_bounds, wc_status::bad_resp_err);
+      bool bad;
+      {
+        std::lock_guard lk(tx_mu_);
+        bad = out_reads_.empty() || h_.stag != out_reads_.front().sink_stag ||
+              h_.to != out_reads_.front().sink_to + out_reads_.front().got ||
+              out_reads_.front().got + h_.payload_len > out_reads_.front().len;
+      }
+      if (bad) {
+        // After a local flush (modify to ERROR) late responses are expected: drop them.
+        if (state() != qp_state::error)
+          protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_base_bounds,
+                             wc_status::bad_resp_err);
         return false;
       }
       break;
@@ -943,7 +952,8 @@ bool soft_qp::rx_payload() noexcept {
       const std::uint64_t n = std::min<std::uint64_t>(buffered, remaining);
       const int k = plan_payload(rx_done_, n, v, 32);
       if (k < 0) {
-        protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag, wc_status::success);
+        if (state() != qp_state::error)
+          protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag, wc_status::success);
         return false;
       }
       const std::byte* src = rxbuf_.get() + rx_beg_;
@@ -964,7 +974,8 @@ bool soft_qp::rx_payload() noexcept {
     // Bulk: straight into the destination, then the trailer, then a look-ahead.
     const int k = plan_payload(rx_done_, remaining, v, 32);
     if (k < 0) {
-      protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag, wc_status::success);
+      if (state() != qp_state::error)
+        protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag, wc_status::success);
       return false;
     }
     const std::size_t tl = h_.pad + crc_size;
@@ -1031,6 +1042,7 @@ bool soft_qp::rx_message_done() noexcept {
       return true;
     case rdmap_op::read_response: {
       std::lock_guard lk(tx_mu_);
+      if (out_reads_.empty()) return false;  // flushed meanwhile
       outstanding& o = out_reads_.front();
       o.got += h_.payload_len;
       if (!h_.last) return true;
@@ -1129,6 +1141,7 @@ bool soft_qp::rx_message_done() noexcept {
     case rdmap_op::atomic_response: {
       ++rx_msn_[qn::atomic];
       std::lock_guard lk(tx_mu_);
+      if (out_atomics_.empty()) return false;  // flushed meanwhile
       outstanding o = out_atomics_.front();
       out_atomics_.pop_front();
       --ord_used_;
