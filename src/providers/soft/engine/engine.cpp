@@ -61,7 +61,12 @@ void engine::detach(soft_qp* qp, int fd) noexcept {
 
 int engine::dispatch(int timeout_ms) noexcept {
   epoll_event evs[64];
-  int n = ::epoll_wait(epfd_, evs, 64, timeout_ms);
+  const int n = ::epoll_wait(epfd_, evs, 64, timeout_ms);
+  if (n > 0) handle(evs, n);
+  return n;
+}
+
+void engine::handle(const epoll_event* evs, int n) noexcept {
   for (int i = 0; i < n; ++i) {
     auto* qp = static_cast<soft_qp*>(evs[i].data.ptr);
     if (qp == nullptr) {
@@ -81,7 +86,6 @@ int engine::dispatch(int timeout_ms) noexcept {
     }
     cv_.notify_all();
   }
-  return n;
 }
 
 void engine::progress() noexcept {
@@ -100,10 +104,18 @@ void engine::run() {
     const bool spinning = clk::now() - last_activity < spin;
     // Wait for readiness without the progress lock, then dispatch under it: an
     // application thread polling a CQ may be progressing the same sockets.
-    epoll_event ev;
     if (!spinning) {
-      if (::epoll_wait(epfd_, &ev, 1, 1000) <= 0) continue;
-      // Level-triggered: the event is reported again by the dispatch below.
+      epoll_event evs[64];
+      const int n = ::epoll_wait(epfd_, evs, 64, 1000);
+      if (n <= 0) continue;
+      // An application poller may have handled these meanwhile; a stale
+      // readiness costs one EAGAIN, never a wrong result.
+      std::lock_guard pl(progress_mu_);
+      progress_thread_ = std::this_thread::get_id();
+      handle(evs, n);
+      progress_thread_.store(std::thread::id{});
+      last_activity = clk::now();
+      continue;
     }
     std::lock_guard pl(progress_mu_);
     progress_thread_ = std::this_thread::get_id();

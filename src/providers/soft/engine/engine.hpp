@@ -6,6 +6,8 @@
 
 #include "core/sw_cq.hpp"
 
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -38,6 +40,7 @@ class engine final : public detail::progress_source {
  private:
   void run();
   int dispatch(int timeout_ms) noexcept;  // events handled
+  void handle(const epoll_event* evs, int n) noexcept;
 
   int epfd_ = -1;
   int wake_ = -1;

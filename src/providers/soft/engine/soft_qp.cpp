@@ -654,6 +654,9 @@ void soft_qp::on_events(std::uint32_t events) noexcept {
 }
 
 bool soft_qp::rx_fill(std::size_t want) noexcept {
+  // After a short read the socket is (almost certainly) empty: skip the EAGAIN
+  // system call; level-triggered epoll calls us again when more arrives.
+  if (rx_drained_) return false;
   if (rx_beg_ == rx_end_) rx_beg_ = rx_end_ = 0;
   if (rx_end_ + want > rxbuf_size || rx_beg_ > rxbuf_size / 2) {
     std::memmove(rxbuf_.get(), rxbuf_.get() + rx_beg_, rx_end_ - rx_beg_);
@@ -665,6 +668,7 @@ bool soft_qp::rx_fill(std::size_t want) noexcept {
   const ssize_t n = ::recv(fd_, rxbuf_.get() + rx_end_, room, MSG_DONTWAIT);
   c_rx_sys_.fetch_add(1, std::memory_order_relaxed);
   if (n > 0) {
+    if (static_cast<std::size_t>(n) < room) rx_drained_ = true;
     rx_end_ += static_cast<std::size_t>(n);
     c_rx_bytes_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
     return true;
@@ -680,6 +684,7 @@ bool soft_qp::rx_fill(std::size_t want) noexcept {
 void soft_qp::rx_progress() noexcept {
   std::lock_guard lk(rx_mu_);
   if (fd_ < 0 || !attached_.load()) return;
+  rx_drained_ = false;
   for (int budget = 0; budget < 4096; ++budget) {
     if (state() == qp_state::error) {
       // Discard until the peer closes (it has seen our Terminate or vice versa).
@@ -982,6 +987,10 @@ bool soft_qp::rx_payload() noexcept {
     v[k] = {rx_trailer_, tl};
     rx_beg_ = rx_end_ = 0;
     v[k + 1] = {rxbuf_.get(), header_lookahead};
+    if (rx_drained_) {
+      rx_guard_.release();
+      return false;
+    }
     const ssize_t n = ::readv(fd_, v, k + 2);
     rx_guard_.release();
     c_rx_sys_.fetch_add(1, std::memory_order_relaxed);
@@ -994,6 +1003,7 @@ bool soft_qp::rx_payload() noexcept {
     }
     c_rx_bytes_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
     std::size_t got = static_cast<std::size_t>(n);
+    if (got < remaining + tl + header_lookahead) rx_drained_ = true;
     for (int i = 0; i < k && got > 0; ++i) {
       const std::size_t t = std::min(got, v[i].iov_len);
       if (cp_.crc) rx_crc_ = crc32c_update(rx_crc_, v[i].iov_base, t);
