@@ -657,6 +657,7 @@ bool soft_qp::rx_fill(std::size_t want) noexcept {
   // After a short read the socket is (almost certainly) empty: skip the EAGAIN
   // system call; level-triggered epoll calls us again when more arrives.
   if (rx_drained_) return false;
+  if (++rx_reads_ > 64) return false;  // let other QPs run; epoll brings us back
   if (rx_beg_ == rx_end_) rx_beg_ = rx_end_ = 0;
   if (rx_end_ + want > rxbuf_size || rx_beg_ > rxbuf_size / 2) {
     std::memmove(rxbuf_.get(), rxbuf_.get() + rx_beg_, rx_end_ - rx_beg_);
@@ -685,7 +686,12 @@ void soft_qp::rx_progress() noexcept {
   std::lock_guard lk(rx_mu_);
   if (fd_ < 0 || !attached_.load()) return;
   rx_drained_ = false;
-  for (int budget = 0; budget < 4096; ++budget) {
+  // No step budget: parsing what is buffered is bounded by the buffer, and
+  // socket reads per call are capped in rx_fill (fairness between QPs); a cap
+  // that left buffered bytes unparsed would stall, since epoll reports only
+  // bytes still in the socket.
+  rx_reads_ = 0;
+  for (;;) {
     if (state() == qp_state::error) {
       // Discard until the peer closes (it has seen our Terminate or vice versa).
       rx_beg_ = rx_end_ = 0;
@@ -987,7 +993,7 @@ bool soft_qp::rx_payload() noexcept {
     v[k] = {rx_trailer_, tl};
     rx_beg_ = rx_end_ = 0;
     v[k + 1] = {rxbuf_.get(), header_lookahead};
-    if (rx_drained_) {
+    if (rx_drained_ || ++rx_reads_ > 64) {
       rx_guard_.release();
       return false;
     }
@@ -1360,6 +1366,14 @@ void soft_qp::close_socket() noexcept {
 }
 
 void soft_qp::disconnect() noexcept {
+  if (state() == qp_state::rts && attached_.load()) {
+    // Answer what the peer has already sent (e.g. the zero-length Read that
+    // confirms its last SEND) before closing, as a NIC would have acknowledged
+    // it on arrival; bounded: only bytes already here, non-blocking sends.
+    rx_progress();
+    std::lock_guard lk(tx_mu_);
+    tx_progress_locked();
+  }
   if (state() != qp_state::error && state() != qp_state::reset) enter_error(wc_status::wr_flush_err, 0);
   if (attached_.exchange(false)) dev_->eng().detach(this, fd_);
   std::lock_guard rl(rx_mu_);

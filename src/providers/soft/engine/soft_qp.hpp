@@ -230,6 +230,7 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   std::size_t rx_trailer_got_ = 0;
   bool rx_last_big_ = false;
   bool rx_drained_ = false;          // a read this round came back short
+  int rx_reads_ = 0;                 // socket reads this round
   std::uint32_t rx_msn_[4] = {1, 1, 1, 1};
   std::uint64_t rx_msg_off_ = 0;     // untagged: bytes of the current message so far
   bool rx_in_send_ = false;
