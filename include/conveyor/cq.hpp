@@ -5,9 +5,11 @@
 //   auto n = cq.poll(wcs);                       // non-blocking batch
 //   auto wc = cq.wait_one(1s);                   // blocking, bounded, no busy loop
 //
-// Completion semantics: a send-side completion (SEND, WRITE) means the data was
-// handed to the transport, not that the peer has seen it; READ and atomic
-// completions mean the data is in local memory. Completions of one QP's send
+// Completion semantics: a SEND or WRITE completion means the peer acknowledged
+// it, i.e. the data was placed at the target (the soft provider confirms it as an
+// InfiniBand RC ACK would; see docs/ARCHITECTURE.md), so a remote access error
+// completes the request that caused it. READ and atomic completions mean the
+// data is in local memory. Completions of one QP's send
 // queue are delivered in posting order (likewise for its receive queue).
 //
 // Overflow is never silent: once the provider could not store a completion, poll

@@ -651,6 +651,8 @@ void soft_qp::on_events(std::uint32_t events) noexcept {
     tx_progress_locked();
   }
   if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR)) rx_progress();
+  // Called by the progressing thread itself, so detach does not wait.
+  if (rx_eof_.load() && attached_.exchange(false)) dev_->eng().detach(this, fd_);
 }
 
 bool soft_qp::rx_fill(std::size_t want) noexcept {
@@ -675,16 +677,17 @@ bool soft_qp::rx_fill(std::size_t want) noexcept {
     return true;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
-  // EOF or a hard error: the connection is gone.
+  // EOF or a hard error: the connection is gone. The socket leaves the engine
+  // in on_events, outside rx_mu_ (disconnect() runs this path too, on a thread
+  // that must not wait for the engine while holding rx_mu_).
   enter_error(wc_status::retry_exc_err, 0);
-  dev_->eng().detach(this, fd_);
-  attached_.store(false);
+  rx_eof_.store(true);
   return false;
 }
 
 void soft_qp::rx_progress() noexcept {
   std::lock_guard lk(rx_mu_);
-  if (fd_ < 0 || !attached_.load()) return;
+  if (fd_ < 0 || !attached_.load() || rx_eof_.load()) return;
   rx_drained_ = false;
   // No step budget: parsing what is buffered is bounded by the buffer, and
   // socket reads per call are capped in rx_fill (fairness between QPs); a cap
@@ -1003,8 +1006,7 @@ bool soft_qp::rx_payload() noexcept {
     if (n <= 0) {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
       enter_error(wc_status::retry_exc_err, 0);
-      dev_->eng().detach(this, fd_);
-      attached_.store(false);
+      rx_eof_.store(true);
       return false;
     }
     c_rx_bytes_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
@@ -1355,14 +1357,6 @@ void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
   flush_locked(first, vendor);
   if (term_pending_) tx_progress_locked();  // sends the Terminate, then FIN
   else if (fd_ >= 0 && !term_sent_) ::shutdown(fd_, SHUT_WR);
-}
-
-void soft_qp::close_socket() noexcept {
-  if (fd_ >= 0) {
-    if (attached_.exchange(false)) dev_->eng().detach(this, fd_);
-    ::close(fd_);
-    fd_ = -1;
-  }
 }
 
 void soft_qp::disconnect() noexcept {

@@ -164,7 +164,6 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   // ---- errors and teardown ----
   void enter_error(wc_status first_status, std::uint32_t vendor) noexcept;
   void flush_locked(wc_status first_status, std::uint32_t vendor) noexcept;
-  void close_socket() noexcept;
 
   std::shared_ptr<soft_pd> pd_;
   soft_device* dev_;
@@ -231,6 +230,7 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   bool rx_last_big_ = false;
   bool rx_drained_ = false;          // a read this round came back short
   int rx_reads_ = 0;                 // socket reads this round
+  std::atomic<bool> rx_eof_{false};  // the peer closed or the socket failed
   std::uint32_t rx_msn_[4] = {1, 1, 1, 1};
   std::uint64_t rx_msg_off_ = 0;     // untagged: bytes of the current message so far
   bool rx_in_send_ = false;
