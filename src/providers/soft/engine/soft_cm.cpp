@@ -295,22 +295,14 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
     cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(want_ord_, rep->v2->ird), 1, 128);
     cp.ird = std::clamp<std::uint32_t>(std::max<std::uint32_t>(want_ird_, rep->v2->ord), 1, 128);
     if (rep->v2->peer2peer) {
-      std::byte f[64];
+      std::byte f[control_fpdu_max];
       std::size_t n;
       if (rep->v2->write_rtr) {
         n = fpdu_size(ddp::tagged_hdr);
         write_tagged_header(f, rdmap_op::write, true, 1, 0, 0);
         rtr = "write";
       } else if (rep->v2->read_rtr) {
-        n = fpdu_size(ddp::untagged_hdr + read_request_hdr);
-        write_untagged_header(f, rdmap_op::read_request, true, qn::read_request, 1, 0, 0,
-                              read_request_hdr, 0);
-        std::byte* p = f + untagged_header_size;
-        put_be32(p, 1);
-        put_be64(p + 4, 0);
-        put_be32(p + 12, 0);
-        put_be32(p + 16, 1);
-        put_be64(p + 20, 0);
+        n = write_read_request(f, {1, 0, 0, 1, 0}, 1, cp.crc);  // zero-length, STags 1, MSN 1
         rtr = "read";
       } else {
         return make_error(errc::protocol_error, "MPA reply from " + peer + ": no matching RTR option");

@@ -306,15 +306,11 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
   const std::size_t max_t = (max_fpdu_ - tagged_header_size - crc_size) & ~std::size_t(3);
   const std::size_t max_u = (max_fpdu_ - untagged_header_size - crc_size) & ~std::size_t(3);
   iovec pv[32];
-  std::byte ctl[96];
+  std::byte ctl[control_fpdu_max];
   auto imm_fpdu = [&](bool for_send) -> bool {
     const std::uint64_t v = (for_send ? (1ull << 63) : 0) |
                             ((w.len & 0x7FFFFFFFull) << 32) | w.imm;
-    const std::size_t n = fpdu_size(ddp::untagged_hdr + immediate_hdr);
-    write_untagged_header(ctl, w.solicited ? rdmap_op::immediate_se : rdmap_op::immediate, true,
-                          qn::send, tx_msn_[qn::send], 0, 0, immediate_hdr, 0);
-    put_be64(ctl + untagged_header_size, v);
-    finish_fpdu(std::span(ctl, n), cp_.crc);
+    const std::size_t n = write_immediate(ctl, v, w.solicited, tx_msn_[qn::send], cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     ++tx_msn_[qn::send];
     return true;
@@ -361,16 +357,7 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
     rr.size = static_cast<std::uint32_t>(w.len);
     rr.src_stag = w.rkey;
     rr.src_to = w.remote_addr;
-    const std::size_t n = fpdu_size(ddp::untagged_hdr + read_request_hdr);
-    write_untagged_header(ctl, rdmap_op::read_request, true, qn::read_request,
-                          tx_msn_[qn::read_request], 0, 0, read_request_hdr, 0);
-    std::byte* p = ctl + untagged_header_size;
-    put_be32(p, rr.sink_stag);
-    put_be64(p + 4, rr.sink_to);
-    put_be32(p + 12, rr.size);
-    put_be32(p + 16, rr.src_stag);
-    put_be64(p + 20, rr.src_to);
-    finish_fpdu(std::span(ctl, n), cp_.crc);
+    const std::size_t n = write_read_request(ctl, rr, tx_msn_[qn::read_request], cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     w.msn = tx_msn_[qn::read_request]++;
     out_reads_.push_back({outstanding::user_read, idx, 0, rr.sink_stag, rr.sink_to, w.len, 0, sq_next_});
@@ -388,19 +375,7 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
       a.add_swap = w.swap;
       a.compare = w.cmp_add;
     }
-    const std::size_t n = fpdu_size(ddp::untagged_hdr + atomic_request_hdr);
-    write_untagged_header(ctl, rdmap_op::atomic_request, true, qn::atomic, tx_msn_[qn::atomic], 0,
-                          0, atomic_request_hdr, 0);
-    std::byte* p = ctl + untagged_header_size;
-    put_be32(p, static_cast<std::uint32_t>(a.kind));
-    put_be32(p + 4, a.request_id);
-    put_be32(p + 8, a.stag);
-    put_be64(p + 12, a.to);
-    put_be64(p + 20, a.add_swap);
-    put_be64(p + 28, a.add_swap_mask);
-    put_be64(p + 36, a.compare);
-    put_be64(p + 44, a.compare_mask);
-    finish_fpdu(std::span(ctl, n), cp_.crc);
+    const std::size_t n = write_atomic_request(ctl, a, tx_msn_[qn::atomic], cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     w.msn = tx_msn_[qn::atomic]++;
     out_atomics_.push_back({outstanding::atomic, idx, atomic_req_id_++, 0, 0, 8, 0, sq_next_});
@@ -413,13 +388,9 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
 
 bool soft_qp::frame_response_locked(response& r) noexcept {
   if (r.kind == response::atomic) {
-    std::byte ctl[64];
-    const std::size_t n = fpdu_size(ddp::untagged_hdr + atomic_response_hdr);
-    write_untagged_header(ctl, rdmap_op::atomic_response, true, qn::atomic, tx_msn_[qn::atomic], 0,
-                          0, atomic_response_hdr, 0);
-    put_be32(ctl + untagged_header_size, r.request_id);
-    put_be64(ctl + untagged_header_size + 4, r.original);
-    finish_fpdu(std::span(ctl, n), cp_.crc);
+    std::byte ctl[control_fpdu_max];
+    const std::size_t n =
+        write_atomic_response(ctl, {r.request_id, r.original}, tx_msn_[qn::atomic], cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     ++tx_msn_[qn::atomic];
     return true;
@@ -503,17 +474,10 @@ bool soft_qp::build_batch_locked() noexcept {
     }
     if (need_confirm_ && ord_used_ < cp_.ord) {
       // A zero-length Read: its response proves every earlier message was placed.
-      std::byte ctl[64];
-      const std::size_t n = fpdu_size(ddp::untagged_hdr + read_request_hdr);
-      write_untagged_header(ctl, rdmap_op::read_request, true, qn::read_request,
-                            tx_msn_[qn::read_request], 0, 0, read_request_hdr, 0);
-      std::byte* p = ctl + untagged_header_size;
-      put_be32(p, 1);       // sink STag 1 (never 0: hardware peers reject it)
-      put_be64(p + 4, 0);
-      put_be32(p + 12, 0);  // size 0
-      put_be32(p + 16, 1);
-      put_be64(p + 20, 0);
-      finish_fpdu(std::span(ctl, n), cp_.crc);
+      // STags 1, never 0: hardware peers reject STag 0 even with no payload.
+      std::byte ctl[control_fpdu_max];
+      const std::size_t n =
+          write_read_request(ctl, {1, 0, 0, 1, 0}, tx_msn_[qn::read_request], cp_.crc);
       if (!add_control_locked(std::span(ctl, n))) break;
       ++tx_msn_[qn::read_request];
       out_reads_.push_back({outstanding::confirm, 0, confirm_next_, 1, 0, 0, 0, sq_next_});
@@ -1326,15 +1290,17 @@ void soft_qp::flush_locked(wc_status first, std::uint32_t vendor) noexcept {
   cur_off_ = 0;
   cur_imm_sent_ = false;
   std::lock_guard lk(rq_mu_);
-  while (rq_head_ < rq_tail_) {
-    work_completion wc;
-    wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
-    wc.status = wc_status::wr_flush_err;
-    wc.opcode = wc_opcode::recv;
-    wc.qp_num = qpn_;
-    rcq_->push(wc);
-    ++rq_head_;
-  }
+  while (rq_head_ < rq_tail_) complete_recv_error_rq_locked(wc_status::wr_flush_err);
+}
+
+void soft_qp::complete_recv_error_rq_locked(wc_status st) noexcept {
+  work_completion wc;
+  wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
+  wc.status = st;
+  wc.opcode = wc_opcode::recv;
+  wc.qp_num = qpn_;
+  rcq_->push(wc);
+  ++rq_head_;
 }
 
 void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
@@ -1342,15 +1308,7 @@ void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
   // A receive that overflowed its buffer completes with loc_len_err.
   if (first == wc_status::loc_len_err) {
     std::lock_guard rl(rq_mu_);
-    if (rq_head_ < rq_tail_) {
-      work_completion wc;
-      wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
-      wc.status = wc_status::loc_len_err;
-      wc.opcode = wc_opcode::recv;
-      wc.qp_num = qpn_;
-      rcq_->push(wc);
-      ++rq_head_;
-    }
+    if (rq_head_ < rq_tail_) complete_recv_error_rq_locked(wc_status::loc_len_err);
     first = wc_status::wr_flush_err;
   }
   state_.store(qp_state::error);

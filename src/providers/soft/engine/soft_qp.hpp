@@ -164,6 +164,7 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   // ---- errors and teardown ----
   void enter_error(wc_status first_status, std::uint32_t vendor) noexcept;
   void flush_locked(wc_status first_status, std::uint32_t vendor) noexcept;
+  void complete_recv_error_rq_locked(wc_status st) noexcept;  // head of the RQ, under rq_mu_
 
   std::shared_ptr<soft_pd> pd_;
   soft_device* dev_;

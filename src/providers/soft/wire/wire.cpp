@@ -224,17 +224,24 @@ std::vector<std::byte> make_fpdu(std::size_t ulpdu_len) {
 }
 }  // namespace
 
-std::vector<std::byte> encode_read_request(const read_request& rr, std::uint32_t msn, bool crc) {
-  auto out = make_fpdu(ddp::untagged_hdr + read_request_hdr);
-  write_untagged_header(out.data(), rdmap_op::read_request, true, qn::read_request, msn, 0, 0,
+std::size_t write_read_request(std::byte* out, const read_request& rr, std::uint32_t msn,
+                               bool crc) noexcept {
+  const std::size_t n = fpdu_size(ddp::untagged_hdr + read_request_hdr);
+  write_untagged_header(out, rdmap_op::read_request, true, qn::read_request, msn, 0, 0,
                         read_request_hdr, 0);
-  std::byte* p = out.data() + untagged_header_size;
+  std::byte* p = out + untagged_header_size;
   put_be32(p, rr.sink_stag);
   put_be64(p + 4, rr.sink_to);
   put_be32(p + 12, rr.size);
   put_be32(p + 16, rr.src_stag);
   put_be64(p + 20, rr.src_to);
-  finish_fpdu(out, crc);
+  finish_fpdu(mut_bytes(out, n), crc);
+  return n;
+}
+
+std::vector<std::byte> encode_read_request(const read_request& rr, std::uint32_t msn, bool crc) {
+  std::vector<std::byte> out(control_fpdu_max);
+  out.resize(write_read_request(out.data(), rr, msn, crc));
   return out;
 }
 
@@ -262,11 +269,12 @@ std::vector<std::byte> encode_terminate(const terminate_msg& t, bool crc) {
   return out;
 }
 
-std::vector<std::byte> encode_atomic_request(const atomic_request& a, std::uint32_t msn, bool crc) {
-  auto out = make_fpdu(ddp::untagged_hdr + atomic_request_hdr);
-  write_untagged_header(out.data(), rdmap_op::atomic_request, true, qn::atomic, msn, 0, 0,
+std::size_t write_atomic_request(std::byte* out, const atomic_request& a, std::uint32_t msn,
+                                 bool crc) noexcept {
+  const std::size_t n = fpdu_size(ddp::untagged_hdr + atomic_request_hdr);
+  write_untagged_header(out, rdmap_op::atomic_request, true, qn::atomic, msn, 0, 0,
                         atomic_request_hdr, 0);
-  std::byte* p = out.data() + untagged_header_size;
+  std::byte* p = out + untagged_header_size;
   put_be32(p, static_cast<std::uint32_t>(a.kind) & 0xF);
   put_be32(p + 4, a.request_id);
   put_be32(p + 8, a.stag);
@@ -275,28 +283,50 @@ std::vector<std::byte> encode_atomic_request(const atomic_request& a, std::uint3
   put_be64(p + 28, a.add_swap_mask);
   put_be64(p + 36, a.compare);
   put_be64(p + 44, a.compare_mask);
-  finish_fpdu(out, crc);
+  finish_fpdu(mut_bytes(out, n), crc);
+  return n;
+}
+
+std::size_t write_atomic_response(std::byte* out, const atomic_response& a, std::uint32_t msn,
+                                  bool crc) noexcept {
+  const std::size_t n = fpdu_size(ddp::untagged_hdr + atomic_response_hdr);
+  write_untagged_header(out, rdmap_op::atomic_response, true, qn::atomic, msn, 0, 0,
+                        atomic_response_hdr, 0);
+  put_be32(out + untagged_header_size, a.request_id);
+  put_be64(out + untagged_header_size + 4, a.original);
+  finish_fpdu(mut_bytes(out, n), crc);
+  return n;
+}
+
+std::size_t write_immediate(std::byte* out, std::uint64_t value, bool solicited, std::uint32_t msn,
+                            bool crc) noexcept {
+  const std::size_t n = fpdu_size(ddp::untagged_hdr + immediate_hdr);
+  write_untagged_header(out, solicited ? rdmap_op::immediate_se : rdmap_op::immediate, true,
+                        qn::send, msn, 0, 0, immediate_hdr, 0);
+  put_be64(out + untagged_header_size, value);
+  finish_fpdu(mut_bytes(out, n), crc);
+  return n;
+}
+
+namespace {
+template <class F>
+std::vector<std::byte> control_vector(F&& write) {
+  std::vector<std::byte> out(control_fpdu_max);
+  out.resize(write(out.data()));
   return out;
+}
+}  // namespace
+
+std::vector<std::byte> encode_atomic_request(const atomic_request& a, std::uint32_t msn, bool crc) {
+  return control_vector([&](std::byte* o) { return write_atomic_request(o, a, msn, crc); });
 }
 
 std::vector<std::byte> encode_atomic_response(const atomic_response& a, std::uint32_t msn, bool crc) {
-  auto out = make_fpdu(ddp::untagged_hdr + atomic_response_hdr);
-  write_untagged_header(out.data(), rdmap_op::atomic_response, true, qn::atomic, msn, 0, 0,
-                        atomic_response_hdr, 0);
-  std::byte* p = out.data() + untagged_header_size;
-  put_be32(p, a.request_id);
-  put_be64(p + 4, a.original);
-  finish_fpdu(out, crc);
-  return out;
+  return control_vector([&](std::byte* o) { return write_atomic_response(o, a, msn, crc); });
 }
 
 std::vector<std::byte> encode_immediate(std::uint64_t value, bool solicited, std::uint32_t msn, bool crc) {
-  auto out = make_fpdu(ddp::untagged_hdr + immediate_hdr);
-  write_untagged_header(out.data(), solicited ? rdmap_op::immediate_se : rdmap_op::immediate, true,
-                        qn::send, msn, 0, 0, immediate_hdr, 0);
-  put_be64(out.data() + untagged_header_size, value);
-  finish_fpdu(out, crc);
-  return out;
+  return control_vector([&](std::byte* o) { return write_immediate(o, value, solicited, msn, crc); });
 }
 
 std::vector<std::byte> encode_tagged(rdmap_op op, bool last, std::uint32_t stag, std::uint64_t to,

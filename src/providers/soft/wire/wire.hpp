@@ -284,6 +284,14 @@ std::size_t write_untagged_header(std::byte* out, rdmap_op op, bool last, std::u
 inline constexpr std::size_t tagged_header_size = mpa_len_size + ddp::tagged_hdr;        // 16
 inline constexpr std::size_t untagged_header_size = mpa_len_size + ddp::untagged_hdr;    // 20
 
+// Whole control FPDUs written into caller memory (no allocation; `out` must hold
+// control_fpdu_max bytes). Each returns the FPDU's size; CRC is zero when !crc.
+inline constexpr std::size_t control_fpdu_max = 80;
+std::size_t write_read_request(std::byte* out, const read_request& rr, std::uint32_t msn, bool crc) noexcept;
+std::size_t write_atomic_request(std::byte* out, const atomic_request& a, std::uint32_t msn, bool crc) noexcept;
+std::size_t write_atomic_response(std::byte* out, const atomic_response& a, std::uint32_t msn, bool crc) noexcept;
+std::size_t write_immediate(std::byte* out, std::uint64_t value, bool solicited, std::uint32_t msn, bool crc) noexcept;
+
 // Whole control FPDUs (header + pad + CRC placeholder/CRC).
 std::vector<std::byte> encode_read_request(const read_request& rr, std::uint32_t msn, bool crc);
 std::vector<std::byte> encode_terminate(const terminate_msg& t, bool crc);
