@@ -45,6 +45,10 @@ struct device_options {
   // default: on small machines a spinning engine steals the core its peer (or
   // the application) needs; CQ pollers progress the engine themselves.
   std::uint32_t engine_spin_us = 0;
+  // While an application thread keeps polling a CQ of this device (and so runs
+  // the engine itself), the engine thread parks instead of waking for every
+  // arrival; it resumes when polling stops for 1 ms or the poller sleeps.
+  bool engine_park = true;
   std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
 };
 

@@ -17,6 +17,8 @@ class progress_source {
   virtual ~progress_source() = default;
   virtual void progress() noexcept = 0;
   virtual int wait_fd() const noexcept = 0;  // readable when progress() has work
+  // The calling application thread stops polling (it is about to sleep).
+  virtual void idle() noexcept {}
 };
 
 class sw_cq final : public cq_impl {

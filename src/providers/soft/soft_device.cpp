@@ -32,7 +32,8 @@ soft_device::soft_device(std::string name, const device_options& opts) {
   attr_.atomics = true;         // with a Conveyor peer (RFC 7306, negotiated)
   attr_.immediate_data = true;  // likewise
   attr_.send_with_invalidate = true;
-  engine_ = std::make_unique<soft::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us);
+  engine_ = std::make_unique<soft::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us,
+                                           opts.engine_park);
 }
 
 result<std::shared_ptr<detail::pd_impl>> soft_device::alloc_pd() {
@@ -120,6 +121,7 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
   if (const char* v = std::getenv("CONVEYOR_SPIN_US")) o.spin_us = static_cast<std::uint32_t>(std::atoi(v));
   if (const char* v = std::getenv("CONVEYOR_ENGINE_SPIN_US"))
     o.engine_spin_us = static_cast<std::uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("CONVEYOR_ENGINE_PARK")) o.engine_park = std::atoi(v) != 0;
   auto dev = std::make_shared<soft_device>(std::string(name), o);
   if (!dev->eng().ok())
     return make_error(errc::resource_exhausted, "open " + std::string(name) + ": epoll/eventfd failed");
@@ -129,7 +131,8 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
                          (o.progress == progress_mode::thread ? "thread" : "manual") + ", crc " +
                          (o.request_crc ? "requested" : "not requested") + ", wait spin " +
                          std::to_string(o.spin_us) + " us, engine spin " +
-                         std::to_string(o.engine_spin_us) + " us)");
+                         std::to_string(o.engine_spin_us) + " us, engine park " +
+                         (o.engine_park ? "on" : "off") + ")");
   return std::shared_ptr<detail::device_impl>(std::move(dev));
 }
 

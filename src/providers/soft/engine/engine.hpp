@@ -9,6 +9,7 @@
 #include <sys/epoll.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -21,7 +22,7 @@ class soft_qp;
 
 class engine final : public detail::progress_source {
  public:
-  engine(bool own_thread, std::uint32_t spin_us);
+  engine(bool own_thread, std::uint32_t spin_us, bool park);
   ~engine() override;
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -31,11 +32,19 @@ class engine final : public detail::progress_source {
   void attach(soft_qp* qp, int fd) noexcept;
   // Removes the QP; on return the engine no longer touches it.
   void detach(soft_qp* qp, int fd) noexcept;
+  // Returns once no thread is handling an event of `qp` (e.g. detaching it).
+  void quiesce(soft_qp* qp) noexcept;
   // Asks for EPOLLOUT on fd (the QP has bytes the socket would not take).
   void want_write(soft_qp* qp, int fd, bool on) noexcept;
 
+  // Called by application threads polling a CQ of this device. In thread mode
+  // it also tells the engine thread that an application is progressing the
+  // sockets, so the engine thread parks (stays off epoll, costs no wake-ups)
+  // until no poll has happened for app_window or idle() is called.
   void progress() noexcept override;
+  void idle() noexcept override;
   int wait_fd() const noexcept override { return epfd_; }
+  static constexpr std::chrono::microseconds app_window{1000};
 
  private:
   void run();
@@ -45,7 +54,10 @@ class engine final : public detail::progress_source {
   int epfd_ = -1;
   int wake_ = -1;
   std::uint32_t spin_us_;
+  bool park_;
   std::atomic<bool> stop_{false};
+  std::atomic<std::int64_t> app_poll_ns_{0};  // last application progress (0: none)
+  std::atomic<bool> parked_{false};
   std::mutex mu_;                 // live_ and current_
   std::condition_variable cv_;
   std::unordered_set<soft_qp*> live_;

@@ -1328,6 +1328,9 @@ void soft_qp::disconnect() noexcept {
   }
   if (state() != qp_state::error && state() != qp_state::reset) enter_error(wc_status::wr_flush_err, 0);
   if (attached_.exchange(false)) dev_->eng().detach(this, fd_);
+  // The engine may be detaching the socket itself (peer closed): let it finish
+  // before the descriptor is closed and can be reused.
+  dev_->eng().quiesce(this);
   std::lock_guard rl(rx_mu_);
   std::lock_guard lk(tx_mu_);
   if (fd_ >= 0) {
