@@ -22,6 +22,7 @@
 //     send() calls;
 //   - CPU used by each idle process (connection open, nothing to do) over 2 s.
 // Busy loops use completion_queue::poll(); blocking waits use wait().
+#include <CLI/CLI.hpp>
 #include <conveyor/conveyor.hpp>
 
 #include <netinet/in.h>
@@ -717,50 +718,27 @@ int run_client(const options& o, int ctl) {
   return 0;
 }
 
-void usage(std::FILE* f) {
-  std::fprintf(f,
-               "usage: conveyor-loopback-bench [--runs N] [--progress thread|manual] [--crc on|off] "
-               "[--json]\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) {
-        usage(stderr);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--runs") {
-      o.runs = std::atoi(std::string(value()).c_str());
-      if (o.runs < 1) {
-        std::fprintf(stderr, "conveyor-loopback-bench: --runs must be at least 1\n");
-        return 2;
-      }
-    } else if (a == "--progress") {
-      auto v = value();
-      if (v == "thread") o.progress = cvy::progress_mode::thread;
-      else if (v == "manual") o.progress = cvy::progress_mode::manual;
-      else { usage(stderr); return 2; }
-    } else if (a == "--crc") {
-      auto v = value();
-      if (v != "on" && v != "off") { usage(stderr); return 2; }
-      o.crc = v == "on";
-    } else if (a == "--json") {
-      o.json = true;
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      return 0;
-    } else {
-      usage(stderr);
-      return 2;
-    }
-  }
+  std::string progress = "thread", crc = "on";
+  CLI::App app{"Conveyor loopback benchmark: the soft provider next to raw TCP, measured by the "
+               "same program in the same run (client and server are two processes).",
+               "conveyor-loopback-bench"};
+  app.add_option("--runs", o.runs, "runs of every measurement (medians are reported)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--progress", progress, "engine progress: a thread per device, or manual (poll)")
+      ->check(CLI::IsMember({"thread", "manual"}))
+      ->capture_default_str();
+  app.add_option("--crc", crc, "ask the peer for MPA CRC32c")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_flag("--json", o.json, "print JSON instead of the table");
+  CLI11_PARSE(app, argc, argv);
+  o.progress = progress == "manual" ? cvy::progress_mode::manual : cvy::progress_mode::thread;
+  o.crc = crc == "on";
 
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {

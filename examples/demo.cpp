@@ -16,6 +16,7 @@
 // byte (reads back what it wrote, checks every atomic's returned value, gets the
 // target's verdict for each message) and prints a table. Any failure ends
 // either side with a message and a non-zero exit status.
+#include <CLI/CLI.hpp>
 #include <conveyor/conveyor.hpp>
 
 #include <algorithm>
@@ -560,49 +561,24 @@ int run_initiator(const std::string& address, bool crc) {
   return 0;
 }
 
-void usage(std::FILE* f) {
-  std::fprintf(f,
-               "usage: conveyor-demo --role target|initiator --address IP:PORT [--crc on|off]\n"
-               "  Start the target first; the initiator retries a refused connection for 15 s.\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string role, address;
-  bool crc = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "conveyor-demo: %s needs a value\n", argv[i]);
-        usage(stderr);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--role") role = value();
-    else if (a == "--address") address = value();
-    else if (a == "--crc") {
-      auto v = value();
-      if (v != "on" && v != "off") {
-        std::fprintf(stderr, "conveyor-demo: --crc takes on or off\n");
-        return 2;
-      }
-      crc = v == "on";
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "conveyor-demo: unknown argument %s\n", argv[i]);
-      usage(stderr);
-      return 2;
-    }
-  }
-  if ((role != "target" && role != "initiator") || address.empty()) {
-    usage(stderr);
-    return 2;
-  }
+  std::string role, address, crc_s = "on";
+  CLI::App app{"Conveyor demo: a target registers memory and idles while an initiator runs every "
+               "verb against it. Start the target first; the initiator retries a refused "
+               "connection for 15 s.",
+               "conveyor-demo"};
+  app.add_option("--role", role, "target or initiator")
+      ->required()
+      ->check(CLI::IsMember({"target", "initiator"}));
+  app.add_option("--address", address, "IP:PORT to listen on (target) or connect to (initiator)")
+      ->required();
+  app.add_option("--crc", crc_s, "ask the peer for MPA CRC32c")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const bool crc = crc_s == "on";
   try {
     return role == "target" ? run_target(address, crc) : run_initiator(address, crc);
   } catch (const failure& e) {
