@@ -41,10 +41,11 @@ struct device_options {
   progress_mode progress = progress_mode::thread;
   bool request_crc = true;         // ask peers for MPA CRC32c (the peer may ask too)
   std::uint32_t spin_us = 20;      // completion_queue::wait busy-polls this long before sleeping
-  // The engine thread busy-polls this long after activity before sleeping. 0 by
-  // default: on small machines a spinning engine steals the core its peer (or
-  // the application) needs; CQ pollers progress the engine themselves.
-  std::uint32_t engine_spin_us = 0;
+  // The engine thread busy-polls this long after activity before sleeping in
+  // epoll_wait: long enough to catch the next request of a request/response
+  // exchange without a thread wake-up (tens of microseconds on a VM), short
+  // enough that an idle device costs nothing. It never spins while parked.
+  std::uint32_t engine_spin_us = 50;
   // While an application thread keeps polling a CQ of this device (and so runs
   // the engine itself), the engine thread parks instead of waking for every
   // arrival; it resumes when polling stops for 1 ms or the poller sleeps.
