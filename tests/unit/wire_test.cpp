@@ -353,7 +353,8 @@ std::vector<sample> all_samples() {
   return s;
 }
 
-bool is_tagged(rdmap_op op) {
+// Independent of wire::is_tagged/queue_of on purpose: the test must not check the codec against itself.
+bool tagged_per_rfc5040(rdmap_op op) {
   return op == rdmap_op::write || op == rdmap_op::read_response;
 }
 
@@ -379,7 +380,7 @@ TEST(fpdu_header, every_opcode_parses_with_consistent_lengths) {
     ASSERT_TRUE(h.has_value()) << to_string(h.error());
     seen.insert(h->opcode);
     EXPECT_EQ(h->opcode, s.op);
-    EXPECT_EQ(h->tagged, is_tagged(s.op));
+    EXPECT_EQ(h->tagged, tagged_per_rfc5040(s.op));
     EXPECT_EQ(h->ulpdu_len, get_be16(s.fpdu.data()));
     EXPECT_EQ(h->header_len + h->payload_len, 2u + h->ulpdu_len);
     EXPECT_EQ(h->pad, fpdu_pad(h->ulpdu_len));

@@ -137,8 +137,7 @@ std::expected<fpdu_header, wire_error> parse_fpdu_header(bytes in) noexcept {
   const std::uint8_t op = c1 & 0x0F;
   if (op > 0xB) return std::unexpected(wire_error::bad_opcode);
   h.opcode = static_cast<rdmap_op>(op);
-  const bool op_tagged = h.opcode == rdmap_op::write || h.opcode == rdmap_op::read_response;
-  if (op_tagged != h.tagged) return std::unexpected(wire_error::bad_opcode);
+  if (is_tagged(h.opcode) != h.tagged) return std::unexpected(wire_error::bad_opcode);
   std::size_t ddp_len = h.tagged ? ddp::tagged_hdr : ddp::untagged_hdr;
   std::size_t extra = 0;
   switch (h.opcode) {
@@ -168,12 +167,7 @@ std::expected<fpdu_header, wire_error> parse_fpdu_header(bytes in) noexcept {
     h.qn = get_be32(d + 6);
     h.msn = get_be32(d + 10);
     h.mo = get_be32(d + 14);
-    std::uint32_t want = qn::send;
-    if (h.opcode == rdmap_op::read_request) want = qn::read_request;
-    else if (h.opcode == rdmap_op::terminate) want = qn::terminate;
-    else if (h.opcode == rdmap_op::atomic_request || h.opcode == rdmap_op::atomic_response)
-      want = qn::atomic;
-    if (h.qn != want) return std::unexpected(wire_error::bad_qn);
+    if (h.qn != queue_of(h.opcode)) return std::unexpected(wire_error::bad_qn);
   }
   return h;
 }

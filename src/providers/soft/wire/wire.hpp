@@ -169,6 +169,21 @@ inline constexpr std::uint32_t terminate = 2;
 inline constexpr std::uint32_t atomic = 3;  // RFC 7306 atomic request/response
 }  // namespace qn
 
+// RDMA Write and Read Response use the tagged model; everything else is untagged.
+constexpr bool is_tagged(rdmap_op op) noexcept {
+  return op == rdmap_op::write || op == rdmap_op::read_response;
+}
+// The untagged queue an opcode travels on (Send variants and Immediate Data: 0).
+constexpr std::uint32_t queue_of(rdmap_op op) noexcept {
+  switch (op) {
+    case rdmap_op::read_request: return qn::read_request;
+    case rdmap_op::terminate: return qn::terminate;
+    case rdmap_op::atomic_request:
+    case rdmap_op::atomic_response: return qn::atomic;
+    default: return qn::send;
+  }
+}
+
 inline constexpr std::size_t read_request_hdr = 28;
 inline constexpr std::size_t atomic_request_hdr = 52;
 inline constexpr std::size_t atomic_response_hdr = 12;
