@@ -100,6 +100,18 @@ std::string device_name(const std::string& provider, const std::string& role) {
   return provider;
 }
 
+std::string listen_address(const std::string& provider) {
+  static std::atomic<unsigned> counter{0};
+  if (provider == "shm") {
+    return "@cvt-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+  }
+  if (provider == "verbs") {
+    const char* e = std::getenv("CONVEYOR_TEST_VERBS_ADDR");
+    return std::string(e != nullptr && *e != '\0' ? e : "10.11.0.1") + ":0";
+  }
+  return "127.0.0.1:0";
+}
+
 conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc) {
   conveyor::device_options o;
   o.progress = mode;

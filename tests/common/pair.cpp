@@ -118,10 +118,13 @@ void pair_test::prepare_pair(const pair_options& o) {
 void pair_test::connect_pair(const pair_options& o) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair(o));
 
-  auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
+  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
   CVT_ASSERT_OK(lis);
-  ASSERT_NE(lis->port(), 0) << "listener bound to port 0: " << lis->address();
-  listen_address_ = "127.0.0.1:" + std::to_string(lis->port());
+  listen_address_ = lis->address();
+  ASSERT_FALSE(listen_address_.empty());
+  if (param().provider != "shm") {
+    ASSERT_NE(lis->port(), 0) << "listener bound to port 0: " << listen_address_;
+  }
 
   const auto timeout = scaled(std::chrono::milliseconds(10000));
   const std::vector<std::byte> published = tgt_main.remote().encode();

@@ -110,9 +110,9 @@ TEST_P(connection, connection_attributes_are_invalid_state_before_connect) {
 
 TEST_P(connection, private_data_of_max_size_passes_both_ways) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
-  auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
+  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
   CVT_ASSERT_OK(lis);
-  const std::string addr = "127.0.0.1:" + std::to_string(lis->port());
+  const std::string addr = lis->address();
   const auto to_tgt = make_pattern(conveyor::max_private_data, 0x51);
   const auto to_init = make_pattern(conveyor::max_private_data, 0x52);
   std::string err;
@@ -138,9 +138,9 @@ TEST_P(connection, private_data_of_max_size_passes_both_ways) {
 
 TEST_P(connection, listener_reject_reason_reaches_the_connector_as_rejected) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
-  auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
+  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
   CVT_ASSERT_OK(lis);
-  const std::string addr = "127.0.0.1:" + std::to_string(lis->port());
+  const std::string addr = lis->address();
   const std::string reason = "no room at the inn (cvt-reason-42)";
   std::string err;
   std::thread acceptor([&] {
