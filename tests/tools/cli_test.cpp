@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -58,7 +57,6 @@ class server_process {
     ::close(p[1]);
     fd_ = p[0];
     // "conveyor perf server: listening on 127.0.0.1:40123 (...)"
-    const std::regex re("listening on (\\S+)");
     const auto deadline = std::chrono::steady_clock::now() + cvt::scaled(10s);
     while (std::chrono::steady_clock::now() < deadline) {
       pollfd pf{fd_, POLLIN, 0};
@@ -67,10 +65,14 @@ class server_process {
       ssize_t n = ::read(fd_, buf, sizeof buf);
       if (n <= 0) break;
       log_.append(buf, static_cast<std::size_t>(n));
-      std::smatch m;
-      if (std::regex_search(log_, m, re)) {
-        address_ = m[1];
-        return;
+      const std::string marker = "listening on ";
+      if (auto at = log_.find(marker); at != std::string::npos) {
+        const auto begin = at + marker.size();
+        const auto end = log_.find(' ', begin);
+        if (end != std::string::npos) {
+          address_ = log_.substr(begin, end - begin);
+          return;
+        }
       }
     }
   }

@@ -158,7 +158,8 @@ status soft_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexce
     w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
     std::uint64_t total = 0;
     sge* dst = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
-    std::byte* inl = &sq_inline_[std::size_t(idx) * caps_.max_inline_data];
+    // .data() + offset: with max_inline_data 0 the buffer is empty (no element to index).
+    std::byte* inl = sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
     for (std::uint32_t k = 0; k < w.nsge; ++k) {
       const sge& s = wr.sg_list[k];
       if (w.inl) {
