@@ -168,7 +168,9 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
     return "mss " + std::to_string(conn->mss) + " exceeds " + std::to_string(s.max_mss) +
            " on this link";
   }
-  if (conn->crc != s.crc) return std::string("crc negotiated ") + (conn->crc ? "on" : "off");
+  // shm has no wire to checksum: it never negotiates CRC.
+  const bool want_crc = s.provider != "shm" && s.crc;
+  if (conn->crc != want_crc) return std::string("crc negotiated ") + (conn->crc ? "on" : "off");
   if (conveyor_peer(s.provider) && !conn->extensions) {
     return "Conveyor<->Conveyor connection without RFC 7306 extensions";
   }
@@ -268,9 +270,12 @@ int run_two_party_target(const child_args& a) {
     return fail("post_recv: " + name(st), 2);
   }
 
-  auto lis = conveyor::listener::bind(*dev, get(a, "addr", "127.0.0.1:0"));
+  std::string bind_addr = get(a, "addr");
+  if (bind_addr.empty()) bind_addr = listen_address(s.provider);
+  auto lis = conveyor::listener::bind(*dev, bind_addr);
   if (!lis) return fail("listener::bind: " + lis.error().to_string(), 2);
-  report("port " + std::to_string(lis->port()));
+  // "port N address A": soft's A is "ip:port", shm's an abstract Unix name.
+  report("port " + std::to_string(lis->port()) + " address " + lis->address());
   auto req = lis->accept(scaled(std::chrono::milliseconds(60000)));
   if (!req) return fail("listener.accept: " + req.error().to_string(), 3);
   std::vector<std::byte> published = data->remote().encode();
