@@ -108,6 +108,37 @@ TEST_P(shm_only, forced_staging_is_reported_and_moves_the_right_bytes) {
   bulk_round_trip();
 }
 
+// Many bulk READs in flight at once, both data paths, sizes around the CMA
+// threshold: every one completes, in order, with the right bytes.
+TEST_P(shm_only, pipelined_bulk_reads_complete_in_order_on_both_data_paths) {
+  for (const char* path : {"on", "off"}) {
+    SCOPED_TRACE(std::string("CONVEYOR_SHM_CMA=") + path);
+    ::setenv("CONVEYOR_SHM_CMA", path, 1);
+    ASSERT_NO_FATAL_FAILURE(connect_pair(big()));
+    auto sink = make_region(init.pd, 4 * MiB, access::local_write, 0x5500);
+    CVT_ASSERT_OK(sink);
+    const std::size_t sizes[] = {8, 8192, 64 * KiB, 1 * MiB};
+    for (std::size_t sz : sizes) {
+      SCOPED_TRACE("size " + std::to_string(sz));
+      constexpr int n = 64, depth = 8;
+      int posted = 0, done = 0;
+      std::vector<work_completion> wcs;
+      while (done < n) {
+        while (posted < n && posted - done < depth) {
+          const std::size_t off = static_cast<std::size_t>(posted % 4) * sz;
+          CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(off, sz), tgt_main.remote(off, sz), posted));
+          ++posted;
+        }
+        ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(sz), &wcs));
+        EXPECT_EQ(wcs.back().wr_id, static_cast<std::uint64_t>(done));
+        ++done;
+      }
+      EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(0, 4 * sz), opts_.tgt_region_seed)));
+    }
+    reset_pair();
+  }
+}
+
 TEST_P(shm_only, segments_live_in_memfds_only_and_vanish_with_the_qps) {
   const std::size_t fs_before = dev_shm_entries();
   const std::size_t maps_before = segment_maps();

@@ -5,6 +5,7 @@
 #include "core/log.hpp"
 #include "providers/shm/shm_qp.hpp"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -19,6 +20,12 @@ namespace {
 constexpr std::uint32_t max_wr = 16384;
 constexpr std::uint32_t max_sge = 16;
 constexpr std::uint32_t max_inline = 1024;
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -83,7 +90,8 @@ void engine::sleep_flags_locked(bool on) noexcept {
   for (auto* qp : live_) qp->set_sleeping(on);
 }
 
-void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock) noexcept {
+void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock,
+                                  bool drain) noexcept {
   epoll_event evs[64];
   if (unlock) unlock->unlock();
   const int n = ::epoll_wait(epfd_, evs, 64, timeout_ms);
@@ -97,6 +105,10 @@ void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* 
     }
     // The QP may have been detached while we waited without the lock.
     if (std::find(live_.begin(), live_.end(), qp) == live_.end()) continue;
+    // Only the thread that sleeps on the doorbells may consume them: a byte
+    // taken by anyone else would leave the sleeper blocked with its flag
+    // already cleared by the peer (a lost wake-up).
+    if (!drain && (evs[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) == 0) continue;
     if (!qp->on_socket(evs[i].events)) {
       // The peer is gone: stop watching the socket (it stays readable forever).
       // The QP keeps its descriptor until it is destroyed.
@@ -105,13 +117,32 @@ void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* 
   }
 }
 
+void engine::idle() noexcept {
+  app_poll_ns_.store(0);
+  if (parked_.load()) {
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(wake_, &one, sizeof one);
+  }
+}
+
 void engine::progress() noexcept {
+  if (!manual_) app_poll_ns_.store(now_ns(), std::memory_order_relaxed);
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return;
-  if (poll_all_locked() > 0 || !manual_) return;
+  if (poll_all_locked() > 0) return;
+  if (!manual_) {
+    // The engine thread may be parked behind this poller: look at the sockets
+    // now and then so a peer that died is noticed by a busy-polling application.
+    const std::int64_t now = now_ns();
+    if (now - last_socket_check_ns_ > 1000000) {
+      last_socket_check_ns_ = now;
+      socket_events_locked(0, nullptr, false);
+    }
+    return;
+  }
   // Manual mode, nothing to do: look at the sockets (doorbells, hang-ups), then
   // ask peers for doorbells so a CQ wait that sleeps on wait_fd() is woken.
-  socket_events_locked(0, nullptr);
+  socket_events_locked(0, nullptr, true);
   sleep_flags_locked(true);
   if (poll_all_locked() > 0) sleep_flags_locked(false);
 }
@@ -121,7 +152,27 @@ void engine::run() {
   auto last = clk::now();
   const auto spin = std::chrono::microseconds(spin_us_);
   unsigned idle_rounds = 0;
+  const std::int64_t window = std::chrono::nanoseconds(app_window).count();
   while (!stop_.load(std::memory_order_relaxed)) {
+    // An application thread is polling and progressing the rings itself: stay
+    // out of its way (on few cores a second spinner halves its speed).
+    std::int64_t app = app_poll_ns_.load();
+    if (app != 0 && now_ns() - app < window) {
+      parked_.store(true);
+      app = app_poll_ns_.load();  // re-check after publishing parked_ (idle() race)
+      const std::int64_t left = app == 0 ? 0 : window - (now_ns() - app);
+      if (left > 0) {
+        pollfd p{wake_, POLLIN, 0};
+        timespec ts{0, static_cast<long>(left)};
+        if (::ppoll(&p, 1, &ts, nullptr) > 0) {
+          std::uint64_t v;
+          [[maybe_unused]] auto r = ::read(wake_, &v, sizeof v);
+        }
+      }
+      parked_.store(false);
+      last = clk::now();
+      continue;
+    }
     std::unique_lock lk(mu_);
     if (poll_all_locked() > 0) {
       last = clk::now();
@@ -142,7 +193,7 @@ void engine::run() {
       idle_rounds = 0;
       continue;
     }
-    socket_events_locked(1000, &lk);
+    socket_events_locked(1000, &lk, true);
     sleep_flags_locked(false);
     last = clk::now();
     idle_rounds = 0;

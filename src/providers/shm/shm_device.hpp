@@ -33,20 +33,29 @@ class engine final : public detail::progress_source {
   // On return the engine no longer touches qp.
   void detach(shm_qp* qp, int fd) noexcept;
 
+  // Application threads polling a CQ of the device. In thread mode this also
+  // parks the engine thread (it stays off the rings and costs no CPU) while an
+  // application keeps polling, until app_window passes without a poll or
+  // idle() says the application is about to sleep.
   void progress() noexcept override;
+  void idle() noexcept override;
   int wait_fd() const noexcept override { return epfd_; }
+  static constexpr std::chrono::microseconds app_window{1000};
 
  private:
   void run();
   int poll_all_locked() noexcept;                 // ring work done
   void sleep_flags_locked(bool on) noexcept;
-  void socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock) noexcept;
+  void socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock, bool drain) noexcept;
 
   int epfd_ = -1;
   int wake_ = -1;
   const bool manual_;
   std::uint32_t spin_us_;
   std::atomic<bool> stop_{false};
+  std::atomic<std::int64_t> app_poll_ns_{0};  // last application progress (0: none)
+  std::atomic<bool> parked_{false};
+  std::int64_t last_socket_check_ns_ = 0;  // under mu_
   std::mutex mu_;  // live_ and every QP's engine-side state
   std::vector<shm_qp*> live_;
   std::thread thread_;
