@@ -366,7 +366,7 @@ result<void> shm_conn_request::reject(std::span<const std::byte> reason) {
   hs_msg rep;
   rep.kind = hs_kind::reject;
   rep.pd_len = static_cast<std::uint32_t>(std::min(reason.size(), max_private_data));
-  std::memcpy(rep.pd, reason.data(), rep.pd_len);
+  if (rep.pd_len) std::memcpy(rep.pd, reason.data(), rep.pd_len);
   auto r = send_msg(fd_.get(), rep, -1, clk::now() + std::chrono::seconds(1), "shm reject to " + peer_);
   fd_.reset();
   map_.reset();
@@ -403,7 +403,7 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   rep.probe_value = probe_word();
   rep.cma_ok = reach ? 1 : 0;
   rep.pd_len = static_cast<std::uint32_t>(pd.size());
-  std::memcpy(rep.pd, pd.data(), pd.size());
+  if (!pd.empty()) std::memcpy(rep.pd, pd.data(), pd.size());
   auto w = send_msg(fd_.get(), rep, -1, deadline, "shm accept to " + peer_);
   if (!w) return std::unexpected(w.error());
   hs_msg ready;
@@ -507,7 +507,8 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   req.probe_addr = reinterpret_cast<std::uint64_t>(&probe_word());
   req.probe_value = probe_word();
   req.pd_len = static_cast<std::uint32_t>(opts.private_data.size());
-  std::memcpy(req.pd, opts.private_data.data(), opts.private_data.size());
+  if (!opts.private_data.empty())
+    std::memcpy(req.pd, opts.private_data.data(), opts.private_data.size());
   auto w = send_msg(s.get(), req, mfd.get(), deadline, where + " (request)");
   if (!w) return std::unexpected(w.error());
   mfd.reset();  // the mapping keeps the segment; the peer has its own descriptor
