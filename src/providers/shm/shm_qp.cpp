@@ -565,6 +565,9 @@ int shm_qp::rx_requests() noexcept {
     ++n;
     if (r == exec::failed) break;
     ++rx_tail_;
+    // The response first: the initiator completes a READ or atomic only when it
+    // has both the response and the tail past the request.
+    resp_out().head.store(rsp_head_, std::memory_order_release);
     in.tail.store(rx_tail_, std::memory_order_release);
     c_rx_msgs_.fetch_add(1, std::memory_order_relaxed);
   }
