@@ -215,7 +215,7 @@ std::uint64_t shm_qp::gather_locked(const swqe& w, std::uint32_t idx, std::uint6
 }
 
 bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
-  const std::uint64_t tail = req_out().tail.load(std::memory_order_acquire);
+  const std::uint64_t tail = req_out().tail.load(std::memory_order_seq_cst);
   std::uint64_t free_slots = ring_slots - (tx_head_ - tail);
   const int ring = ring_req(seg_.side);
   auto put = [&](const msg_header& m) -> std::byte* {
@@ -332,7 +332,7 @@ bool shm_qp::tx_progress_locked() noexcept {
     swqe& w = sq_[idx];
     if (w.status != wc_status::success) {  // local protection error: never leaves
       w.done = true;
-      state_.store(qp_state::error, std::memory_order_release);
+      state_.store(qp_state::error, std::memory_order_seq_cst);
       flush_locked(wc_status::wr_flush_err);
       if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
       break;
@@ -343,7 +343,7 @@ bool shm_qp::tx_progress_locked() noexcept {
     ++sq_next_;
   }
   if (tx_head_ != before && seg_.hdr != nullptr) {
-    req_out().head.store(tx_head_, std::memory_order_release);
+    req_out().head.store(tx_head_, std::memory_order_seq_cst);
     return true;
   }
   return false;
@@ -357,12 +357,12 @@ void shm_qp::push_send_wc(const swqe& w) noexcept {
   wc.opcode = wc_of(w.op);
   wc.byte_len = w.status == wc_status::success ? w.byte_len : 0;
   wc.qp_num = qpn_;
-  if (!scq_->push(wc)) state_.store(qp_state::error, std::memory_order_release);
+  if (!scq_->push(wc)) state_.store(qp_state::error, std::memory_order_seq_cst);
 }
 
 bool shm_qp::retire_locked() noexcept {
   if (seg_.hdr == nullptr) return false;
-  const std::uint64_t t = req_out().tail.load(std::memory_order_acquire);
+  const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
   bool any = false;
   while (sq_head_ < sq_next_) {
     swqe& w = sq_[sq_head_ % caps_.max_send_wr];
@@ -379,9 +379,9 @@ bool shm_qp::retire_locked() noexcept {
 }
 
 bool shm_qp::check_peer_error_locked() noexcept {
-  const std::uint32_t e = req_out().err_status.load(std::memory_order_acquire);
+  const std::uint32_t e = req_out().err_status.load(std::memory_order_seq_cst);
   if (e == 0) return false;
-  const std::uint64_t pos = req_out().err_pos.load(std::memory_order_acquire);
+  const std::uint64_t pos = req_out().err_pos.load(std::memory_order_seq_cst);
   retire_locked();  // everything before the refused request was executed
   wc_status st = e - 1 <= static_cast<std::uint32_t>(wc_status::fatal_err)
                      ? static_cast<wc_status>(e - 1)
@@ -399,7 +399,7 @@ bool shm_qp::check_peer_error_locked() noexcept {
                      dev_->attr().name + " QP " + std::to_string(qpn_) + ": peer " +
                          attr_.peer_address + " refused a request: " +
                          std::string(to_string(st)));
-  state_.store(qp_state::error, std::memory_order_release);
+  state_.store(qp_state::error, std::memory_order_seq_cst);
   flush_locked(wc_status::wr_flush_err);
   if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
   return true;
@@ -441,16 +441,18 @@ void shm_qp::flush_locked(wc_status first) noexcept {
 void shm_qp::enter_error(wc_status first) noexcept {
   std::lock_guard lk(tx_mu_);
   const bool was_error = state() == qp_state::error;
-  state_.store(qp_state::error, std::memory_order_release);
+  state_.store(qp_state::error, std::memory_order_seq_cst);
   flush_locked(was_error ? wc_status::wr_flush_err : first);
   if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);  // the peer sees the connection end
 }
 
 void shm_qp::notify_peer() noexcept {
   if (seg_.hdr == nullptr || sock_ < 0) return;
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Dekker with the sleeper (set_sleeping, then re-reading the rings): every
+  // ring index, error word and sleep flag is accessed seq_cst, so either the
+  // sleeper sees what we published or we see its flag.
   auto& f = seg_.sleeping(1 - seg_.side);
-  if (f.load(std::memory_order_relaxed) != 0 && f.exchange(0, std::memory_order_seq_cst) != 0) {
+  if (f.load(std::memory_order_seq_cst) != 0 && f.exchange(0, std::memory_order_seq_cst) != 0) {
     const char b = 1;
     [[maybe_unused]] auto r = ::send(sock_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     c_bells_.fetch_add(1, std::memory_order_relaxed);
@@ -460,7 +462,6 @@ void shm_qp::notify_peer() noexcept {
 void shm_qp::set_sleeping(bool on) noexcept {
   if (seg_.hdr == nullptr) return;
   seg_.sleeping(seg_.side).store(on ? 1 : 0, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 // ------------------------------------------------------------ engine side ----
@@ -472,7 +473,7 @@ int shm_qp::progress() noexcept {
     std::lock_guard lk(tx_mu_);
     if (state() == qp_state::rts) {
       if (check_peer_error_locked()) ++n;
-      const std::uint64_t t = req_out().tail.load(std::memory_order_acquire);
+      const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
       if (t != seen_tail_) {
         seen_tail_ = t;
         ++n;
@@ -512,14 +513,14 @@ bool shm_qp::on_socket(std::uint32_t events) noexcept {
 }
 
 bool shm_qp::resp_space(std::uint32_t n) const noexcept {
-  const std::uint64_t t = resp_out().tail.load(std::memory_order_acquire);
+  const std::uint64_t t = resp_out().tail.load(std::memory_order_seq_cst);
   return ring_slots - (rsp_head_ - t) >= n;
 }
 
 void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
   ring_ctl& in = req_in();
   in.err_pos.store(rx_tail_, std::memory_order_relaxed);
-  in.err_status.store(static_cast<std::uint32_t>(remote) + 1, std::memory_order_release);
+  in.err_status.store(static_cast<std::uint32_t>(remote) + 1, std::memory_order_seq_cst);
   if (detail::log_enabled(detail::log_level::info))
     detail::log_line(detail::log_level::info,
                      dev_->attr().name + " QP " + std::to_string(qpn_) + ": refused request of " +
@@ -544,7 +545,7 @@ void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
 
 int shm_qp::rx_requests() noexcept {
   ring_ctl& in = req_in();
-  const std::uint64_t h = in.head.load(std::memory_order_acquire);
+  const std::uint64_t h = in.head.load(std::memory_order_seq_cst);
   if (h == rx_tail_) return 0;
   if (h - rx_tail_ > ring_slots) {
     fail_request(wc_status::rem_op_err, wc_status::fatal_err);
@@ -567,11 +568,11 @@ int shm_qp::rx_requests() noexcept {
     ++rx_tail_;
     // The response first: the initiator completes a READ or atomic only when it
     // has both the response and the tail past the request.
-    resp_out().head.store(rsp_head_, std::memory_order_release);
-    in.tail.store(rx_tail_, std::memory_order_release);
+    resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+    in.tail.store(rx_tail_, std::memory_order_seq_cst);
     c_rx_msgs_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (n > 0) resp_out().head.store(rsp_head_, std::memory_order_release);
+  if (n > 0) resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
   return n;
 }
 
@@ -826,7 +827,7 @@ shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noex
   const int ring = ring_resp(seg_.side);
   do {
     if (!resp_space(1)) {
-      resp_out().head.store(rsp_head_, std::memory_order_release);
+      resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
       dirty_.store(true, std::memory_order_relaxed);
       return exec::blocked;
     }
@@ -884,7 +885,7 @@ shm_qp::exec shm_qp::rx_atomic(const msg_header& m) noexcept {
 
 int shm_qp::rx_responses() noexcept {
   ring_ctl& in = resp_in();
-  const std::uint64_t h = in.head.load(std::memory_order_acquire);
+  const std::uint64_t h = in.head.load(std::memory_order_seq_cst);
   if (h == rsp_tail_) return 0;
   std::lock_guard lk(tx_mu_);
   if (state() != qp_state::rts) return 0;
@@ -941,10 +942,10 @@ int shm_qp::rx_responses() noexcept {
     ++rsp_tail_;
     ++n;
   }
-  in.tail.store(rsp_tail_, std::memory_order_release);
+  in.tail.store(rsp_tail_, std::memory_order_seq_cst);
   if (bad || local_err) {
     retire_locked();
-    state_.store(qp_state::error, std::memory_order_release);
+    state_.store(qp_state::error, std::memory_order_seq_cst);
     flush_locked(bad ? wc_status::bad_resp_err : wc_status::wr_flush_err);
     if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
     ++n;
@@ -1029,7 +1030,7 @@ void shm_qp::start(conn_setup&& s) {
     attr_ = std::move(s.attr);
     tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
     connected_ = true;
-    state_.store(qp_state::rts, std::memory_order_release);
+    state_.store(qp_state::rts, std::memory_order_seq_cst);
   }
   if (detail::log_enabled(detail::log_level::info))
     detail::log_line(detail::log_level::info,
