@@ -4,9 +4,11 @@
 // engine atomics are atomic against the region owner's own atomics, and that an
 // idle engine burns no CPU.
 #include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -17,6 +19,8 @@
 #include <conveyor/conveyor.hpp>
 
 #include "common/pair.hpp"
+#include "common/process.hpp"
+#include "common/script.hpp"
 
 namespace cvt {
 namespace {
@@ -225,11 +229,44 @@ TEST_P(shm_only, an_idle_connection_burns_no_cpu) {
   ASSERT_TRUE(sync_target(op_timeout(64)));
 }
 
+// Cross-memory attach refused for real (not forced): the target child runs as
+// another user without capabilities, so it may not attach to this process and
+// the initiator's bulk requests fall back to staging, while this (privileged)
+// process may still attach to the child. The whole two-party script (WRITE,
+// READ, atomics, SEND) must pass with the right bytes over the mixed connection.
+class shm_process : public testing::TestWithParam<provider_param> {};
+
+TEST_P(shm_process, peer_refusing_cross_memory_attach_makes_the_initiator_stage_its_bulk_data) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run the target child as another user";
+  two_party_script s;
+  s.provider = "shm";
+  s.progress = GetParam().progress;
+  s.expect_data_path = "staged";
+  s.target_uid = 65534;  // nobody
+  std::vector<std::string> args{"target"};
+  for (const auto& a : s.to_args()) args.push_back(a);
+  args.push_back("--mode=verify");
+  args.push_back("--lifetime=" + std::to_string(scaled(milliseconds(120000)).count() / 1000));
+  auto child = child_process::spawn(args);
+  ASSERT_TRUE(child.has_value()) << child.error();
+  auto line = child->read_line(scaled(milliseconds(30000)));
+  ASSERT_TRUE(line.has_value()) << line.error();
+  const auto at = line->find(" address ");
+  ASSERT_NE(at, std::string::npos) << *line;
+  const std::string err = run_two_party_initiator(s, line->substr(at + 9));
+  EXPECT_EQ(err, "");
+  if (!err.empty()) child->kill(SIGKILL);
+  auto st = child->wait_exit(scaled(milliseconds(60000)));
+  ASSERT_TRUE(st.has_value()) << st.error();
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << child_process::describe_status(*st);
+}
+
 std::vector<provider_param> shm_params() {
   return {{"shm", conveyor::progress_mode::thread}, {"shm", conveyor::progress_mode::manual}};
 }
 
 INSTANTIATE_TEST_SUITE_P(shm, shm_only, testing::ValuesIn(shm_params()), param_name);
+INSTANTIATE_TEST_SUITE_P(shm, shm_process, testing::ValuesIn(shm_params()), param_name);
 
 }  // namespace
 }  // namespace cvt
