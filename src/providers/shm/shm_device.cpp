@@ -99,8 +99,10 @@ void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* 
   for (int i = 0; i < n; ++i) {
     auto* qp = static_cast<shm_qp*>(evs[i].data.ptr);
     if (qp == nullptr) {
-      std::uint64_t v;
-      [[maybe_unused]] auto r = ::read(wake_, &v, sizeof v);
+      if (drain) {  // the wake-up is for the sleeping thread, not for a passer-by
+        std::uint64_t v;
+        [[maybe_unused]] auto r = ::read(wake_, &v, sizeof v);
+      }
       continue;
     }
     // The QP may have been detached while we waited without the lock.
