@@ -130,7 +130,8 @@ TEST_P(shm_only, pipelined_bulk_reads_complete_in_order_on_both_data_paths) {
       while (done < n) {
         while (posted < n && posted - done < depth) {
           const std::size_t off = static_cast<std::size_t>(posted % 4) * sz;
-          CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(off, sz), tgt_main.remote(off, sz), posted));
+          CVT_ASSERT_POST_OK(
+              init.qp.post_read(sink->sge(off, sz), tgt_main.remote(off, sz), posted));
           ++posted;
         }
         ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(sz), &wcs));

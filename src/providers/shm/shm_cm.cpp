@@ -130,7 +130,8 @@ result<sockaddr_un> parse_address(std::string_view address, socklen_t* len) {
 }
 
 int ms_left(clk::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
   return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
 }
 
@@ -167,8 +168,9 @@ result<void> send_msg(int fd, const hs_msg& m, int pass_fd, clk::time_point dead
       ::poll(&pf, 1, ms_left(deadline));
       continue;
     }
-    return make_error(errno == EPIPE || errno == ECONNRESET ? errc::connection_reset : errc::io_error,
-                      what, errno);
+    return make_error(
+        errno == EPIPE || errno == ECONNRESET ? errc::connection_reset : errc::io_error, what,
+        errno);
   }
   return {};
 }
@@ -195,8 +197,10 @@ result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
         for (std::size_t i = 0; i < n; ++i) {
           int pfd;
           std::memcpy(&pfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          if (got_fd && *got_fd < 0) *got_fd = pfd;
-          else ::close(pfd);  // unexpected extra descriptors are not kept
+          if (got_fd && *got_fd < 0)
+            *got_fd = pfd;
+          else
+            ::close(pfd);  // unexpected extra descriptors are not kept
         }
       }
       off += static_cast<std::size_t>(r);
@@ -218,7 +222,8 @@ result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
       ::close(*got_fd);
       *got_fd = -1;
     }
-    return make_error(errc::protocol_error, what + ": not a Conveyor shm handshake (or another version)");
+    return make_error(errc::protocol_error,
+                      what + ": not a Conveyor shm handshake (or another version)");
   }
   return {};
 }
@@ -287,7 +292,8 @@ class shm_listener final : public detail::listener_impl {
   }
   std::string address() const override { return addr_; }
   std::uint16_t port() const noexcept override { return 0; }
-  result<std::unique_ptr<detail::conn_request_impl>> accept(std::chrono::milliseconds timeout) override;
+  result<std::unique_ptr<detail::conn_request_impl>> accept(
+      std::chrono::milliseconds timeout) override;
 
  private:
   std::shared_ptr<shm_device> dev_;
@@ -299,8 +305,13 @@ class shm_conn_request final : public detail::conn_request_impl {
  public:
   shm_conn_request(std::shared_ptr<shm_device> dev, fd_holder fd, mapping map, hs_msg req,
                    pid_t pid, std::string local)
-      : dev_(std::move(dev)), fd_(std::move(fd)), map_(std::move(map)), req_(req), pid_(pid),
-        local_(std::move(local)), peer_(endpoint_name(pid, req.qpn)) {}
+      : dev_(std::move(dev)),
+        fd_(std::move(fd)),
+        map_(std::move(map)),
+        req_(req),
+        pid_(pid),
+        local_(std::move(local)),
+        peer_(endpoint_name(pid, req.qpn)) {}
   ~shm_conn_request() override {
     if (fd_) (void)reject(std::as_bytes(std::span("not accepted", 12)));
   }
@@ -331,8 +342,8 @@ result<std::unique_ptr<detail::conn_request_impl>> shm_listener::accept(
     if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
       return make_error(errc::io_error, "accept on " + addr_, errno);
     if (ms_left(deadline) == 0)
-      return make_error(errc::timed_out, "accept on " + addr_ + ": no connection within " +
-                                             seconds_text(timeout));
+      return make_error(errc::timed_out,
+                        "accept on " + addr_ + ": no connection within " + seconds_text(timeout));
     pollfd pf{fd_.get(), POLLIN, 0};
     ::poll(&pf, 1, std::min(ms_left(deadline), 1000));
   }
@@ -346,13 +357,15 @@ result<std::unique_ptr<detail::conn_request_impl>> shm_listener::accept(
   if (!r) return std::unexpected(r.error());
   fd_holder seg_fd(memfd);
   if (req.kind != hs_kind::request || !seg_fd)
-    return make_error(errc::protocol_error, who + ": expected a request with the segment descriptor");
-  struct stat st{};
+    return make_error(errc::protocol_error,
+                      who + ": expected a request with the segment descriptor");
+  struct stat st {};
   if (::fstat(seg_fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) != seg_size)
     return make_error(errc::protocol_error, who + ": the segment has the wrong size");
   mapping m;
   m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd.get(), 0);
-  if (m.p == MAP_FAILED) return make_error(errc::resource_exhausted, who + ": mmap of the segment", errno);
+  if (m.p == MAP_FAILED)
+    return make_error(errc::resource_exhausted, who + ": mmap of the segment", errno);
   const auto* h = static_cast<const seg_header*>(m.p);
   if (h->magic != seg_magic || h->version != seg_version || h->slots != ring_slots ||
       h->slot_bytes != slot_size)
@@ -367,7 +380,8 @@ result<void> shm_conn_request::reject(std::span<const std::byte> reason) {
   rep.kind = hs_kind::reject;
   rep.pd_len = static_cast<std::uint32_t>(std::min(reason.size(), max_private_data));
   if (rep.pd_len) std::memcpy(rep.pd, reason.data(), rep.pd_len);
-  auto r = send_msg(fd_.get(), rep, -1, clk::now() + std::chrono::seconds(1), "shm reject to " + peer_);
+  auto r =
+      send_msg(fd_.get(), rep, -1, clk::now() + std::chrono::seconds(1), "shm reject to " + peer_);
   fd_.reset();
   map_.reset();
   return r;
@@ -375,10 +389,13 @@ result<void> shm_conn_request::reject(std::span<const std::byte> reason) {
 
 result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const std::byte> pd) {
   auto* sq = dynamic_cast<shm_qp*>(qp.impl());
-  if (!sq) return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP of another provider");
+  if (!sq)
+    return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP of another provider");
   if (&sq->pd().dev() != dev_.get())
-    return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP belongs to another device");
-  if (!fd_) return make_error(errc::invalid_state, "accept from " + peer_ + ": request already answered");
+    return make_error(errc::invalid_argument,
+                      "accept from " + peer_ + ": QP belongs to another device");
+  if (!fd_)
+    return make_error(errc::invalid_state, "accept from " + peer_ + ": request already answered");
   if (sq->state() != qp_state::init)
     return make_error(errc::invalid_state, "accept from " + peer_ + ": QP " +
                                                std::to_string(sq->qp_num()) + " is " +
@@ -390,8 +407,8 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   const auto deadline = clk::now() + hs;
   allow_peer_attach();
   int perr = 0;
-  const bool reach = dev_->cma_enabled() &&
-                     probe_peer(pid_, req_.probe_addr, req_.probe_value, &perr);
+  const bool reach =
+      dev_->cma_enabled() && probe_peer(pid_, req_.probe_addr, req_.probe_value, &perr);
   hs_msg rep;
   rep.kind = hs_kind::accept;
   rep.qpn = sq->qp_num();
@@ -407,7 +424,8 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   auto w = send_msg(fd_.get(), rep, -1, deadline, "shm accept to " + peer_);
   if (!w) return std::unexpected(w.error());
   hs_msg ready;
-  auto r = recv_msg(fd_.get(), ready, nullptr, deadline, hs, "shm handshake with " + peer_ + " (ready)");
+  auto r =
+      recv_msg(fd_.get(), ready, nullptr, deadline, hs, "shm handshake with " + peer_ + " (ready)");
   if (!r) return std::unexpected(r.error());
   if (ready.kind != hs_kind::ready)
     return make_error(errc::protocol_error, "shm handshake with " + peer_ + ": expected ready");
@@ -431,7 +449,8 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   s.attr.data_path = s.cma_tx ? "cma" : "staged";
   s.sock = fd_.release();
   s.map = map_.release();
-  connection_info info{std::vector<std::byte>(private_data().begin(), private_data().end()), s.attr};
+  connection_info info{std::vector<std::byte>(private_data().begin(), private_data().end()),
+                       s.attr};
   sq->start(std::move(s));
   return info;
 }
@@ -444,7 +463,9 @@ result<std::unique_ptr<detail::listener_impl>> shm_device::bind_listener(std::st
   auto sa = parse_address(address, &len);
   if (!sa) return std::unexpected(sa.error());
   fd_holder fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) return make_error(errc::resource_exhausted, "listen on " + std::string(address) + ": socket", errno);
+  if (!fd)
+    return make_error(errc::resource_exhausted, "listen on " + std::string(address) + ": socket",
+                      errno);
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*sa), len) != 0)
     return make_error(errc::address_error, "listen on " + std::string(address) + ": bind", errno);
   if (::listen(fd.get(), backlog) != 0)
@@ -465,8 +486,8 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   auto sa = parse_address(address, &len);
   if (!sa) return std::unexpected(sa.error());
   const std::string peer(address);
-  const std::string where = "connect QP " + std::to_string(qpn_) + " of " + dev_->attr().name +
-                            " to " + peer;
+  const std::string where =
+      "connect QP " + std::to_string(qpn_) + " of " + dev_->attr().name + " to " + peer;
   const auto deadline = clk::now() + opts.timeout;
 
   // The segment: anonymous memory with a descriptor, nothing in any filesystem.
@@ -517,11 +538,12 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   if (!r) return std::unexpected(r.error());
   if (rep.kind == hs_kind::reject) {
     const std::string why = printable(rep.pd, rep.pd_len);
-    return make_error(errc::rejected,
-                      "peer " + peer + " rejected: " + (why.empty() ? std::string("(no reason given)") : why));
+    return make_error(errc::rejected, "peer " + peer + " rejected: " +
+                                          (why.empty() ? std::string("(no reason given)") : why));
   }
   if (rep.kind != hs_kind::accept)
-    return make_error(errc::protocol_error, "shm handshake with " + peer + ": expected accept or reject");
+    return make_error(errc::protocol_error,
+                      "shm handshake with " + peer + ": expected accept or reject");
   const pid_t pid = peer_pid_of(s.get());
   int perr = 0;
   const bool reach = dev_->cma_enabled() && probe_peer(pid, rep.probe_addr, rep.probe_value, &perr);

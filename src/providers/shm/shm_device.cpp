@@ -220,7 +220,8 @@ shm_device::shm_device(std::string name, const device_options& opts, bool cma) :
   attr_.atomics = true;
   attr_.immediate_data = true;
   attr_.send_with_invalidate = true;
-  engine_ = std::make_unique<shm::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us);
+  engine_ =
+      std::make_unique<shm::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us);
 }
 
 result<std::shared_ptr<detail::pd_impl>> shm_device::alloc_pd() {
@@ -242,8 +243,8 @@ result<std::shared_ptr<detail::cq_impl>> shm_device::create_cq(const cq_options&
 result<std::shared_ptr<detail::mr_impl>> shm_pd::register_memory(std::span<std::byte> buf,
                                                                  access rights) {
   if (buf.empty() || buf.data() == nullptr)
-    return make_error(errc::invalid_argument, "register_memory on " + dev_->attr().name +
-                                                  ": empty buffer");
+    return make_error(errc::invalid_argument,
+                      "register_memory on " + dev_->attr().name + ": empty buffer");
   if ((has(rights, access::remote_write) || has(rights, access::remote_atomic)) &&
       !has(rights, access::local_write))
     return make_error(errc::invalid_argument,
@@ -266,7 +267,8 @@ result<std::shared_ptr<detail::qp_impl>> shm_pd::create_qp(const qp_init_attr& a
   if (c.max_send_wr == 0 || c.max_send_wr > max_wr || c.max_recv_wr == 0 || c.max_recv_wr > max_wr)
     return make_error(errc::invalid_argument,
                       where + ": max_send_wr/max_recv_wr must be 1.." + std::to_string(max_wr));
-  if (c.max_send_sge == 0 || c.max_send_sge > max_sge || c.max_recv_sge == 0 || c.max_recv_sge > max_sge)
+  if (c.max_send_sge == 0 || c.max_send_sge > max_sge || c.max_recv_sge == 0 ||
+      c.max_recv_sge > max_sge)
     return make_error(errc::invalid_argument,
                       where + ": max_send_sge/max_recv_sge must be 1.." + std::to_string(max_sge));
   if (c.max_inline_data > max_inline)
@@ -307,13 +309,15 @@ std::vector<device_info> list_devices() {
 result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
                                                          const device_options& opts) {
   device_options o = opts;
-  if (const char* v = std::getenv("CONVEYOR_SPIN_US")) o.spin_us = static_cast<std::uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("CONVEYOR_SPIN_US"))
+    o.spin_us = static_cast<std::uint32_t>(std::atoi(v));
   if (const char* v = std::getenv("CONVEYOR_ENGINE_SPIN_US"))
     o.engine_spin_us = static_cast<std::uint32_t>(std::atoi(v));
   const bool cma = cma_configured();
   auto dev = std::make_shared<shm_device>(std::string(name), o, cma);
   if (!dev->eng().ok())
-    return make_error(errc::resource_exhausted, "open " + std::string(name) + ": epoll/eventfd failed");
+    return make_error(errc::resource_exhausted,
+                      "open " + std::string(name) + ": epoll/eventfd failed");
   if (detail::log_enabled(detail::log_level::info))
     detail::log_line(detail::log_level::info,
                      "opened device " + std::string(name) +

@@ -44,9 +44,10 @@ class engine final : public detail::progress_source {
 
  private:
   void run();
-  int poll_all_locked() noexcept;                 // ring work done
+  int poll_all_locked() noexcept;  // ring work done
   void sleep_flags_locked(bool on) noexcept;
-  void socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock, bool drain) noexcept;
+  void socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock,
+                            bool drain) noexcept;
 
   int epfd_ = -1;
   int wake_ = -1;
@@ -56,7 +57,7 @@ class engine final : public detail::progress_source {
   std::atomic<std::int64_t> app_poll_ns_{0};  // last application progress (0: none)
   std::atomic<bool> parked_{false};
   std::int64_t last_socket_check_ns_ = 0;  // under mu_
-  std::mutex mu_;  // live_ and every QP's engine-side state
+  std::mutex mu_;                          // live_ and every QP's engine-side state
   std::vector<shm_qp*> live_;
   std::thread thread_;
 };

@@ -39,23 +39,37 @@ wc_opcode wc_of(wr_opcode op) {
   switch (op) {
     case wr_opcode::send:
     case wr_opcode::send_with_imm:
-    case wr_opcode::send_with_inv: return wc_opcode::send;
+    case wr_opcode::send_with_inv:
+      return wc_opcode::send;
     case wr_opcode::rdma_write:
-    case wr_opcode::rdma_write_with_imm: return wc_opcode::rdma_write;
-    case wr_opcode::rdma_read: return wc_opcode::rdma_read;
-    case wr_opcode::atomic_cmp_and_swp: return wc_opcode::comp_swap;
-    case wr_opcode::atomic_fetch_and_add: return wc_opcode::fetch_add;
+    case wr_opcode::rdma_write_with_imm:
+      return wc_opcode::rdma_write;
+    case wr_opcode::rdma_read:
+      return wc_opcode::rdma_read;
+    case wr_opcode::atomic_cmp_and_swp:
+      return wc_opcode::comp_swap;
+    case wr_opcode::atomic_fetch_and_add:
+      return wc_opcode::fetch_add;
   }
   return wc_opcode::send;
 }
-int ring_req(int side) { return side; }
-int ring_resp(int side) { return 2 + side; }
+int ring_req(int side) {
+  return side;
+}
+int ring_resp(int side) {
+  return 2 + side;
+}
 }  // namespace
 
 shm_qp::shm_qp(std::shared_ptr<shm_pd> pd, std::shared_ptr<detail::sw_cq> scq,
                std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn)
-    : pd_(std::move(pd)), dev_(&pd_->dev()), scq_(std::move(scq)), rcq_(std::move(rcq)),
-      caps_(attr.cap), sig_all_(attr.sq_sig_all), qpn_(qpn),
+    : pd_(std::move(pd)),
+      dev_(&pd_->dev()),
+      scq_(std::move(scq)),
+      rcq_(std::move(rcq)),
+      caps_(attr.cap),
+      sig_all_(attr.sq_sig_all),
+      qpn_(qpn),
       want_ird_(std::clamp<std::uint32_t>(attr.max_dest_rd_atomic, 1, 128)),
       want_ord_(std::clamp<std::uint32_t>(attr.max_rd_atomic, 1, 128)) {
   sq_.resize(caps_.max_send_wr);
@@ -65,7 +79,9 @@ shm_qp::shm_qp(std::shared_ptr<shm_pd> pd, std::shared_ptr<detail::sw_cq> scq,
   rq_sge_.resize(std::size_t(caps_.max_recv_wr) * caps_.max_recv_sge);
 }
 
-shm_qp::~shm_qp() { disconnect(); }
+shm_qp::~shm_qp() {
+  disconnect();
+}
 
 // ------------------------------------------------------------------ posting ----
 status shm_qp::validate_send(const send_wr& wr) const noexcept {
@@ -77,7 +93,8 @@ status shm_qp::validate_send(const send_wr& wr) const noexcept {
       (wr.sg_list.size() != 1 || wr.sg_list[0].length != 8 || (wr.remote_addr & 7) != 0))
     return errc::invalid_argument;
   if (has(wr.flags, send_flags::inline_data) &&
-      (total > caps_.max_inline_data || wr.opcode == wr_opcode::rdma_read || is_atomic_op(wr.opcode)))
+      (total > caps_.max_inline_data || wr.opcode == wr_opcode::rdma_read ||
+       is_atomic_op(wr.opcode)))
     return errc::invalid_argument;
   return errc::ok;
 }
@@ -109,8 +126,14 @@ status shm_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcep
     std::size_t i = 0;
     for (; i < wrs.size(); ++i) {
       const send_wr& wr = wrs[i];
-      if (state() != qp_state::rts) { rc = errc::qp_in_error; break; }
-      if (sq_tail_ - sq_head_ >= caps_.max_send_wr) { rc = errc::again; break; }
+      if (state() != qp_state::rts) {
+        rc = errc::qp_in_error;
+        break;
+      }
+      if (sq_tail_ - sq_head_ >= caps_.max_send_wr) {
+        rc = errc::again;
+        break;
+      }
       rc = validate_send(wr);
       if (rc != errc::ok) break;
       const std::uint32_t idx = static_cast<std::uint32_t>(sq_tail_ % caps_.max_send_wr);
@@ -166,8 +189,10 @@ status shm_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcep
   for (std::size_t i = 0; i < wrs.size(); ++i) {
     const recv_wr& wr = wrs[i];
     status rc = errc::ok;
-    if (rq_tail_ - rq_head_ >= caps_.max_recv_wr) rc = errc::again;
-    else if (wr.sg_list.size() > caps_.max_recv_sge) rc = errc::invalid_argument;
+    if (rq_tail_ - rq_head_ >= caps_.max_recv_wr)
+      rc = errc::again;
+    else if (wr.sg_list.size() > caps_.max_recv_sge)
+      rc = errc::invalid_argument;
     std::uint64_t total = 0;
     for (const auto& s : wr.sg_list) {
       if (rc != errc::ok) break;
@@ -185,7 +210,8 @@ status shm_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcep
     }
     const std::uint32_t idx = static_cast<std::uint32_t>(rq_tail_ % caps_.max_recv_wr);
     rq_[idx] = rwqe{wr.wr_id, static_cast<std::uint32_t>(wr.sg_list.size()), total};
-    std::copy(wr.sg_list.begin(), wr.sg_list.end(), &rq_sge_[std::size_t(idx) * caps_.max_recv_sge]);
+    std::copy(wr.sg_list.begin(), wr.sg_list.end(),
+              &rq_sge_[std::size_t(idx) * caps_.max_recv_sge]);
     ++rq_tail_;
   }
   return errc::ok;
@@ -304,8 +330,10 @@ bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
     m.raddr = w.remote_addr;
     m.total = w.len;
     m.id = pos;
-    if (w.cma) put_sges(m);
-    else put(m);
+    if (w.cma)
+      put_sges(m);
+    else
+      put(m);
   } else {  // atomics
     if (free_slots == 0) return false;
     msg_header m{};
@@ -397,8 +425,7 @@ bool shm_qp::check_peer_error_locked() noexcept {
   if (detail::log_enabled(detail::log_level::info))
     detail::log_line(detail::log_level::info,
                      dev_->attr().name + " QP " + std::to_string(qpn_) + ": peer " +
-                         attr_.peer_address + " refused a request: " +
-                         std::string(to_string(st)));
+                         attr_.peer_address + " refused a request: " + std::string(to_string(st)));
   state_.store(qp_state::error, std::memory_order_seq_cst);
   flush_locked(wc_status::wr_flush_err);
   if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
@@ -412,7 +439,8 @@ void shm_qp::flush_locked(wc_status first) noexcept {
     if (w.done) continue;
     const bool in_flight = i < sq_next_;
     wc_status st = wc_status::wr_flush_err;
-    if (!first_used && in_flight && first != wc_status::success && first != wc_status::wr_flush_err) {
+    if (!first_used && in_flight && first != wc_status::success &&
+        first != wc_status::wr_flush_err) {
       st = first;
       first_used = true;
     }
@@ -522,9 +550,9 @@ void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
   in.err_pos.store(rx_tail_, std::memory_order_relaxed);
   in.err_status.store(static_cast<std::uint32_t>(remote) + 1, std::memory_order_seq_cst);
   if (detail::log_enabled(detail::log_level::info))
-    detail::log_line(detail::log_level::info,
-                     dev_->attr().name + " QP " + std::to_string(qpn_) + ": refused request of " +
-                         attr_.peer_address + " (" + std::string(to_string(remote)) + ")");
+    detail::log_line(detail::log_level::info, dev_->attr().name + " QP " + std::to_string(qpn_) +
+                                                  ": refused request of " + attr_.peer_address +
+                                                  " (" + std::string(to_string(remote)) + ")");
   if (local == wc_status::loc_len_err) {
     // The receive being filled completes with the length error.
     std::lock_guard lk(rq_mu_);
@@ -579,13 +607,19 @@ int shm_qp::rx_requests() noexcept {
 shm_qp::exec shm_qp::run_request(const msg_header& m, const std::byte* payload) noexcept {
   switch (m.op) {
     case msg_op::send:
-    case msg_op::send_cma: return rx_send(m, payload);
+    case msg_op::send_cma:
+      return rx_send(m, payload);
     case msg_op::write:
-    case msg_op::write_cma: return rx_write(m, payload);
-    case msg_op::immediate: return rx_immediate(m);
-    case msg_op::read: return rx_read(m, payload);
-    case msg_op::atomic: return rx_atomic(m);
-    default: break;
+    case msg_op::write_cma:
+      return rx_write(m, payload);
+    case msg_op::immediate:
+      return rx_immediate(m);
+    case msg_op::read:
+      return rx_read(m, payload);
+    case msg_op::atomic:
+      return rx_atomic(m);
+    default:
+      break;
   }
   fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
   return exec::failed;
@@ -686,15 +720,16 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
       const std::uint64_t take = std::min<std::uint64_t>(s.length, left);
       if (take == 0) continue;
       std::byte* p = nullptr;
-      if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, take, access::local_write, guards[nl], &p) !=
-          key_check::ok) {
+      if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, take, access::local_write, guards[nl],
+                               &p) != key_check::ok) {
         fail_request(wc_status::rem_op_err, wc_status::loc_prot_err);
         return exec::failed;
       }
       local[nl++] = {p, static_cast<std::size_t>(take)};
       left -= take;
     }
-    const ssize_t got = m.total == 0 ? 0 : ::process_vm_readv(peer_pid_, local, nl, remote, m.nsge, 0);
+    const ssize_t got =
+        m.total == 0 ? 0 : ::process_vm_readv(peer_pid_, local, nl, remote, m.nsge, 0);
     if (got != static_cast<ssize_t>(m.total)) {
       fail_request(wc_status::rem_op_err, wc_status::success);
       return exec::failed;
@@ -722,14 +757,15 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
     // Only a key of this QP's protection domain may be invalidated.
     detail::key_table::guard g;
     std::byte* p;
-    if (dev_->keys().acquire(m.imm, pd_->id(), 0, 0, access::none, g, &p) != key_check::invalid_key) {
+    if (dev_->keys().acquire(m.imm, pd_->id(), 0, 0, access::none, g, &p) !=
+        key_check::invalid_key) {
       g.release();
       dev_->keys().remove(m.imm);
     }
   }
   complete_recv(rx_recv_, wc_status::success, wc_opcode::recv, m.total,
-                (m.flags & msg_flag::with_imm) != 0, (m.flags & msg_flag::with_imm) ? m.imm : 0, inv,
-                inv ? m.imm : 0);
+                (m.flags & msg_flag::with_imm) != 0, (m.flags & msg_flag::with_imm) ? m.imm : 0,
+                inv, inv ? m.imm : 0);
   return exec::done;
 }
 
@@ -797,9 +833,8 @@ shm_qp::exec shm_qp::rx_write(const msg_header& m, const std::byte* payload) noe
 shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noexcept {
   detail::key_table::guard g;
   std::byte* p = nullptr;
-  if (m.total > 0 &&
-      dev_->keys().acquire(m.rkey, pd_->id(), m.raddr, m.total, access::remote_read, g, &p) !=
-          key_check::ok) {
+  if (m.total > 0 && dev_->keys().acquire(m.rkey, pd_->id(), m.raddr, m.total, access::remote_read,
+                                          g, &p) != key_check::ok) {
     fail_request(wc_status::rem_access_err, wc_status::success);
     return exec::failed;
   }
@@ -973,10 +1008,10 @@ result<void> shm_qp::modify(qp_state target) {
   const qp_state cur = state();
   if (!detail::qp_transition_allowed(cur, target) || target == qp_state::rtr ||
       (target == qp_state::rts && cur != qp_state::rts))
-    return make_error(errc::invalid_state,
-                      "QP " + std::to_string(qpn_) + ": cannot modify " + std::string(to_string(cur)) +
-                          " -> " + std::string(to_string(target)) +
-                          " (RTR/RTS are reached by connecting)");
+    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + ": cannot modify " +
+                                               std::string(to_string(cur)) + " -> " +
+                                               std::string(to_string(target)) +
+                                               " (RTR/RTS are reached by connecting)");
   if (target == qp_state::error) {
     enter_error(wc_status::wr_flush_err);
     return {};

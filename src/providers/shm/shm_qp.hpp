@@ -33,12 +33,12 @@ class shm_device;
 
 // What the connection manager hands a QP when the handshake is done.
 struct conn_setup {
-  int sock = -1;             // connected Unix socket (owned from now on)
-  void* map = nullptr;       // the mapped segment (owned)
-  int side = 0;              // 0 initiator, 1 target
+  int sock = -1;        // connected Unix socket (owned from now on)
+  void* map = nullptr;  // the mapped segment (owned)
+  int side = 0;         // 0 initiator, 1 target
   pid_t peer_pid = 0;
-  bool cma_tx = false;       // the peer serves our bulk requests by cross-memory attach
-  bool cma_rx = false;       // we serve the peer's by cross-memory attach
+  bool cma_tx = false;  // the peer serves our bulk requests by cross-memory attach
+  bool cma_rx = false;  // we serve the peer's by cross-memory attach
   qp_connection_attr attr;
 };
 
@@ -60,8 +60,8 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   result<connection_info> connect(std::string_view address, const connect_options& opts) override;
 
   // ---- engine (under the engine's lock) ----
-  int progress() noexcept;                 // work done
-  void set_sleeping(bool on) noexcept;     // this side is about to block / woke up
+  int progress() noexcept;              // work done
+  void set_sleeping(bool on) noexcept;  // this side is about to block / woke up
   // Socket readiness: drains doorbells; false once the peer is gone (stop polling it).
   bool on_socket(std::uint32_t events) noexcept;
   int socket_fd() const noexcept { return sock_; }
@@ -96,10 +96,10 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   // send side (tx_mu_)
   status validate_send(const send_wr& wr) const noexcept;
   bool local_sges_ok(const send_wr& wr) noexcept;
-  bool tx_progress_locked() noexcept;           // wrote something
+  bool tx_progress_locked() noexcept;                         // wrote something
   bool transmit_locked(swqe& w, std::uint32_t idx) noexcept;  // false: ring full
-  std::uint64_t gather_locked(const swqe& w, std::uint32_t idx, std::uint64_t off,
-                              std::byte* dst, std::uint64_t len) noexcept;
+  std::uint64_t gather_locked(const swqe& w, std::uint32_t idx, std::uint64_t off, std::byte* dst,
+                              std::uint64_t len) noexcept;
   bool retire_locked() noexcept;
   void flush_locked(wc_status first) noexcept;
   void push_send_wc(const swqe& w) noexcept;
@@ -117,8 +117,8 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   bool take_recv(rwqe& out, sge* sges) noexcept;
   void complete_recv(const rwqe& r, wc_status st, wc_opcode op, std::uint64_t len, bool imm,
                      std::uint32_t imm_data, bool inv, std::uint32_t inv_key) noexcept;
-  bool scatter_local(const sge* sges, std::uint32_t nsge, std::uint64_t off,
-                     const std::byte* src, std::uint64_t len, access need) noexcept;
+  bool scatter_local(const sge* sges, std::uint32_t nsge, std::uint64_t off, const std::byte* src,
+                     std::uint64_t len, access need) noexcept;
   bool resp_space(std::uint32_t n) const noexcept;
 
   // errors and teardown
@@ -156,7 +156,7 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   std::vector<sge> sq_sge_;
   std::vector<std::byte> sq_inline_;
   std::uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;  // retire / transmit / post
-  std::uint64_t tx_off_ = 0;     // bytes of sq_next_ already in the ring
+  std::uint64_t tx_off_ = 0;                               // bytes of sq_next_ already in the ring
   bool tx_imm_pending_ = false;  // WRITE_WITH_IMM: data written, immediate not yet
   std::uint64_t tx_head_ = 0;    // our request ring's head (we produce it)
   std::uint64_t seen_tail_ = 0;  // the peer's consumer tail last retired against
@@ -168,10 +168,10 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   std::uint64_t rq_head_ = 0, rq_tail_ = 0;
 
   // receive side (engine only)
-  std::uint64_t rx_tail_ = 0;       // the peer's request ring: next to execute
-  std::uint64_t rsp_tail_ = 0;      // the peer's response ring: next to consume
-  std::uint64_t rsp_head_ = 0;      // our response ring: next to fill
-  bool rx_in_send_ = false;         // a staged SEND is under way
+  std::uint64_t rx_tail_ = 0;   // the peer's request ring: next to execute
+  std::uint64_t rsp_tail_ = 0;  // the peer's response ring: next to consume
+  std::uint64_t rsp_head_ = 0;  // our response ring: next to fill
+  bool rx_in_send_ = false;     // a staged SEND is under way
   rwqe rx_recv_{};
   sge rx_recv_sge_[16]{};
   std::uint64_t rx_read_off_ = 0;   // staged READ response bytes already queued

@@ -24,8 +24,8 @@ namespace conveyor::shm {
 
 inline constexpr std::uint32_t seg_magic = 0x43565348;  // "CVSH"
 inline constexpr std::uint32_t seg_version = 1;
-inline constexpr std::uint32_t ring_slots = 256;        // per ring, power of two
-inline constexpr std::uint32_t slot_size = 8192;        // header + payload
+inline constexpr std::uint32_t ring_slots = 256;  // per ring, power of two
+inline constexpr std::uint32_t slot_size = 8192;  // header + payload
 inline constexpr std::uint32_t slot_header = 64;
 inline constexpr std::uint32_t slot_payload = slot_size - slot_header;
 
@@ -37,15 +37,15 @@ struct alignas(64) ring_ctl {
 };
 
 enum class msg_op : std::uint8_t {
-  send = 1,        // staged SEND bytes (one slot of a message)
-  send_cma,        // SEND whose bytes the target pulls from the initiator's SGEs
-  write,           // staged WRITE bytes
-  write_cma,       // WRITE the target pulls with process_vm_readv
-  immediate,       // WRITE_WITH_IMM's immediate: consumes a receive
-  read,            // READ request (sink SGEs in the payload when served by CMA)
-  atomic,          // fetch-add / compare-swap
-  read_resp,       // staged READ data (resp ring)
-  atomic_resp,     // atomic original value (resp ring)
+  send = 1,     // staged SEND bytes (one slot of a message)
+  send_cma,     // SEND whose bytes the target pulls from the initiator's SGEs
+  write,        // staged WRITE bytes
+  write_cma,    // WRITE the target pulls with process_vm_readv
+  immediate,    // WRITE_WITH_IMM's immediate: consumes a receive
+  read,         // READ request (sink SGEs in the payload when served by CMA)
+  atomic,       // fetch-add / compare-swap
+  read_resp,    // staged READ data (resp ring)
+  atomic_resp,  // atomic original value (resp ring)
 };
 
 namespace msg_flag {
@@ -58,13 +58,13 @@ struct msg_header {
   msg_op op;
   std::uint8_t flags;
   std::uint16_t nsge;
-  std::uint32_t len;    // payload bytes in this slot
+  std::uint32_t len;  // payload bytes in this slot
   std::uint32_t rkey;
-  std::uint32_t imm;    // immediate data / invalidated rkey
-  std::uint64_t raddr;  // remote address of the message start
-  std::uint64_t total;  // message length
-  std::uint64_t off;    // offset of this slot's bytes in the message
-  std::uint64_t id;     // request id (the initiator's SQ position)
+  std::uint32_t imm;        // immediate data / invalidated rkey
+  std::uint64_t raddr;      // remote address of the message start
+  std::uint64_t total;      // message length
+  std::uint64_t off;        // offset of this slot's bytes in the message
+  std::uint64_t id;         // request id (the initiator's SQ position)
   std::uint64_t cmp, swap;  // atomics: compare/add, swap; atomic_resp: cmp = original
 };
 static_assert(sizeof(msg_header) <= slot_header);
