@@ -262,6 +262,23 @@ TEST_P(shm_process, peer_refusing_cross_memory_attach_makes_the_initiator_stage_
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << child_process::describe_status(*st);
 }
 
+// shm must answer a SEND that finds no posted receive exactly as soft does
+// (soft has no RNR retry: the target answers at once). Runs on every provider.
+class parity : public pair_test {};
+
+TEST_P(parity, send_without_a_posted_receive_is_rnr_retry_exc_err_and_both_qps_fail) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  CVT_ASSERT_POST_OK(init.qp.post_send_msg(sync_src.sge(0, 8), 0x7a));
+  std::vector<work_completion> iw;
+  ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(8), iw));
+  EXPECT_TRUE(ok(check_wc(iw[0], conveyor::wc_status::rnr_retry_exc_err,
+                          conveyor::wc_opcode::send, 0x7a)));
+  EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
+  EXPECT_TRUE(wait_state(tgt.qp, qp_state::error, scaled(milliseconds(5000))));
+}
+
+INSTANTIATE_TEST_SUITE_P(providers, parity, testing::ValuesIn(all_params()), param_name);
+
 std::vector<provider_param> shm_params() {
   return {{"shm", conveyor::progress_mode::thread}, {"shm", conveyor::progress_mode::manual}};
 }
