@@ -108,6 +108,10 @@ struct qp_connection_attr {
   std::uint8_t mpa_revision = 0;
   bool extensions = false;     // RFC 7306 atomics and immediate data usable
   std::string rtr;             // "write", "read", "none"
+  // How this side's bulk requests move (shm): "cma" (the peer's engine copies
+  // with process_vm_readv/writev) or "staged" (through the shared rings); ""
+  // on providers with a wire.
+  std::string data_path;
 };
 
 // Per-QP counters (read with qp.counters()).

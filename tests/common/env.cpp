@@ -24,7 +24,7 @@ std::vector<std::string> test_providers() {
       s.remove_prefix(comma + 1);
     }
   }
-  if (out.empty()) out.emplace_back("soft");
+  if (out.empty()) out = {"soft", "shm"};
   return out;
 }
 

@@ -1,7 +1,8 @@
 // tests/common/env.hpp — test parameters (provider x progress mode), timeouts, naming.
 //
-// Every integration suite is instantiated over test_providers() (today {"soft"};
-// override with CONVEYOR_TEST_PROVIDERS=soft,shm) and both progress modes.
+// Every integration suite is instantiated over test_providers() (default
+// {"soft", "shm"}; override with e.g. CONVEYOR_TEST_PROVIDERS=soft) and both
+// progress modes.
 // Timeouts go through scaled() so sanitizer builds get more time
 // (CONVEYOR_TEST_TIMEOUT_SCALE overrides the factor).
 #pragma once
@@ -31,7 +32,7 @@ struct provider_param {
 };
 void PrintTo(const provider_param& p, std::ostream* os);
 
-// Providers under test: {"soft"} or the comma-separated CONVEYOR_TEST_PROVIDERS.
+// Providers under test: {"soft", "shm"} or the comma-separated CONVEYOR_TEST_PROVIDERS.
 std::vector<std::string> test_providers();
 // Every provider with both progress modes.
 std::vector<provider_param> all_params();

@@ -1,6 +1,7 @@
 #include "common/script.hpp"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -87,7 +88,9 @@ std::vector<std::string> two_party_script::to_args() const {
           "--write-seed=" + std::to_string(write_seed),
           "--msg-len=" + std::to_string(msg_len),
           "--msg-seed=" + std::to_string(msg_seed),
-          "--max-mss=" + std::to_string(max_mss)};
+          "--max-mss=" + std::to_string(max_mss),
+          "--expect-data-path=" + expect_data_path,
+          "--target-uid=" + std::to_string(target_uid)};
 }
 
 two_party_script two_party_script::from_args(const child_args& a) {
@@ -102,6 +105,8 @@ two_party_script two_party_script::from_args(const child_args& a) {
   s.msg_len = get_u64(a, "msg-len", s.msg_len);
   s.msg_seed = get_u64(a, "msg-seed", s.msg_seed);
   s.max_mss = static_cast<std::uint32_t>(get_u64(a, "max-mss", 0));
+  s.expect_data_path = get(a, "expect-data-path");
+  s.target_uid = static_cast<std::uint32_t>(get_u64(a, "target-uid", 0));
   return s;
 }
 
@@ -168,7 +173,11 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
     return "mss " + std::to_string(conn->mss) + " exceeds " + std::to_string(s.max_mss) +
            " on this link";
   }
-  if (conn->crc != s.crc) return std::string("crc negotiated ") + (conn->crc ? "on" : "off");
+  // shm has no wire to checksum: it never negotiates CRC.
+  const bool want_crc = s.provider != "shm" && s.crc;
+  if (conn->crc != want_crc) return std::string("crc negotiated ") + (conn->crc ? "on" : "off");
+  if (!s.expect_data_path.empty() && conn->data_path != s.expect_data_path)
+    return "data path \"" + conn->data_path + "\", expected \"" + s.expect_data_path + "\"";
   if (conveyor_peer(s.provider) && !conn->extensions) {
     return "Conveyor<->Conveyor connection without RFC 7306 extensions";
   }
@@ -243,6 +252,11 @@ int run_two_party_target(const child_args& a) {
   if (auto ns = get(a, "netns"); !ns.empty()) {
     if (auto e = enter_netns(ns); !e.empty()) return fail(e, 2);
   }
+  if (s.target_uid != 0) {  // become another user (drops every capability)
+    if (::setgroups(0, nullptr) != 0 || ::setgid(s.target_uid) != 0 || ::setuid(s.target_uid) != 0)
+      return fail(std::string("switching to uid ") + std::to_string(s.target_uid) + ": " +
+                      std::strerror(errno), 2);
+  }
   auto dev =
       conveyor::device::open(device_name(s.provider, "child-tgt"), make_options(s.progress, s.crc));
   if (!dev) return fail("device::open: " + dev.error().to_string(), 2);
@@ -268,9 +282,12 @@ int run_two_party_target(const child_args& a) {
     return fail("post_recv: " + name(st), 2);
   }
 
-  auto lis = conveyor::listener::bind(*dev, get(a, "addr", "127.0.0.1:0"));
+  std::string bind_addr = get(a, "addr");
+  if (bind_addr.empty()) bind_addr = listen_address(s.provider);
+  auto lis = conveyor::listener::bind(*dev, bind_addr);
   if (!lis) return fail("listener::bind: " + lis.error().to_string(), 2);
-  report("port " + std::to_string(lis->port()));
+  // "port N address A": soft's A is "ip:port", shm's an abstract Unix name.
+  report("port " + std::to_string(lis->port()) + " address " + lis->address());
   auto req = lis->accept(scaled(std::chrono::milliseconds(60000)));
   if (!req) return fail("listener.accept: " + req.error().to_string(), 3);
   std::vector<std::byte> published = data->remote().encode();

@@ -1,0 +1,582 @@
+// The shm provider's connection manager: a Unix stream socket (abstract name
+// "@name" or a filesystem path) carries a three-message handshake.
+//
+//   initiator -> target  request: private data, IRD/ORD, a probe word's address
+//                        and value, and the segment's memfd (SCM_RIGHTS)
+//   target -> initiator  accept (private data, IRD/ORD, its probe word, whether
+//                        it can reach the initiator's memory) or reject (reason)
+//   initiator -> target  ready: whether it can reach the target's memory
+//
+// Each side probes the other's memory with process_vm_readv on the peer's
+// probe word: a side whose peer can reach it sends bulk requests as
+// descriptors the peer serves by cross-memory attach; otherwise it stages the
+// bytes through the rings. The socket then stays open as doorbell and as the
+// liveness signal (EOF/HUP when the peer closes or dies).
+#include "providers/shm/shm_device.hpp"
+#include "providers/shm/shm_qp.hpp"
+
+#include "core/log.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+namespace conveyor::shm {
+
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::uint32_t hs_magic = 0x43564853;  // "CVHS"
+enum class hs_kind : std::uint16_t { request = 1, accept = 2, reject = 3, ready = 4 };
+
+struct hs_msg {
+  std::uint32_t magic = hs_magic;
+  std::uint16_t version = seg_version;
+  hs_kind kind = hs_kind::request;
+  std::uint32_t qpn = 0;
+  std::uint32_t ird = 0, ord = 0;
+  std::uint64_t probe_addr = 0, probe_value = 0;
+  std::uint32_t cma_ok = 0;
+  std::uint32_t pd_len = 0;
+  std::uint8_t pd[256]{};
+};
+
+// A word whose address and value each side publishes so that the peer can
+// test whether cross-memory attach into this process works.
+std::uint64_t& probe_word() {
+  static std::uint64_t w = [] {
+    std::random_device rd;
+    return (std::uint64_t(rd()) << 32) | rd() | 1;
+  }();
+  return w;
+}
+
+// Under Yama ptrace_scope 1 only a declared tracer may attach: declare that any
+// process may (the peers are not known in advance). Scope 0 needs nothing;
+// scope 2/3 or another uid cannot be helped here, and the probe then fails.
+void allow_peer_attach() {
+  static const bool done = [] {
+    std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+    int scope = -1;
+    if (f >> scope && scope == 1) {
+      const int r = ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+      if (detail::log_enabled(detail::log_level::info))
+        detail::log_line(detail::log_level::info,
+                         std::string("shm: Yama ptrace_scope 1: PR_SET_PTRACER_ANY ") +
+                             (r == 0 ? "set" : "failed") + " for cross-memory attach");
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+bool probe_peer(pid_t pid, std::uint64_t addr, std::uint64_t value, int* err) {
+  if (pid <= 0 || addr == 0) {
+    *err = ESRCH;
+    return false;
+  }
+  std::uint64_t got = 0;
+  iovec local{&got, sizeof got};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof got};
+  const ssize_t r = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  *err = r < 0 ? errno : 0;
+  return r == sizeof got && got == value;
+}
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g s", static_cast<double>(ms.count()) / 1000.0);
+  return b;
+}
+
+std::string printable(const std::uint8_t* p, std::size_t n) {
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) {
+    const char c = static_cast<char>(p[i]);
+    if (c == 0) break;
+    s += (c >= 32 && c < 127) ? c : '?';
+  }
+  return s;
+}
+
+result<sockaddr_un> parse_address(std::string_view address, socklen_t* len) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (address.empty() || address.size() >= sizeof sa.sun_path ||
+      address.find(':') != std::string_view::npos)
+    return make_error(errc::address_error,
+                      "shm address \"" + std::string(address) +
+                          "\": expected \"@abstract-name\" or a socket path (under " +
+                          std::to_string(sizeof sa.sun_path) + " bytes)");
+  std::memcpy(sa.sun_path, address.data(), address.size());
+  if (address[0] == '@') sa.sun_path[0] = '\0';  // abstract: nothing in the filesystem
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
+  return sa;
+}
+
+int ms_left(clk::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+}
+
+// Sends one handshake message (and a descriptor with it).
+result<void> send_msg(int fd, const hs_msg& m, int pass_fd, clk::time_point deadline,
+                      const std::string& what) {
+  const auto* p = reinterpret_cast<const char*>(&m);
+  std::size_t off = 0;
+  bool fd_sent = pass_fd < 0;
+  while (off < sizeof m) {
+    iovec iov{const_cast<char*>(p + off), sizeof m - off};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))]{};
+    if (!fd_sent) {
+      mh.msg_control = ctl;
+      mh.msg_controllen = sizeof ctl;
+      cmsghdr* c = CMSG_FIRSTHDR(&mh);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    const ssize_t r = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r > 0) {
+      off += static_cast<std::size_t>(r);
+      fd_sent = true;
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd pf{fd, POLLOUT, 0};
+      if (ms_left(deadline) == 0) return make_error(errc::timed_out, what + ": timed out");
+      ::poll(&pf, 1, ms_left(deadline));
+      continue;
+    }
+    return make_error(
+        errno == EPIPE || errno == ECONNRESET ? errc::connection_reset : errc::io_error, what,
+        errno);
+  }
+  return {};
+}
+
+// Receives one handshake message; *got_fd receives a passed descriptor (or -1).
+result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
+                      std::chrono::milliseconds t, const std::string& what) {
+  auto* p = reinterpret_cast<char*>(&m);
+  std::size_t off = 0;
+  if (got_fd) *got_fd = -1;
+  while (off < sizeof m) {
+    iovec iov{p + off, sizeof m - off};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)]{};
+    mh.msg_control = ctl;
+    mh.msg_controllen = sizeof ctl;
+    const ssize_t r = ::recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < n; ++i) {
+          int pfd;
+          std::memcpy(&pfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          if (got_fd && *got_fd < 0)
+            *got_fd = pfd;
+          else
+            ::close(pfd);  // unexpected extra descriptors are not kept
+        }
+      }
+      off += static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r == 0)
+      return make_error(errc::connection_reset, what + ": the peer closed the connection");
+    if (errno == EAGAIN || errno == EINTR) {
+      if (ms_left(deadline) == 0)
+        return make_error(errc::timed_out, what + " timed out after " + seconds_text(t));
+      pollfd pf{fd, POLLIN, 0};
+      ::poll(&pf, 1, std::min(ms_left(deadline), 1000));
+      continue;
+    }
+    return make_error(errno == ECONNRESET ? errc::connection_reset : errc::io_error, what, errno);
+  }
+  if (m.magic != hs_magic || m.version != seg_version || m.pd_len > max_private_data) {
+    if (got_fd && *got_fd >= 0) {
+      ::close(*got_fd);
+      *got_fd = -1;
+    }
+    return make_error(errc::protocol_error,
+                      what + ": not a Conveyor shm handshake (or another version)");
+  }
+  return {};
+}
+
+pid_t peer_pid_of(int fd) {
+  ucred cr{};
+  socklen_t len = sizeof cr;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) return 0;
+  return cr.pid;
+}
+
+std::string endpoint_name(pid_t pid, std::uint32_t qpn) {
+  return "pid " + std::to_string(pid) + " qp " + std::to_string(qpn);
+}
+
+class fd_holder {
+ public:
+  fd_holder() = default;
+  explicit fd_holder(int fd) : fd_(fd) {}
+  fd_holder(fd_holder&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  fd_holder& operator=(fd_holder&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~fd_holder() { reset(); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+struct mapping {
+  void* p = MAP_FAILED;
+  mapping() = default;
+  mapping(mapping&& o) noexcept : p(std::exchange(o.p, MAP_FAILED)) {}
+  mapping& operator=(mapping&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p = std::exchange(o.p, MAP_FAILED);
+    }
+    return *this;
+  }
+  ~mapping() { reset(); }
+  void reset() {
+    if (p != MAP_FAILED) ::munmap(p, seg_size);
+    p = MAP_FAILED;
+  }
+  void* release() { return std::exchange(p, MAP_FAILED); }
+};
+
+class shm_listener final : public detail::listener_impl {
+ public:
+  shm_listener(std::shared_ptr<shm_device> dev, fd_holder fd, std::string addr)
+      : dev_(std::move(dev)), fd_(std::move(fd)), addr_(std::move(addr)) {}
+  ~shm_listener() override {
+    if (!addr_.empty() && addr_[0] != '@') ::unlink(addr_.c_str());
+  }
+  std::string address() const override { return addr_; }
+  std::uint16_t port() const noexcept override { return 0; }
+  result<std::unique_ptr<detail::conn_request_impl>> accept(
+      std::chrono::milliseconds timeout) override;
+
+ private:
+  std::shared_ptr<shm_device> dev_;
+  fd_holder fd_;
+  std::string addr_;
+};
+
+class shm_conn_request final : public detail::conn_request_impl {
+ public:
+  shm_conn_request(std::shared_ptr<shm_device> dev, fd_holder fd, mapping map, hs_msg req,
+                   pid_t pid, std::string local)
+      : dev_(std::move(dev)),
+        fd_(std::move(fd)),
+        map_(std::move(map)),
+        req_(req),
+        pid_(pid),
+        local_(std::move(local)),
+        peer_(endpoint_name(pid, req.qpn)) {}
+  ~shm_conn_request() override {
+    if (fd_) (void)reject(std::as_bytes(std::span("not accepted", 12)));
+  }
+  std::span<const std::byte> private_data() const noexcept override {
+    return std::as_bytes(std::span(req_.pd, req_.pd_len));
+  }
+  std::string peer_address() const override { return peer_; }
+  result<connection_info> accept(queue_pair& qp, std::span<const std::byte> pd) override;
+  result<void> reject(std::span<const std::byte> reason) override;
+
+ private:
+  std::shared_ptr<shm_device> dev_;
+  fd_holder fd_;
+  mapping map_;
+  hs_msg req_;
+  pid_t pid_;
+  std::string local_;
+  std::string peer_;
+};
+
+result<std::unique_ptr<detail::conn_request_impl>> shm_listener::accept(
+    std::chrono::milliseconds timeout) {
+  const auto deadline = clk::now() + timeout;
+  int c = -1;
+  for (;;) {
+    c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c >= 0) break;
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      return make_error(errc::io_error, "accept on " + addr_, errno);
+    if (ms_left(deadline) == 0)
+      return make_error(errc::timed_out,
+                        "accept on " + addr_ + ": no connection within " + seconds_text(timeout));
+    pollfd pf{fd_.get(), POLLIN, 0};
+    ::poll(&pf, 1, std::min(ms_left(deadline), 1000));
+  }
+  fd_holder conn(c);
+  const pid_t pid = peer_pid_of(c);
+  const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
+  hs_msg req;
+  int memfd = -1;
+  const std::string who = "shm handshake with pid " + std::to_string(pid) + " on " + addr_;
+  auto r = recv_msg(c, req, &memfd, clk::now() + hs, hs, who);
+  if (!r) return std::unexpected(r.error());
+  fd_holder seg_fd(memfd);
+  if (req.kind != hs_kind::request || !seg_fd)
+    return make_error(errc::protocol_error,
+                      who + ": expected a request with the segment descriptor");
+  struct stat st {};
+  if (::fstat(seg_fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) != seg_size)
+    return make_error(errc::protocol_error, who + ": the segment has the wrong size");
+  mapping m;
+  m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd.get(), 0);
+  if (m.p == MAP_FAILED)
+    return make_error(errc::resource_exhausted, who + ": mmap of the segment", errno);
+  const auto* h = static_cast<const seg_header*>(m.p);
+  if (h->magic != seg_magic || h->version != seg_version || h->slots != ring_slots ||
+      h->slot_bytes != slot_size)
+    return make_error(errc::protocol_error, who + ": segment layout mismatch");
+  return std::unique_ptr<detail::conn_request_impl>(
+      new shm_conn_request(dev_, std::move(conn), std::move(m), req, pid, addr_));
+}
+
+result<void> shm_conn_request::reject(std::span<const std::byte> reason) {
+  if (!fd_) return make_error(errc::invalid_state, "reject: request already answered");
+  hs_msg rep;
+  rep.kind = hs_kind::reject;
+  rep.pd_len = static_cast<std::uint32_t>(std::min(reason.size(), max_private_data));
+  if (rep.pd_len) std::memcpy(rep.pd, reason.data(), rep.pd_len);
+  auto r =
+      send_msg(fd_.get(), rep, -1, clk::now() + std::chrono::seconds(1), "shm reject to " + peer_);
+  fd_.reset();
+  map_.reset();
+  return r;
+}
+
+result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const std::byte> pd) {
+  auto* sq = dynamic_cast<shm_qp*>(qp.impl());
+  if (!sq)
+    return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP of another provider");
+  if (&sq->pd().dev() != dev_.get())
+    return make_error(errc::invalid_argument,
+                      "accept from " + peer_ + ": QP belongs to another device");
+  if (!fd_)
+    return make_error(errc::invalid_state, "accept from " + peer_ + ": request already answered");
+  if (sq->state() != qp_state::init)
+    return make_error(errc::invalid_state, "accept from " + peer_ + ": QP " +
+                                               std::to_string(sq->qp_num()) + " is " +
+                                               std::string(to_string(sq->state())) + ", not INIT");
+  if (pd.size() > max_private_data)
+    return make_error(errc::invalid_argument, "accept: private data longer than " +
+                                                  std::to_string(max_private_data) + " bytes");
+  const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
+  const auto deadline = clk::now() + hs;
+  allow_peer_attach();
+  int perr = 0;
+  const bool reach =
+      dev_->cma_enabled() && probe_peer(pid_, req_.probe_addr, req_.probe_value, &perr);
+  hs_msg rep;
+  rep.kind = hs_kind::accept;
+  rep.qpn = sq->qp_num();
+  const std::uint32_t ird = std::clamp<std::uint32_t>(req_.ord, 1, 128);
+  const std::uint32_t ord = std::clamp<std::uint32_t>(std::min(sq->want_ord(), req_.ird), 1, 128);
+  rep.ird = ird;
+  rep.ord = ord;
+  rep.probe_addr = reinterpret_cast<std::uint64_t>(&probe_word());
+  rep.probe_value = probe_word();
+  rep.cma_ok = reach ? 1 : 0;
+  rep.pd_len = static_cast<std::uint32_t>(pd.size());
+  if (!pd.empty()) std::memcpy(rep.pd, pd.data(), pd.size());
+  auto w = send_msg(fd_.get(), rep, -1, deadline, "shm accept to " + peer_);
+  if (!w) return std::unexpected(w.error());
+  hs_msg ready;
+  auto r =
+      recv_msg(fd_.get(), ready, nullptr, deadline, hs, "shm handshake with " + peer_ + " (ready)");
+  if (!r) return std::unexpected(r.error());
+  if (ready.kind != hs_kind::ready)
+    return make_error(errc::protocol_error, "shm handshake with " + peer_ + ": expected ready");
+  if (!reach && dev_->cma_enabled() && detail::log_enabled(detail::log_level::warn))
+    detail::log_line(detail::log_level::warn,
+                     dev_->attr().name + ": cannot reach the memory of " + peer_ + " (" +
+                         std::strerror(perr) + "): its bulk requests are staged through the rings");
+  conn_setup s;
+  s.side = 1;
+  s.peer_pid = pid_;
+  s.cma_tx = ready.cma_ok != 0 && dev_->cma_enabled();
+  s.cma_rx = reach;
+  s.attr.local_address = local_;
+  s.attr.peer_address = peer_;
+  s.attr.ird = ird;
+  s.attr.ord = ord;
+  s.attr.mss = slot_payload;
+  s.attr.max_fpdu = slot_payload;
+  s.attr.extensions = true;
+  s.attr.rtr = "none";
+  s.attr.data_path = s.cma_tx ? "cma" : "staged";
+  s.sock = fd_.release();
+  s.map = map_.release();
+  connection_info info{std::vector<std::byte>(private_data().begin(), private_data().end()),
+                       s.attr};
+  sq->start(std::move(s));
+  return info;
+}
+
+}  // namespace
+
+result<std::unique_ptr<detail::listener_impl>> shm_device::bind_listener(std::string_view address,
+                                                                         int backlog) {
+  socklen_t len = 0;
+  auto sa = parse_address(address, &len);
+  if (!sa) return std::unexpected(sa.error());
+  fd_holder fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd)
+    return make_error(errc::resource_exhausted, "listen on " + std::string(address) + ": socket",
+                      errno);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*sa), len) != 0)
+    return make_error(errc::address_error, "listen on " + std::string(address) + ": bind", errno);
+  if (::listen(fd.get(), backlog) != 0)
+    return make_error(errc::address_error, "listen on " + std::string(address) + ": listen", errno);
+  auto self = std::static_pointer_cast<shm_device>(shared_from_this());
+  return std::unique_ptr<detail::listener_impl>(
+      new shm_listener(std::move(self), std::move(fd), std::string(address)));
+}
+
+result<connection_info> shm_qp::connect(std::string_view address, const connect_options& opts) {
+  if (state() != qp_state::init)
+    return make_error(errc::invalid_state, "connect QP " + std::to_string(qpn_) + ": state is " +
+                                               std::string(to_string(state())) + ", not INIT");
+  if (opts.private_data.size() > max_private_data)
+    return make_error(errc::invalid_argument, "connect: private data longer than " +
+                                                  std::to_string(max_private_data) + " bytes");
+  socklen_t len = 0;
+  auto sa = parse_address(address, &len);
+  if (!sa) return std::unexpected(sa.error());
+  const std::string peer(address);
+  const std::string where =
+      "connect QP " + std::to_string(qpn_) + " of " + dev_->attr().name + " to " + peer;
+  const auto deadline = clk::now() + opts.timeout;
+
+  // The segment: anonymous memory with a descriptor, nothing in any filesystem.
+  fd_holder mfd(::memfd_create("conveyor-shm", MFD_CLOEXEC));
+  if (!mfd) return make_error(errc::resource_exhausted, where + ": memfd_create", errno);
+  if (::ftruncate(mfd.get(), static_cast<off_t>(seg_size)) != 0)
+    return make_error(errc::resource_exhausted, where + ": ftruncate of the segment", errno);
+  mapping m;
+  m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd.get(), 0);
+  if (m.p == MAP_FAILED) return make_error(errc::resource_exhausted, where + ": mmap", errno);
+  auto* h = new (m.p) seg_header();
+  h->magic = seg_magic;
+  h->version = seg_version;
+  h->slots = ring_slots;
+  h->slot_bytes = slot_size;
+
+  fd_holder s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s) return make_error(errc::resource_exhausted, where + ": socket", errno);
+  for (;;) {
+    if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&*sa), len) == 0) break;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) {  // the listener's backlog is full: retry until the deadline
+      if (ms_left(deadline) == 0)
+        return make_error(errc::timed_out, where + ": the listener's backlog stayed full");
+      ::usleep(1000);
+      continue;
+    }
+    if (errno == ECONNREFUSED || errno == ENOENT)
+      return make_error(errc::connection_refused, where + ": nothing listens at " + peer, errno);
+    return make_error(errc::io_error, where, errno);
+  }
+  allow_peer_attach();
+  hs_msg req;
+  req.kind = hs_kind::request;
+  req.qpn = qpn_;
+  req.ird = want_ird_;
+  req.ord = want_ord_;
+  req.probe_addr = reinterpret_cast<std::uint64_t>(&probe_word());
+  req.probe_value = probe_word();
+  req.pd_len = static_cast<std::uint32_t>(opts.private_data.size());
+  if (!opts.private_data.empty())
+    std::memcpy(req.pd, opts.private_data.data(), opts.private_data.size());
+  auto w = send_msg(s.get(), req, mfd.get(), deadline, where + " (request)");
+  if (!w) return std::unexpected(w.error());
+  mfd.reset();  // the mapping keeps the segment; the peer has its own descriptor
+  hs_msg rep;
+  auto r = recv_msg(s.get(), rep, nullptr, deadline, opts.timeout, "shm handshake with " + peer);
+  if (!r) return std::unexpected(r.error());
+  if (rep.kind == hs_kind::reject) {
+    const std::string why = printable(rep.pd, rep.pd_len);
+    return make_error(errc::rejected, "peer " + peer + " rejected: " +
+                                          (why.empty() ? std::string("(no reason given)") : why));
+  }
+  if (rep.kind != hs_kind::accept)
+    return make_error(errc::protocol_error,
+                      "shm handshake with " + peer + ": expected accept or reject");
+  const pid_t pid = peer_pid_of(s.get());
+  int perr = 0;
+  const bool reach = dev_->cma_enabled() && probe_peer(pid, rep.probe_addr, rep.probe_value, &perr);
+  hs_msg ready;
+  ready.kind = hs_kind::ready;
+  ready.qpn = qpn_;
+  ready.cma_ok = reach ? 1 : 0;
+  w = send_msg(s.get(), ready, -1, deadline, where + " (ready)");
+  if (!w) return std::unexpected(w.error());
+  if (!reach && dev_->cma_enabled() && detail::log_enabled(detail::log_level::warn))
+    detail::log_line(detail::log_level::warn,
+                     dev_->attr().name + ": cannot reach the memory of " + peer + " (" +
+                         std::strerror(perr) + "): its bulk requests are staged through the rings");
+  conn_setup cs;
+  cs.side = 0;
+  cs.peer_pid = pid;
+  cs.cma_tx = rep.cma_ok != 0 && dev_->cma_enabled();
+  cs.cma_rx = reach;
+  cs.attr.local_address = endpoint_name(::getpid(), qpn_);
+  cs.attr.peer_address = peer;
+  cs.attr.ord = std::clamp<std::uint32_t>(std::min(want_ord_, rep.ird), 1, 128);
+  cs.attr.ird = std::clamp<std::uint32_t>(std::max(want_ird_, rep.ord), 1, 128);
+  cs.attr.mss = slot_payload;
+  cs.attr.max_fpdu = slot_payload;
+  cs.attr.extensions = true;
+  cs.attr.rtr = "none";
+  cs.attr.data_path = cs.cma_tx ? "cma" : "staged";
+  cs.sock = s.release();
+  cs.map = m.release();
+  const auto rep_pd = std::as_bytes(std::span(rep.pd, rep.pd_len));
+  connection_info info{std::vector<std::byte>(rep_pd.begin(), rep_pd.end()), cs.attr};
+  start(std::move(cs));
+  return info;
+}
+
+}  // namespace conveyor::shm

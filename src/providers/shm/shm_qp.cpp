@@ -1,0 +1,1081 @@
+// The shm provider's QP: posting, writing requests into the shared rings,
+// executing the peer's requests with key validation, responses, completions,
+// errors and flushing.
+#include "providers/shm/shm_qp.hpp"
+
+#include "core/log.hpp"
+#include "providers/shm/shm_device.hpp"
+
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace conveyor::shm {
+
+using detail::key_check;
+
+namespace {
+// Payloads at least this long go by cross-memory attach when the peer can:
+// below it two memcpys through a slot beat a system call.
+constexpr std::uint64_t cma_min = 32 * 1024;
+constexpr int max_rx_batch = 64;
+
+bool is_send_op(wr_opcode op) {
+  return op == wr_opcode::send || op == wr_opcode::send_with_imm || op == wr_opcode::send_with_inv;
+}
+bool is_write_op(wr_opcode op) {
+  return op == wr_opcode::rdma_write || op == wr_opcode::rdma_write_with_imm;
+}
+bool is_atomic_op(wr_opcode op) {
+  return op == wr_opcode::atomic_cmp_and_swp || op == wr_opcode::atomic_fetch_and_add;
+}
+wc_opcode wc_of(wr_opcode op) {
+  switch (op) {
+    case wr_opcode::send:
+    case wr_opcode::send_with_imm:
+    case wr_opcode::send_with_inv:
+      return wc_opcode::send;
+    case wr_opcode::rdma_write:
+    case wr_opcode::rdma_write_with_imm:
+      return wc_opcode::rdma_write;
+    case wr_opcode::rdma_read:
+      return wc_opcode::rdma_read;
+    case wr_opcode::atomic_cmp_and_swp:
+      return wc_opcode::comp_swap;
+    case wr_opcode::atomic_fetch_and_add:
+      return wc_opcode::fetch_add;
+  }
+  return wc_opcode::send;
+}
+int ring_req(int side) {
+  return side;
+}
+int ring_resp(int side) {
+  return 2 + side;
+}
+}  // namespace
+
+shm_qp::shm_qp(std::shared_ptr<shm_pd> pd, std::shared_ptr<detail::sw_cq> scq,
+               std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn)
+    : pd_(std::move(pd)),
+      dev_(&pd_->dev()),
+      scq_(std::move(scq)),
+      rcq_(std::move(rcq)),
+      caps_(attr.cap),
+      sig_all_(attr.sq_sig_all),
+      qpn_(qpn),
+      want_ird_(std::clamp<std::uint32_t>(attr.max_dest_rd_atomic, 1, 128)),
+      want_ord_(std::clamp<std::uint32_t>(attr.max_rd_atomic, 1, 128)) {
+  sq_.resize(caps_.max_send_wr);
+  sq_sge_.resize(std::size_t(caps_.max_send_wr) * caps_.max_send_sge);
+  sq_inline_.resize(std::size_t(caps_.max_send_wr) * caps_.max_inline_data);
+  rq_.resize(caps_.max_recv_wr);
+  rq_sge_.resize(std::size_t(caps_.max_recv_wr) * caps_.max_recv_sge);
+}
+
+shm_qp::~shm_qp() {
+  disconnect();
+}
+
+// ------------------------------------------------------------------ posting ----
+status shm_qp::validate_send(const send_wr& wr) const noexcept {
+  if (wr.sg_list.size() > caps_.max_send_sge) return errc::invalid_argument;
+  std::uint64_t total = 0;
+  for (const auto& s : wr.sg_list) total += s.length;
+  if (total > 0x7FFFFFFFull) return errc::invalid_argument;
+  if (is_atomic_op(wr.opcode) &&
+      (wr.sg_list.size() != 1 || wr.sg_list[0].length != 8 || (wr.remote_addr & 7) != 0))
+    return errc::invalid_argument;
+  if (has(wr.flags, send_flags::inline_data) &&
+      (total > caps_.max_inline_data || wr.opcode == wr_opcode::rdma_read ||
+       is_atomic_op(wr.opcode)))
+    return errc::invalid_argument;
+  return errc::ok;
+}
+
+bool shm_qp::local_sges_ok(const send_wr& wr) noexcept {
+  if (has(wr.flags, send_flags::inline_data)) return true;
+  const bool sink = wr.opcode == wr_opcode::rdma_read || is_atomic_op(wr.opcode);
+  for (const auto& s : wr.sg_list) {
+    if (s.length == 0) continue;
+    detail::key_table::guard g;
+    std::byte* p = nullptr;
+    if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, s.length,
+                             sink ? access::local_write : access::none, g, &p) != key_check::ok)
+      return false;
+  }
+  return true;
+}
+
+status shm_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept {
+  const qp_state st = state();
+  if (st != qp_state::rts) {
+    if (bad) *bad = 0;
+    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
+  }
+  bool wrote;
+  status rc = errc::ok;
+  {
+    std::lock_guard lk(tx_mu_);
+    std::size_t i = 0;
+    for (; i < wrs.size(); ++i) {
+      const send_wr& wr = wrs[i];
+      if (state() != qp_state::rts) {
+        rc = errc::qp_in_error;
+        break;
+      }
+      if (sq_tail_ - sq_head_ >= caps_.max_send_wr) {
+        rc = errc::again;
+        break;
+      }
+      rc = validate_send(wr);
+      if (rc != errc::ok) break;
+      const std::uint32_t idx = static_cast<std::uint32_t>(sq_tail_ % caps_.max_send_wr);
+      swqe& w = sq_[idx];
+      w = swqe{};
+      w.wr_id = wr.wr_id;
+      w.op = wr.opcode;
+      w.signaled = sig_all_ || has(wr.flags, send_flags::signaled);
+      w.inl = has(wr.flags, send_flags::inline_data);
+      w.nsge = static_cast<std::uint32_t>(wr.sg_list.size());
+      w.remote_addr = wr.remote_addr;
+      w.rkey = wr.rkey;
+      w.imm = wr.imm_data;
+      w.inv = wr.invalidate_rkey;
+      w.cmp_add = wr.compare_add;
+      w.swap = wr.swap;
+      // As in verbs, a bad lkey or range completes with loc_prot_err (the QP fails).
+      w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
+      std::uint64_t total = 0;
+      sge* dst = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+      std::byte* inl = &sq_inline_[std::size_t(idx) * caps_.max_inline_data];
+      for (std::uint32_t k = 0; k < w.nsge; ++k) {
+        const sge& s = wr.sg_list[k];
+        if (w.inl) {
+          if (s.length) std::memcpy(inl + total, reinterpret_cast<const void*>(s.addr), s.length);
+        } else {
+          dst[k] = s;
+        }
+        total += s.length;
+      }
+      w.len = total;
+      w.cma = cma_tx_ && !w.inl && total >= cma_min && !is_atomic_op(w.op);
+      w.needs_resp = is_atomic_op(w.op) || (w.op == wr_opcode::rdma_read && !w.cma);
+      w.byte_len = w.op == wr_opcode::rdma_read ? static_cast<std::uint32_t>(total)
+                   : is_atomic_op(w.op)         ? 8u
+                                                : 0u;
+      ++sq_tail_;
+    }
+    if (bad && rc != errc::ok) *bad = i;
+    wrote = tx_progress_locked();
+  }
+  if (wrote) notify_peer();
+  return rc;
+}
+
+status shm_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
+  const qp_state st = state();
+  if (st == qp_state::error || st == qp_state::reset) {
+    if (bad) *bad = 0;
+    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
+  }
+  std::lock_guard lk(rq_mu_);
+  for (std::size_t i = 0; i < wrs.size(); ++i) {
+    const recv_wr& wr = wrs[i];
+    status rc = errc::ok;
+    if (rq_tail_ - rq_head_ >= caps_.max_recv_wr)
+      rc = errc::again;
+    else if (wr.sg_list.size() > caps_.max_recv_sge)
+      rc = errc::invalid_argument;
+    std::uint64_t total = 0;
+    for (const auto& s : wr.sg_list) {
+      if (rc != errc::ok) break;
+      total += s.length;
+      if (s.length == 0) continue;
+      detail::key_table::guard g;
+      std::byte* p = nullptr;
+      if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, s.length, access::local_write, g, &p) !=
+          key_check::ok)
+        rc = errc::invalid_argument;
+    }
+    if (rc != errc::ok) {
+      if (bad) *bad = i;
+      return rc;
+    }
+    const std::uint32_t idx = static_cast<std::uint32_t>(rq_tail_ % caps_.max_recv_wr);
+    rq_[idx] = rwqe{wr.wr_id, static_cast<std::uint32_t>(wr.sg_list.size()), total};
+    std::copy(wr.sg_list.begin(), wr.sg_list.end(),
+              &rq_sge_[std::size_t(idx) * caps_.max_recv_sge]);
+    ++rq_tail_;
+  }
+  return errc::ok;
+}
+
+// --------------------------------------------------------------- send side ----
+std::uint64_t shm_qp::gather_locked(const swqe& w, std::uint32_t idx, std::uint64_t off,
+                                    std::byte* dst, std::uint64_t len) noexcept {
+  if (len == 0) return 0;
+  if (w.inl) {
+    std::memcpy(dst, &sq_inline_[std::size_t(idx) * caps_.max_inline_data + off], len);
+    return len;
+  }
+  const sge* s = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+  std::uint64_t done = 0;
+  for (std::uint32_t k = 0; k < w.nsge && done < len; ++k) {
+    if (off >= s[k].length) {
+      off -= s[k].length;
+      continue;
+    }
+    const std::uint64_t take = std::min<std::uint64_t>(s[k].length - off, len - done);
+    std::memcpy(dst + done, reinterpret_cast<const void*>(s[k].addr + off), take);
+    done += take;
+    off = 0;
+  }
+  return done;
+}
+
+bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
+  const std::uint64_t tail = req_out().tail.load(std::memory_order_seq_cst);
+  std::uint64_t free_slots = ring_slots - (tx_head_ - tail);
+  const int ring = ring_req(seg_.side);
+  auto put = [&](const msg_header& m) -> std::byte* {
+    std::byte* p = seg_.slot(ring, tx_head_);
+    std::memcpy(p, &m, sizeof m);
+    if (w.pos_begin == ~std::uint64_t(0)) w.pos_begin = tx_head_;
+    ++tx_head_;
+    --free_slots;
+    c_tx_msgs_.fetch_add(1, std::memory_order_relaxed);
+    return p + slot_header;
+  };
+  auto put_sges = [&](msg_header& m) {
+    const sge* s = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+    iov_pair pairs[max_cma_sge];
+    std::uint16_t n = 0;
+    for (std::uint32_t k = 0; k < w.nsge; ++k) {
+      if (s[k].length == 0) continue;
+      pairs[n++] = {s[k].addr, s[k].length};
+    }
+    m.nsge = n;
+    m.len = n * static_cast<std::uint32_t>(sizeof(iov_pair));
+    std::byte* payload = put(m);
+    std::memcpy(payload, pairs, m.len);
+  };
+  const std::uint64_t pos = sq_next_;
+
+  if (is_send_op(w.op) || is_write_op(w.op)) {
+    const bool send = is_send_op(w.op);
+    if (!tx_imm_pending_) {
+      if (w.cma) {
+        if (free_slots == 0) return false;
+        msg_header m{};
+        m.op = send ? msg_op::send_cma : msg_op::write_cma;
+        m.flags = msg_flag::first | msg_flag::last | msg_flag::cma;
+        if (w.op == wr_opcode::send_with_imm) m.flags |= msg_flag::with_imm;
+        if (w.op == wr_opcode::send_with_inv) m.flags |= msg_flag::with_inv;
+        m.imm = w.op == wr_opcode::send_with_inv ? w.inv : w.imm;
+        m.rkey = w.rkey;
+        m.raddr = w.remote_addr;
+        m.total = w.len;
+        m.id = pos;
+        put_sges(m);
+        tx_off_ = w.len;
+      } else {
+        do {
+          if (free_slots == 0) return false;
+          const std::uint64_t chunk = std::min<std::uint64_t>(w.len - tx_off_, slot_payload);
+          msg_header m{};
+          m.op = send ? msg_op::send : msg_op::write;
+          m.flags = static_cast<std::uint8_t>((tx_off_ == 0 ? msg_flag::first : 0) |
+                                              (tx_off_ + chunk == w.len ? msg_flag::last : 0));
+          if (w.op == wr_opcode::send_with_imm) m.flags |= msg_flag::with_imm;
+          if (w.op == wr_opcode::send_with_inv) m.flags |= msg_flag::with_inv;
+          m.imm = w.op == wr_opcode::send_with_inv ? w.inv : w.imm;
+          m.len = static_cast<std::uint32_t>(chunk);
+          m.rkey = w.rkey;
+          m.raddr = w.remote_addr;
+          m.total = w.len;
+          m.off = tx_off_;
+          m.id = pos;
+          std::byte* payload = put(m);
+          gather_locked(w, idx, tx_off_, payload, chunk);
+          tx_off_ += chunk;
+        } while (tx_off_ < w.len);
+      }
+      c_tx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
+      if (w.op == wr_opcode::rdma_write_with_imm) tx_imm_pending_ = true;
+    }
+    if (tx_imm_pending_) {
+      if (free_slots == 0) return false;
+      msg_header m{};
+      m.op = msg_op::immediate;
+      m.flags = msg_flag::first | msg_flag::last;
+      m.imm = w.imm;
+      m.total = w.len;
+      m.id = pos;
+      put(m);
+      tx_imm_pending_ = false;
+    }
+  } else if (w.op == wr_opcode::rdma_read) {
+    if (free_slots == 0) return false;
+    msg_header m{};
+    m.op = msg_op::read;
+    m.flags = msg_flag::first | msg_flag::last | (w.cma ? msg_flag::cma : 0);
+    m.rkey = w.rkey;
+    m.raddr = w.remote_addr;
+    m.total = w.len;
+    m.id = pos;
+    if (w.cma)
+      put_sges(m);
+    else
+      put(m);
+  } else {  // atomics
+    if (free_slots == 0) return false;
+    msg_header m{};
+    m.op = msg_op::atomic;
+    m.flags = static_cast<std::uint8_t>(
+        msg_flag::first | msg_flag::last |
+        (w.op == wr_opcode::atomic_fetch_and_add ? msg_flag::fetch_add : 0));
+    m.rkey = w.rkey;
+    m.raddr = w.remote_addr;
+    m.total = 8;
+    m.id = pos;
+    m.cmp = w.cmp_add;
+    m.swap = w.swap;
+    put(m);
+  }
+  w.pos_end = tx_head_;
+  return true;
+}
+
+bool shm_qp::tx_progress_locked() noexcept {
+  const std::uint64_t before = tx_head_;
+  while (sq_next_ < sq_tail_ && state() == qp_state::rts) {
+    const std::uint32_t idx = static_cast<std::uint32_t>(sq_next_ % caps_.max_send_wr);
+    swqe& w = sq_[idx];
+    if (w.status != wc_status::success) {  // local protection error: never leaves
+      w.done = true;
+      state_.store(qp_state::error, std::memory_order_seq_cst);
+      flush_locked(wc_status::wr_flush_err);
+      if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+      break;
+    }
+    if (tx_off_ == 0 && !tx_imm_pending_) w.pos_begin = ~std::uint64_t(0);
+    if (!transmit_locked(w, idx)) break;
+    tx_off_ = 0;
+    ++sq_next_;
+  }
+  if (tx_head_ != before && seg_.hdr != nullptr) {
+    req_out().head.store(tx_head_, std::memory_order_seq_cst);
+    return true;
+  }
+  return false;
+}
+
+void shm_qp::push_send_wc(const swqe& w) noexcept {
+  if (!w.signaled && w.status == wc_status::success) return;
+  work_completion wc;
+  wc.wr_id = w.wr_id;
+  wc.status = w.status;
+  wc.opcode = wc_of(w.op);
+  wc.byte_len = w.status == wc_status::success ? w.byte_len : 0;
+  wc.qp_num = qpn_;
+  if (!scq_->push(wc)) state_.store(qp_state::error, std::memory_order_seq_cst);
+}
+
+bool shm_qp::retire_locked() noexcept {
+  if (seg_.hdr == nullptr) return false;
+  const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
+  bool any = false;
+  while (sq_head_ < sq_next_) {
+    swqe& w = sq_[sq_head_ % caps_.max_send_wr];
+    if (!w.done) {
+      if (t < w.pos_end) break;
+      if (w.needs_resp && !w.resp_done) break;
+      w.done = true;
+    }
+    push_send_wc(w);
+    ++sq_head_;
+    any = true;
+  }
+  return any;
+}
+
+bool shm_qp::check_peer_error_locked() noexcept {
+  const std::uint32_t e = req_out().err_status.load(std::memory_order_seq_cst);
+  if (e == 0) return false;
+  const std::uint64_t pos = req_out().err_pos.load(std::memory_order_seq_cst);
+  retire_locked();  // everything before the refused request was executed
+  wc_status st = e - 1 <= static_cast<std::uint32_t>(wc_status::fatal_err)
+                     ? static_cast<wc_status>(e - 1)
+                     : wc_status::rem_op_err;
+  for (std::uint64_t i = sq_head_; i < sq_next_; ++i) {
+    swqe& w = sq_[i % caps_.max_send_wr];
+    if (!w.done && w.pos_begin <= pos && pos < w.pos_end) {
+      w.done = true;
+      w.status = st;
+      break;
+    }
+  }
+  if (detail::log_enabled(detail::log_level::info))
+    detail::log_line(detail::log_level::info,
+                     dev_->attr().name + " QP " + std::to_string(qpn_) + ": peer " +
+                         attr_.peer_address + " refused a request: " + std::string(to_string(st)));
+  state_.store(qp_state::error, std::memory_order_seq_cst);
+  flush_locked(wc_status::wr_flush_err);
+  if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+  return true;
+}
+
+void shm_qp::flush_locked(wc_status first) noexcept {
+  bool first_used = false;
+  for (std::uint64_t i = sq_head_; i < sq_tail_; ++i) {
+    swqe& w = sq_[i % caps_.max_send_wr];
+    if (w.done) continue;
+    const bool in_flight = i < sq_next_;
+    wc_status st = wc_status::wr_flush_err;
+    if (!first_used && in_flight && first != wc_status::success &&
+        first != wc_status::wr_flush_err) {
+      st = first;
+      first_used = true;
+    }
+    w.done = true;
+    w.status = st;
+  }
+  sq_next_ = sq_tail_;
+  while (sq_head_ < sq_tail_) {
+    push_send_wc(sq_[sq_head_ % caps_.max_send_wr]);
+    ++sq_head_;
+  }
+  tx_off_ = 0;
+  tx_imm_pending_ = false;
+  std::lock_guard lk(rq_mu_);
+  while (rq_head_ < rq_tail_) {
+    work_completion wc;
+    wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
+    wc.status = wc_status::wr_flush_err;
+    wc.opcode = wc_opcode::recv;
+    wc.qp_num = qpn_;
+    rcq_->push(wc);
+    ++rq_head_;
+  }
+}
+
+void shm_qp::enter_error(wc_status first) noexcept {
+  std::lock_guard lk(tx_mu_);
+  const bool was_error = state() == qp_state::error;
+  state_.store(qp_state::error, std::memory_order_seq_cst);
+  flush_locked(was_error ? wc_status::wr_flush_err : first);
+  if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);  // the peer sees the connection end
+}
+
+void shm_qp::notify_peer() noexcept {
+  if (seg_.hdr == nullptr || sock_ < 0) return;
+  // Dekker with the sleeper (set_sleeping, then re-reading the rings): every
+  // ring index, error word and sleep flag is accessed seq_cst, so either the
+  // sleeper sees what we published or we see its flag.
+  auto& f = seg_.sleeping(1 - seg_.side);
+  if (f.load(std::memory_order_seq_cst) != 0 && f.exchange(0, std::memory_order_seq_cst) != 0) {
+    const char b = 1;
+    [[maybe_unused]] auto r = ::send(sock_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    c_bells_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void shm_qp::set_sleeping(bool on) noexcept {
+  if (seg_.hdr == nullptr) return;
+  seg_.sleeping(seg_.side).store(on ? 1 : 0, std::memory_order_seq_cst);
+}
+
+// ------------------------------------------------------------ engine side ----
+int shm_qp::progress() noexcept {
+  if (!connected_ || state() != qp_state::rts) return 0;
+  int n = rx_responses();
+  n += rx_requests();
+  {
+    std::lock_guard lk(tx_mu_);
+    if (state() == qp_state::rts) {
+      if (check_peer_error_locked()) ++n;
+      const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
+      if (t != seen_tail_) {
+        seen_tail_ = t;
+        ++n;
+      }
+      if (retire_locked()) ++n;
+      if (tx_progress_locked()) ++n;
+    }
+  }
+  if (n > 0 || dirty_.exchange(false, std::memory_order_relaxed)) notify_peer();
+  return n;
+}
+
+bool shm_qp::on_socket(std::uint32_t events) noexcept {
+  bool gone = (events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0;
+  char buf[64];
+  for (;;) {
+    const ssize_t r = ::recv(sock_, buf, sizeof buf, MSG_DONTWAIT);
+    if (r > 0) {
+      if (r < static_cast<ssize_t>(sizeof buf)) break;
+      continue;
+    }
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone = true;
+    break;
+  }
+  if (!gone) return true;
+  if (!peer_gone_.exchange(true) && state() == qp_state::rts) {
+    progress();  // what the peer finished (or refused) before it went away
+    if (state() == qp_state::rts) {
+      if (detail::log_enabled(detail::log_level::info))
+        detail::log_line(detail::log_level::info, dev_->attr().name + " QP " +
+                                                      std::to_string(qpn_) + ": peer " +
+                                                      attr_.peer_address + " went away");
+      enter_error(wc_status::retry_exc_err);
+    }
+  }
+  return false;
+}
+
+bool shm_qp::resp_space(std::uint32_t n) const noexcept {
+  const std::uint64_t t = resp_out().tail.load(std::memory_order_seq_cst);
+  return ring_slots - (rsp_head_ - t) >= n;
+}
+
+void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
+  ring_ctl& in = req_in();
+  in.err_pos.store(rx_tail_, std::memory_order_relaxed);
+  in.err_status.store(static_cast<std::uint32_t>(remote) + 1, std::memory_order_seq_cst);
+  if (detail::log_enabled(detail::log_level::info))
+    detail::log_line(detail::log_level::info, dev_->attr().name + " QP " + std::to_string(qpn_) +
+                                                  ": refused request of " + attr_.peer_address +
+                                                  " (" + std::string(to_string(remote)) + ")");
+  if (local == wc_status::loc_len_err) {
+    // The receive being filled completes with the length error.
+    std::lock_guard lk(rq_mu_);
+    if (rq_head_ < rq_tail_) {
+      work_completion wc;
+      wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
+      wc.status = wc_status::loc_len_err;
+      wc.opcode = wc_opcode::recv;
+      wc.qp_num = qpn_;
+      rcq_->push(wc);
+      ++rq_head_;
+    }
+  }
+  rx_in_send_ = false;
+  notify_peer();
+  enter_error(wc_status::wr_flush_err);
+}
+
+int shm_qp::rx_requests() noexcept {
+  ring_ctl& in = req_in();
+  const std::uint64_t h = in.head.load(std::memory_order_seq_cst);
+  if (h == rx_tail_) return 0;
+  if (h - rx_tail_ > ring_slots) {
+    fail_request(wc_status::rem_op_err, wc_status::fatal_err);
+    return 1;
+  }
+  const int ring = ring_req(1 - seg_.side);
+  int n = 0;
+  while (rx_tail_ != h && n < max_rx_batch && state() == qp_state::rts) {
+    const std::byte* s = seg_.slot(ring, rx_tail_);
+    msg_header m;
+    std::memcpy(&m, s, sizeof m);  // copied once: the peer may rewrite the slot
+    if (m.len > slot_payload) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return n + 1;
+    }
+    const exec r = run_request(m, s + slot_header);
+    if (r == exec::blocked) break;
+    ++n;
+    if (r == exec::failed) break;
+    ++rx_tail_;
+    // The response first: the initiator completes a READ or atomic only when it
+    // has both the response and the tail past the request.
+    resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+    in.tail.store(rx_tail_, std::memory_order_seq_cst);
+    c_rx_msgs_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (n > 0) resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+  return n;
+}
+
+shm_qp::exec shm_qp::run_request(const msg_header& m, const std::byte* payload) noexcept {
+  switch (m.op) {
+    case msg_op::send:
+    case msg_op::send_cma:
+      return rx_send(m, payload);
+    case msg_op::write:
+    case msg_op::write_cma:
+      return rx_write(m, payload);
+    case msg_op::immediate:
+      return rx_immediate(m);
+    case msg_op::read:
+      return rx_read(m, payload);
+    case msg_op::atomic:
+      return rx_atomic(m);
+    default:
+      break;
+  }
+  fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+  return exec::failed;
+}
+
+namespace {
+// Copies the SGE pairs of a CMA descriptor out of the slot and checks them.
+bool read_pairs(const msg_header& m, const std::byte* payload, iovec* out, std::uint64_t total) {
+  if (m.nsge > max_cma_sge || m.len != m.nsge * sizeof(iov_pair)) return false;
+  iov_pair pairs[max_cma_sge];
+  std::memcpy(pairs, payload, m.len);
+  std::uint64_t sum = 0;
+  for (std::uint16_t i = 0; i < m.nsge; ++i) {
+    if (pairs[i].len > total) return false;
+    sum += pairs[i].len;
+    out[i] = {reinterpret_cast<void*>(pairs[i].addr), static_cast<std::size_t>(pairs[i].len)};
+  }
+  return sum == total;
+}
+}  // namespace
+
+bool shm_qp::scatter_local(const sge* sges, std::uint32_t nsge, std::uint64_t off,
+                           const std::byte* src, std::uint64_t len, access need) noexcept {
+  std::uint64_t done = 0;
+  for (std::uint32_t k = 0; k < nsge && done < len; ++k) {
+    if (off >= sges[k].length) {
+      off -= sges[k].length;
+      continue;
+    }
+    const std::uint64_t take = std::min<std::uint64_t>(sges[k].length - off, len - done);
+    detail::key_table::guard g;
+    std::byte* p = nullptr;
+    if (dev_->keys().acquire(sges[k].lkey, pd_->id(), sges[k].addr + off, take, need, g, &p) !=
+        key_check::ok)
+      return false;
+    std::memcpy(p, src + done, take);
+    done += take;
+    off = 0;
+  }
+  return done == len;
+}
+
+void shm_qp::complete_recv(const rwqe& r, wc_status st, wc_opcode op, std::uint64_t len, bool imm,
+                           std::uint32_t imm_data, bool inv, std::uint32_t inv_key) noexcept {
+  work_completion wc;
+  wc.wr_id = r.wr_id;
+  wc.status = st;
+  wc.opcode = op;
+  wc.byte_len = static_cast<std::uint32_t>(len);
+  wc.with_imm = imm;
+  wc.imm_data = imm_data;
+  wc.with_inv = inv;
+  wc.invalidated_rkey = inv_key;
+  wc.qp_num = qpn_;
+  if (!rcq_->push(wc)) enter_error(wc_status::wr_flush_err);
+}
+
+bool shm_qp::take_recv(rwqe& out, sge* sges) noexcept {
+  std::lock_guard lk(rq_mu_);
+  if (rq_head_ == rq_tail_) return false;
+  const std::uint32_t idx = static_cast<std::uint32_t>(rq_head_ % caps_.max_recv_wr);
+  out = rq_[idx];
+  std::copy_n(&rq_sge_[std::size_t(idx) * caps_.max_recv_sge], out.nsge, sges);
+  return true;
+}
+
+shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noexcept {
+  if (m.flags & msg_flag::first) {
+    if (rx_in_send_ || !take_recv(rx_recv_, rx_recv_sge_)) {
+      fail_request(wc_status::rnr_retry_exc_err, wc_status::success);
+      return exec::failed;
+    }
+    if (m.total > rx_recv_.len) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::loc_len_err);
+      return exec::failed;
+    }
+    rx_in_send_ = true;
+  } else if (!rx_in_send_) {
+    fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+    return exec::failed;
+  }
+  if (m.op == msg_op::send_cma) {
+    if (!cma_rx_) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    iovec remote[max_cma_sge];
+    if (!read_pairs(m, payload, remote, m.total)) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    iovec local[16];
+    detail::key_table::guard guards[16];
+    std::uint64_t left = m.total;
+    int nl = 0;
+    for (std::uint32_t k = 0; k < rx_recv_.nsge && left > 0; ++k) {
+      const sge& s = rx_recv_sge_[k];
+      const std::uint64_t take = std::min<std::uint64_t>(s.length, left);
+      if (take == 0) continue;
+      std::byte* p = nullptr;
+      if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, take, access::local_write, guards[nl],
+                               &p) != key_check::ok) {
+        fail_request(wc_status::rem_op_err, wc_status::loc_prot_err);
+        return exec::failed;
+      }
+      local[nl++] = {p, static_cast<std::size_t>(take)};
+      left -= take;
+    }
+    const ssize_t got =
+        m.total == 0 ? 0 : ::process_vm_readv(peer_pid_, local, nl, remote, m.nsge, 0);
+    if (got != static_cast<ssize_t>(m.total)) {
+      fail_request(wc_status::rem_op_err, wc_status::success);
+      return exec::failed;
+    }
+  } else {
+    if (m.off > rx_recv_.len || m.len > rx_recv_.len - m.off) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::loc_len_err);
+      return exec::failed;
+    }
+    if (!scatter_local(rx_recv_sge_, rx_recv_.nsge, m.off, payload, m.len, access::local_write)) {
+      fail_request(wc_status::rem_op_err, wc_status::loc_prot_err);
+      return exec::failed;
+    }
+  }
+  c_rx_bytes_.fetch_add(m.op == msg_op::send_cma ? m.total : m.len, std::memory_order_relaxed);
+  if (!(m.flags & msg_flag::last)) return exec::done;
+  rx_in_send_ = false;
+  {
+    std::lock_guard lk(rq_mu_);
+    if (rq_head_ == rq_tail_) return exec::done;  // flushed meanwhile
+    ++rq_head_;
+  }
+  const bool inv = m.flags & msg_flag::with_inv;
+  if (inv) {
+    // Only a key of this QP's protection domain may be invalidated.
+    detail::key_table::guard g;
+    std::byte* p;
+    if (dev_->keys().acquire(m.imm, pd_->id(), 0, 0, access::none, g, &p) !=
+        key_check::invalid_key) {
+      g.release();
+      dev_->keys().remove(m.imm);
+    }
+  }
+  complete_recv(rx_recv_, wc_status::success, wc_opcode::recv, m.total,
+                (m.flags & msg_flag::with_imm) != 0, (m.flags & msg_flag::with_imm) ? m.imm : 0,
+                inv, inv ? m.imm : 0);
+  return exec::done;
+}
+
+shm_qp::exec shm_qp::rx_immediate(const msg_header& m) noexcept {
+  rwqe r;
+  sge s[16];
+  if (!take_recv(r, s)) {
+    fail_request(wc_status::rnr_retry_exc_err, wc_status::success);
+    return exec::failed;
+  }
+  {
+    std::lock_guard lk(rq_mu_);
+    if (rq_head_ == rq_tail_) return exec::done;
+    ++rq_head_;
+  }
+  complete_recv(r, wc_status::success, wc_opcode::recv_rdma_with_imm, m.total & 0x7FFFFFFFu, true,
+                m.imm, false, 0);
+  return exec::done;
+}
+
+shm_qp::exec shm_qp::rx_write(const msg_header& m, const std::byte* payload) noexcept {
+  if (m.total == 0) {
+    if (m.len != 0) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    if (m.flags & msg_flag::last) c_writes_.fetch_add(1, std::memory_order_relaxed);
+    return exec::done;
+  }
+  detail::key_table::guard g;
+  std::byte* p = nullptr;
+  if (dev_->keys().acquire(m.rkey, pd_->id(), m.raddr, m.total, access::remote_write, g, &p) !=
+      key_check::ok) {
+    fail_request(wc_status::rem_access_err, wc_status::success);
+    return exec::failed;
+  }
+  if (m.op == msg_op::write) {
+    if (m.off > m.total || m.len > m.total - m.off) {
+      g.release();
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    std::memcpy(p + m.off, payload, m.len);
+    c_rx_bytes_.fetch_add(m.len, std::memory_order_relaxed);
+  } else {
+    iovec remote[max_cma_sge];
+    if (!cma_rx_ || !read_pairs(m, payload, remote, m.total)) {
+      g.release();
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    iovec local{p, static_cast<std::size_t>(m.total)};
+    const ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, remote, m.nsge, 0);
+    if (got != static_cast<ssize_t>(m.total)) {
+      g.release();
+      fail_request(wc_status::rem_op_err, wc_status::success);
+      return exec::failed;
+    }
+    c_rx_bytes_.fetch_add(m.total, std::memory_order_relaxed);
+  }
+  if (m.flags & msg_flag::last) c_writes_.fetch_add(1, std::memory_order_relaxed);
+  return exec::done;
+}
+
+shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noexcept {
+  detail::key_table::guard g;
+  std::byte* p = nullptr;
+  if (m.total > 0 && dev_->keys().acquire(m.rkey, pd_->id(), m.raddr, m.total, access::remote_read,
+                                          g, &p) != key_check::ok) {
+    fail_request(wc_status::rem_access_err, wc_status::success);
+    return exec::failed;
+  }
+  if (m.flags & msg_flag::cma) {
+    iovec remote[max_cma_sge];
+    if (!cma_rx_ || !read_pairs(m, payload, remote, m.total)) {
+      g.release();
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    if (m.total > 0) {
+      iovec local{p, static_cast<std::size_t>(m.total)};
+      const ssize_t put = ::process_vm_writev(peer_pid_, &local, 1, remote, m.nsge, 0);
+      if (put != static_cast<ssize_t>(m.total)) {
+        g.release();
+        fail_request(wc_status::rem_op_err, wc_status::success);
+        return exec::failed;
+      }
+    }
+    c_tx_bytes_.fetch_add(m.total, std::memory_order_relaxed);
+    c_reads_.fetch_add(1, std::memory_order_relaxed);
+    return exec::done;
+  }
+  // Staged: stream the bytes through our response ring, as much as fits now.
+  const int ring = ring_resp(seg_.side);
+  do {
+    if (!resp_space(1)) {
+      resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+      dirty_.store(true, std::memory_order_relaxed);
+      return exec::blocked;
+    }
+    const std::uint64_t chunk = std::min<std::uint64_t>(m.total - rx_read_off_, slot_payload);
+    msg_header r{};
+    r.op = msg_op::read_resp;
+    r.flags = rx_read_off_ + chunk == m.total ? msg_flag::last : 0;
+    r.len = static_cast<std::uint32_t>(chunk);
+    r.total = m.total;
+    r.off = rx_read_off_;
+    r.id = m.id;
+    std::byte* s = seg_.slot(ring, rsp_head_);
+    std::memcpy(s, &r, sizeof r);
+    if (chunk) std::memcpy(s + slot_header, p + rx_read_off_, chunk);
+    ++rsp_head_;
+    rx_read_off_ += chunk;
+  } while (rx_read_off_ < m.total);
+  rx_read_off_ = 0;
+  c_tx_bytes_.fetch_add(m.total, std::memory_order_relaxed);
+  c_reads_.fetch_add(1, std::memory_order_relaxed);
+  return exec::done;
+}
+
+shm_qp::exec shm_qp::rx_atomic(const msg_header& m) noexcept {
+  if (!resp_space(1)) return exec::blocked;
+  detail::key_table::guard g;
+  std::byte* p = nullptr;
+  const key_check kc =
+      dev_->keys().acquire(m.rkey, pd_->id(), m.raddr, 8, access::remote_atomic, g, &p);
+  if (kc != key_check::ok || (m.raddr & 7) != 0) {
+    fail_request(wc_status::rem_access_err, wc_status::success);
+    return exec::failed;
+  }
+  // Atomic against every other accessor of the region: this engine, the owner's
+  // threads, and any process mapping the same memory.
+  std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(p));
+  std::uint64_t orig;
+  if (m.flags & msg_flag::fetch_add) {
+    orig = target.fetch_add(m.cmp);
+  } else {
+    orig = m.cmp;
+    target.compare_exchange_strong(orig, m.swap);
+  }
+  g.release();
+  msg_header r{};
+  r.op = msg_op::atomic_resp;
+  r.flags = msg_flag::last;
+  r.id = m.id;
+  r.cmp = orig;
+  std::memcpy(seg_.slot(ring_resp(seg_.side), rsp_head_), &r, sizeof r);
+  ++rsp_head_;
+  c_atomics_.fetch_add(1, std::memory_order_relaxed);
+  return exec::done;
+}
+
+int shm_qp::rx_responses() noexcept {
+  ring_ctl& in = resp_in();
+  const std::uint64_t h = in.head.load(std::memory_order_seq_cst);
+  if (h == rsp_tail_) return 0;
+  std::lock_guard lk(tx_mu_);
+  if (state() != qp_state::rts) return 0;
+  bool bad = h - rsp_tail_ > ring_slots;
+  bool local_err = false;
+  const int ring = ring_resp(1 - seg_.side);
+  int n = 0;
+  while (!bad && rsp_tail_ != h) {
+    const std::byte* s = seg_.slot(ring, rsp_tail_);
+    msg_header m;
+    std::memcpy(&m, s, sizeof m);
+    if (m.id < sq_head_ || m.id >= sq_next_ || m.len > slot_payload) {
+      bad = true;
+      break;
+    }
+    const std::uint32_t idx = static_cast<std::uint32_t>(m.id % caps_.max_send_wr);
+    swqe& w = sq_[idx];
+    const sge* sg = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+    if (w.done || !w.needs_resp || w.resp_done) {
+      bad = true;
+      break;
+    }
+    if (m.op == msg_op::read_resp && w.op == wr_opcode::rdma_read) {
+      if (m.off > w.len || m.len > w.len - m.off) {
+        bad = true;
+        break;
+      }
+      if (!scatter_local(sg, w.nsge, m.off, s + slot_header, m.len, access::local_write)) {
+        w.done = true;
+        w.status = wc_status::loc_prot_err;
+        local_err = true;
+        break;
+      }
+      c_rx_bytes_.fetch_add(m.len, std::memory_order_relaxed);
+      if (m.flags & msg_flag::last) {
+        w.resp_done = true;
+        w.byte_len = static_cast<std::uint32_t>(w.len);
+      }
+    } else if (m.op == msg_op::atomic_resp && is_atomic_op(w.op)) {
+      std::byte v[8];
+      std::memcpy(v, &m.cmp, 8);
+      if (!scatter_local(sg, 1, 0, v, 8, access::local_write)) {
+        w.done = true;
+        w.status = wc_status::loc_prot_err;
+        local_err = true;
+        break;
+      }
+      w.resp_done = true;
+      w.byte_len = 8;
+    } else {
+      bad = true;
+      break;
+    }
+    ++rsp_tail_;
+    ++n;
+  }
+  in.tail.store(rsp_tail_, std::memory_order_seq_cst);
+  if (bad || local_err) {
+    retire_locked();
+    state_.store(qp_state::error, std::memory_order_seq_cst);
+    flush_locked(bad ? wc_status::bad_resp_err : wc_status::wr_flush_err);
+    if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+    ++n;
+  }
+  return n;
+}
+
+// ------------------------------------------------------------ teardown ----
+void shm_qp::disconnect() noexcept {
+  if (state() == qp_state::rts) enter_error(wc_status::wr_flush_err);
+  if (attached_.exchange(false)) dev_->eng().detach(this, sock_);
+  std::lock_guard lk(tx_mu_);
+  if (sock_ >= 0) {
+    ::close(sock_);
+    sock_ = -1;
+  }
+  if (seg_.hdr != nullptr) {
+    ::munmap(seg_.base, seg_size);
+    seg_ = seg_view{};
+  }
+  connected_ = false;
+}
+
+result<void> shm_qp::modify(qp_state target) {
+  const qp_state cur = state();
+  if (!detail::qp_transition_allowed(cur, target) || target == qp_state::rtr ||
+      (target == qp_state::rts && cur != qp_state::rts))
+    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + ": cannot modify " +
+                                               std::string(to_string(cur)) + " -> " +
+                                               std::string(to_string(target)) +
+                                               " (RTR/RTS are reached by connecting)");
+  if (target == qp_state::error) {
+    enter_error(wc_status::wr_flush_err);
+    return {};
+  }
+  if (target == qp_state::reset || target == qp_state::init) {
+    disconnect();
+    std::lock_guard lk(tx_mu_);
+    std::lock_guard rl(rq_mu_);
+    sq_head_ = sq_next_ = sq_tail_ = 0;
+    rq_head_ = rq_tail_ = 0;
+    tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
+    rx_in_send_ = false;
+    rx_read_off_ = 0;
+    peer_gone_ = false;
+    attr_ = {};
+    state_.store(target);
+  }
+  return {};
+}
+
+result<qp_connection_attr> shm_qp::connection() const {
+  std::lock_guard lk(tx_mu_);
+  if (attr_.peer_address.empty())
+    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + " is not connected");
+  return attr_;
+}
+
+qp_counters shm_qp::counters() const noexcept {
+  qp_counters c;
+  c.tx_bytes = c_tx_bytes_.load();
+  c.rx_bytes = c_rx_bytes_.load();
+  c.tx_fpdus = c_tx_msgs_.load();
+  c.rx_fpdus = c_rx_msgs_.load();
+  c.tx_syscalls = c_bells_.load();
+  c.reads_served = c_reads_.load();
+  c.writes_placed = c_writes_.load();
+  c.atomics_served = c_atomics_.load();
+  return c;
+}
+
+void shm_qp::start(conn_setup&& s) {
+  {
+    std::lock_guard lk(tx_mu_);
+    sock_ = s.sock;
+    seg_.hdr = static_cast<seg_header*>(s.map);
+    seg_.base = static_cast<std::byte*>(s.map);
+    seg_.side = s.side;
+    peer_pid_ = s.peer_pid;
+    cma_tx_ = s.cma_tx;
+    cma_rx_ = s.cma_rx;
+    attr_ = std::move(s.attr);
+    tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
+    connected_ = true;
+    state_.store(qp_state::rts, std::memory_order_seq_cst);
+  }
+  if (detail::log_enabled(detail::log_level::info))
+    detail::log_line(detail::log_level::info,
+                     dev_->attr().name + " QP " + std::to_string(qpn_) + " connected " +
+                         attr_.local_address + " <-> " + attr_.peer_address + " (shm, " +
+                         std::to_string(ring_slots) + " x " + std::to_string(slot_size) +
+                         "-byte slots per ring, bulk data path " + attr_.data_path +
+                         ", serving the peer by " + (cma_rx_ ? "cma" : "staging") + ")");
+  attached_.store(true);
+  dev_->eng().attach(this, sock_);
+}
+
+}  // namespace conveyor::shm

@@ -1,0 +1,186 @@
+// The shm provider's queue pair: an RC endpoint over one shared segment (see
+// shm_segment.hpp) and one Unix socket (doorbell and liveness).
+//
+// Send side (tx_mu_): post_send stores the request in a preallocated SQ slot
+// and writes it into this side's request ring at once (small payloads staged in
+// the slot, bulk as a descriptor the target serves by cross-memory attach).
+// What does not fit waits for ring space and is written by the engine.
+// Completions: a request is done when the peer's consumer tail passed it (and,
+// for staged READs and atomics, when its response arrived). A request the peer
+// refused carries the peer's status; everything after it is flushed.
+//
+// Receive side (engine only): executes the peer's requests in order, validating
+// every remote key against this device's key table (live, same PD, in bounds,
+// right granted) before touching a byte, and answers READs and atomics.
+#pragma once
+
+#include "core/impl.hpp"
+#include "core/key_table.hpp"
+#include "core/sw_cq.hpp"
+#include "providers/shm/shm_segment.hpp"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace conveyor::shm {
+
+class shm_pd;
+class shm_device;
+
+// What the connection manager hands a QP when the handshake is done.
+struct conn_setup {
+  int sock = -1;        // connected Unix socket (owned from now on)
+  void* map = nullptr;  // the mapped segment (owned)
+  int side = 0;         // 0 initiator, 1 target
+  pid_t peer_pid = 0;
+  bool cma_tx = false;  // the peer serves our bulk requests by cross-memory attach
+  bool cma_rx = false;  // we serve the peer's by cross-memory attach
+  qp_connection_attr attr;
+};
+
+class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this<shm_qp> {
+ public:
+  shm_qp(std::shared_ptr<shm_pd> pd, std::shared_ptr<detail::sw_cq> scq,
+         std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
+  ~shm_qp() override;
+
+  std::uint32_t qp_num() const noexcept override { return qpn_; }
+  qp_state state() const noexcept override { return state_.load(std::memory_order_acquire); }
+  const qp_caps& caps() const noexcept override { return caps_; }
+  status post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept override;
+  status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept override;
+  result<void> modify(qp_state target) override;
+  result<qp_connection_attr> connection() const override;
+  qp_counters counters() const noexcept override;
+  void disconnect() noexcept override;
+  result<connection_info> connect(std::string_view address, const connect_options& opts) override;
+
+  // ---- engine (under the engine's lock) ----
+  int progress() noexcept;              // work done
+  void set_sleeping(bool on) noexcept;  // this side is about to block / woke up
+  // Socket readiness: drains doorbells; false once the peer is gone (stop polling it).
+  bool on_socket(std::uint32_t events) noexcept;
+  int socket_fd() const noexcept { return sock_; }
+
+  // ---- connection manager ----
+  void start(conn_setup&& s);
+  shm_pd& pd() noexcept { return *pd_; }
+  std::uint32_t want_ird() const noexcept { return want_ird_; }
+  std::uint32_t want_ord() const noexcept { return want_ord_; }
+
+ private:
+  struct swqe {
+    std::uint64_t wr_id;
+    wr_opcode op;
+    bool signaled, inl, cma, needs_resp, resp_done, done;
+    std::uint32_t nsge;
+    std::uint64_t len;
+    std::uint64_t remote_addr;
+    std::uint32_t rkey, imm, inv;
+    std::uint64_t cmp_add, swap;
+    wc_status status;
+    std::uint32_t byte_len;
+    std::uint64_t pos_begin, pos_end;  // request ring positions it occupies
+  };
+  struct rwqe {
+    std::uint64_t wr_id;
+    std::uint32_t nsge;
+    std::uint64_t len;
+  };
+  enum class exec { done, blocked, failed };
+
+  // send side (tx_mu_)
+  status validate_send(const send_wr& wr) const noexcept;
+  bool local_sges_ok(const send_wr& wr) noexcept;
+  bool tx_progress_locked() noexcept;                         // wrote something
+  bool transmit_locked(swqe& w, std::uint32_t idx) noexcept;  // false: ring full
+  std::uint64_t gather_locked(const swqe& w, std::uint32_t idx, std::uint64_t off, std::byte* dst,
+                              std::uint64_t len) noexcept;
+  bool retire_locked() noexcept;
+  void flush_locked(wc_status first) noexcept;
+  void push_send_wc(const swqe& w) noexcept;
+  bool check_peer_error_locked() noexcept;
+
+  // receive side (engine)
+  int rx_requests() noexcept;
+  int rx_responses() noexcept;
+  exec run_request(const msg_header& m, const std::byte* payload) noexcept;
+  exec rx_send(const msg_header& m, const std::byte* payload) noexcept;
+  exec rx_immediate(const msg_header& m) noexcept;
+  exec rx_write(const msg_header& m, const std::byte* payload) noexcept;
+  exec rx_read(const msg_header& m, const std::byte* payload) noexcept;
+  exec rx_atomic(const msg_header& m) noexcept;
+  bool take_recv(rwqe& out, sge* sges) noexcept;
+  void complete_recv(const rwqe& r, wc_status st, wc_opcode op, std::uint64_t len, bool imm,
+                     std::uint32_t imm_data, bool inv, std::uint32_t inv_key) noexcept;
+  bool scatter_local(const sge* sges, std::uint32_t nsge, std::uint64_t off, const std::byte* src,
+                     std::uint64_t len, access need) noexcept;
+  bool resp_space(std::uint32_t n) const noexcept;
+
+  // errors and teardown
+  void fail_request(wc_status remote, wc_status local) noexcept;  // refuse the current request
+  void enter_error(wc_status first) noexcept;
+  void notify_peer() noexcept;
+
+  ring_ctl& req_out() const noexcept { return seg_.hdr->req[seg_.side]; }
+  ring_ctl& req_in() const noexcept { return seg_.hdr->req[1 - seg_.side]; }
+  ring_ctl& resp_out() const noexcept { return seg_.hdr->resp[seg_.side]; }
+  ring_ctl& resp_in() const noexcept { return seg_.hdr->resp[1 - seg_.side]; }
+
+  std::shared_ptr<shm_pd> pd_;
+  shm_device* dev_;
+  std::shared_ptr<detail::sw_cq> scq_, rcq_;
+  qp_caps caps_;
+  bool sig_all_;
+  std::uint32_t qpn_;
+  std::uint32_t want_ird_, want_ord_;
+  std::atomic<qp_state> state_{qp_state::init};
+
+  // connection
+  int sock_ = -1;
+  seg_view seg_;
+  pid_t peer_pid_ = 0;
+  bool cma_tx_ = false, cma_rx_ = false;
+  std::atomic<bool> attached_{false};
+  std::atomic<bool> peer_gone_{false};
+  qp_connection_attr attr_;
+  bool connected_ = false;
+
+  // SQ (tx_mu_)
+  mutable std::mutex tx_mu_;
+  std::vector<swqe> sq_;
+  std::vector<sge> sq_sge_;
+  std::vector<std::byte> sq_inline_;
+  std::uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;  // retire / transmit / post
+  std::uint64_t tx_off_ = 0;                               // bytes of sq_next_ already in the ring
+  bool tx_imm_pending_ = false;  // WRITE_WITH_IMM: data written, immediate not yet
+  std::uint64_t tx_head_ = 0;    // our request ring's head (we produce it)
+  std::uint64_t seen_tail_ = 0;  // the peer's consumer tail last retired against
+
+  // RQ (rq_mu_)
+  std::mutex rq_mu_;
+  std::vector<rwqe> rq_;
+  std::vector<sge> rq_sge_;
+  std::uint64_t rq_head_ = 0, rq_tail_ = 0;
+
+  // receive side (engine only)
+  std::uint64_t rx_tail_ = 0;   // the peer's request ring: next to execute
+  std::uint64_t rsp_tail_ = 0;  // the peer's response ring: next to consume
+  std::uint64_t rsp_head_ = 0;  // our response ring: next to fill
+  bool rx_in_send_ = false;     // a staged SEND is under way
+  rwqe rx_recv_{};
+  sge rx_recv_sge_[16]{};
+  std::uint64_t rx_read_off_ = 0;   // staged READ response bytes already queued
+  std::atomic<bool> dirty_{false};  // we changed shared state: the peer may need a doorbell
+  wc_status pending_local_ = wc_status::success;
+
+  // counters
+  std::atomic<std::uint64_t> c_tx_bytes_{0}, c_rx_bytes_{0}, c_tx_msgs_{0}, c_rx_msgs_{0},
+      c_reads_{0}, c_writes_{0}, c_atomics_{0}, c_bells_{0};
+};
+
+}  // namespace conveyor::shm

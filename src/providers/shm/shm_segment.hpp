@@ -1,0 +1,110 @@
+// The shm provider's shared segment: one memfd per connection, created by the
+// initiator and passed to the target over the Unix socket (SCM_RIGHTS), holding
+// four single-producer/single-consumer rings of fixed-size slots:
+//   req[s]  requests side s sends (SEND, WRITE, READ, atomic, immediate data)
+//   resp[s] responses side s sends (staged READ data, atomic results)
+// Side 0 is the initiator, side 1 the target. Responses have their own rings so
+// that a side always drains them without needing room to answer anything: two
+// peers that flood each other with READs cannot deadlock.
+//
+// A request ring's tail is also the consumer's acknowledgement: the consumer
+// advances it only after the request was fully executed (bytes placed, response
+// queued), so "tail passed my request" means "done". A request the consumer
+// refuses (bad key, no receive) is named by err_pos/err_status instead.
+//
+// Nothing here is trusted by the consumer: indices are range-checked and every
+// slot header is copied out before use (the peer may change it under us).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace conveyor::shm {
+
+inline constexpr std::uint32_t seg_magic = 0x43565348;  // "CVSH"
+inline constexpr std::uint32_t seg_version = 1;
+inline constexpr std::uint32_t ring_slots = 256;  // per ring, power of two
+inline constexpr std::uint32_t slot_size = 8192;  // header + payload
+inline constexpr std::uint32_t slot_header = 64;
+inline constexpr std::uint32_t slot_payload = slot_size - slot_header;
+
+struct alignas(64) ring_ctl {
+  alignas(64) std::atomic<std::uint64_t> head{0};  // producer: next slot to fill
+  alignas(64) std::atomic<std::uint64_t> tail{0};  // consumer: next slot to execute
+  std::atomic<std::uint32_t> err_status{0};        // consumer: nonzero = refused (wc_status + 1)
+  std::atomic<std::uint64_t> err_pos{0};           // the refused slot
+};
+
+enum class msg_op : std::uint8_t {
+  send = 1,     // staged SEND bytes (one slot of a message)
+  send_cma,     // SEND whose bytes the target pulls from the initiator's SGEs
+  write,        // staged WRITE bytes
+  write_cma,    // WRITE the target pulls with process_vm_readv
+  immediate,    // WRITE_WITH_IMM's immediate: consumes a receive
+  read,         // READ request (sink SGEs in the payload when served by CMA)
+  atomic,       // fetch-add / compare-swap
+  read_resp,    // staged READ data (resp ring)
+  atomic_resp,  // atomic original value (resp ring)
+};
+
+namespace msg_flag {
+inline constexpr std::uint8_t first = 1, last = 2, with_imm = 4, with_inv = 8, cma = 16,
+                              fetch_add = 32, solicited = 64;
+}
+
+// The slot header. sges (CMA ops) follow in the payload as {addr, len} pairs.
+struct msg_header {
+  msg_op op;
+  std::uint8_t flags;
+  std::uint16_t nsge;
+  std::uint32_t len;  // payload bytes in this slot
+  std::uint32_t rkey;
+  std::uint32_t imm;        // immediate data / invalidated rkey
+  std::uint64_t raddr;      // remote address of the message start
+  std::uint64_t total;      // message length
+  std::uint64_t off;        // offset of this slot's bytes in the message
+  std::uint64_t id;         // request id (the initiator's SQ position)
+  std::uint64_t cmp, swap;  // atomics: compare/add, swap; atomic_resp: cmp = original
+};
+static_assert(sizeof(msg_header) <= slot_header);
+
+struct iov_pair {
+  std::uint64_t addr, len;
+};
+inline constexpr std::uint32_t max_cma_sge = 16;
+
+struct alignas(64) seg_header {
+  std::uint32_t magic, version, slots, slot_bytes;
+  // Side s is about to block and wants a doorbell (one byte on the socket) on
+  // any change; the peer clears it when ringing, so one byte per sleep.
+  alignas(64) std::atomic<std::uint32_t> sleeping0{0};
+  alignas(64) std::atomic<std::uint32_t> sleeping1{0};
+  ring_ctl req[2];
+  ring_ctl resp[2];
+};
+
+inline constexpr std::size_t ring_bytes = std::size_t(ring_slots) * slot_size;
+inline constexpr std::size_t seg_data_off = (sizeof(seg_header) + 4095) & ~std::size_t(4095);
+inline constexpr std::size_t seg_size = seg_data_off + 4 * ring_bytes;
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+// Views of one mapped segment from one side.
+struct seg_view {
+  seg_header* hdr = nullptr;
+  std::byte* base = nullptr;
+  int side = 0;
+
+  std::atomic<std::uint32_t>& sleeping(int s) const noexcept {
+    return s == 0 ? hdr->sleeping0 : hdr->sleeping1;
+  }
+  // ring index: req[0]=0, req[1]=1, resp[0]=2, resp[1]=3
+  std::byte* slot(int ring, std::uint64_t pos) const noexcept {
+    return base + seg_data_off + std::size_t(ring) * ring_bytes +
+           std::size_t(pos % ring_slots) * slot_size;
+  }
+};
+
+}  // namespace conveyor::shm
