@@ -53,6 +53,15 @@ struct device_options {
   std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
 };
 
+// One port of a device: where it is reachable and whether its link is up.
+struct port_attr {
+  std::uint8_t num = 1;
+  std::string state;                   // "active", "down", "init", ...
+  std::string link_layer;              // "tcp", "ethernet", "infiniband", "unix"
+  std::uint32_t mtu = 0;               // path MTU in bytes; 0 where it does not apply
+  std::vector<std::string> addresses;  // IP addresses (soft), GIDs (verbs), ...
+};
+
 struct device_attr {
   std::string name;
   std::string provider;  // "soft", "verbs", "shm"
@@ -69,6 +78,7 @@ struct device_attr {
   bool atomics = false;          // between two peers that both support them
   bool immediate_data = false;   // likewise
   bool send_with_invalidate = true;
+  std::vector<port_attr> ports;
 };
 
 struct device_info {

@@ -3,6 +3,7 @@
 
 #include "core/log.hpp"
 #include "providers/soft/engine/soft_qp.hpp"
+#include "providers/soft/net/tcp.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +33,9 @@ soft_device::soft_device(std::string name, const device_options& opts) {
   attr_.atomics = true;         // with a Conveyor peer (RFC 7306, negotiated)
   attr_.immediate_data = true;  // likewise
   attr_.send_with_invalidate = true;
+  // One "port": TCP on every interface of the host.
+  attr_.ports.push_back({.num = 1, .state = "active", .link_layer = "tcp", .mtu = 0,
+                         .addresses = net::interface_addresses()});
   engine_ = std::make_unique<soft::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us,
                                            opts.engine_park);
 }

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -222,6 +224,24 @@ result<void> write_all(int fd, std::span<const std::byte> in, clock::time_point 
       return make_error(errc::timed_out, std::string(what) + " timed out");
   }
   return {};
+}
+
+std::vector<std::string> interface_addresses() {
+  std::vector<std::string> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_flags & IFF_UP) == 0) continue;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    if (::inet_ntop(family, raw, text, sizeof text) != nullptr) out.emplace_back(text);
+  }
+  ::freeifaddrs(list);
+  return out;
 }
 
 }  // namespace conveyor::net

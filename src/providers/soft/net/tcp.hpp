@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include <sys/socket.h>
@@ -58,5 +59,8 @@ result<void> write_all(int fd, std::span<const std::byte> in, clock::time_point 
 void set_nonblocking(int fd, bool on) noexcept;
 void set_nodelay(int fd) noexcept;
 std::uint32_t tcp_mss(int fd) noexcept;
+// The IPv4 and IPv6 addresses of this host's interfaces that are up (where a
+// listener bound to the wildcard address can be reached), loopback included.
+std::vector<std::string> interface_addresses();
 
 }  // namespace conveyor::net

@@ -1,0 +1,389 @@
+// The `conveyor` tool, run as a separate program: argument handling, errors a
+// person can act on, every test x mode against a `perf --server`, and the
+// documented JSON schemas (docs/CLI.md).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/env.hpp"
+#include "common/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+const std::string tool = CONVEYOR_TOOL_PATH;
+
+cvt::command_result run(std::vector<std::string> args, std::chrono::milliseconds timeout = 60s) {
+  args.insert(args.begin(), tool);
+  return cvt::run_command(args, cvt::scaled(timeout));
+}
+
+int exit_code(const cvt::command_result& r) { return WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1; }
+
+// `conveyor perf --server` in the background; its stderr is read for the
+// address it listens on. The destructor kills it.
+class server_process {
+ public:
+  explicit server_process(std::vector<std::string> extra = {}) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(p[1], 2);
+      int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, 1);
+      ::alarm(300);
+      std::vector<std::string> args{tool, "perf", "--server", "127.0.0.1:0", "--accept-timeout", "120"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(tool.c_str(), argv.data());
+      ::_exit(127);
+    }
+    ::close(p[1]);
+    fd_ = p[0];
+    // "conveyor perf server: listening on 127.0.0.1:40123 (...)"
+    const std::regex re("listening on (\\S+)");
+    const auto deadline = std::chrono::steady_clock::now() + cvt::scaled(10s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd pf{fd_, POLLIN, 0};
+      if (::poll(&pf, 1, 100) <= 0) continue;
+      char buf[512];
+      ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      log_.append(buf, static_cast<std::size_t>(n));
+      std::smatch m;
+      if (std::regex_search(log_, m, re)) {
+        address_ = m[1];
+        return;
+      }
+    }
+  }
+  ~server_process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  server_process(const server_process&) = delete;
+  server_process& operator=(const server_process&) = delete;
+  const std::string& address() const { return address_; }
+  // The rest of its stderr, once it has exited (bounded wait) — for messages.
+  std::string drain_log() {
+    pollfd pf{fd_, POLLIN, 0};
+    while (::poll(&pf, 1, 200) > 0) {
+      char buf[512];
+      ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      log_.append(buf, static_cast<std::size_t>(n));
+    }
+    return log_;
+  }
+  // Waits for the server to exit on its own; its exit code or -1.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string log_;
+  std::string address_;
+};
+
+// ---------------------------------------------------------------- arguments --
+
+struct bad_args_case {
+  std::vector<std::string> args;
+  std::string message;  // part of what stderr must say
+};
+
+void PrintTo(const bad_args_case& c, std::ostream* os) {
+  for (const auto& a : c.args) *os << a << ' ';
+}
+
+class bad_arguments : public testing::TestWithParam<bad_args_case> {};
+
+TEST_P(bad_arguments, exit_with_status_2_and_say_what_is_wrong) {
+  const auto r = run(GetParam().args, 10s);
+  EXPECT_EQ(exit_code(r), 2) << r.output;
+  EXPECT_NE(r.output.find(GetParam().message), std::string::npos) << "output was:\n" << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    cli, bad_arguments,
+    testing::Values(bad_args_case{{}, "subcommand"},
+                    bad_args_case{{"frobnicate"}, "subcommand"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--test", "teleport"}, "teleport"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--mode", "fast"}, "fast"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--size", "12parsecs"}, "not a size"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--sizes", "8,4K,huge"}, "huge"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--size", "8", "--all"}, "choose one"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--iters", "5", "--duration", "1"}, "exclude"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--iters", "-3"}, "iters"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--qps", "0"}, "qps"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--crc", "maybe"}, "maybe"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--progress", "sometimes"}, "sometimes"},
+                    bad_args_case{{"perf"}, "address is missing"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--test", "fetch-add", "--size", "64"}, "exactly 8 bytes"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--size", "4"}, "at least 8"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--tx-depth", "4", "--batch", "8"}, "exceeds --tx-depth"},
+                    bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--qps", "2"}, "one QP"},
+                    bad_args_case{{"devices", "--color"}, "color"}));
+
+TEST(cli, help_exits_0_and_lists_the_perf_options) {
+  const auto r = run({"perf", "--help"}, 10s);
+  EXPECT_EQ(exit_code(r), 0) << r.output;
+  for (const char* opt : {"--server", "--test", "--mode", "--size", "--all", "--iters", "--duration", "--qps",
+                          "--tx-depth", "--inline", "--batch", "--crc", "--progress", "--provider", "--device",
+                          "--cpu", "--verify", "--json"})
+    EXPECT_NE(r.output.find(opt), std::string::npos) << opt << " missing from --help";
+}
+
+TEST(cli, sizes_accept_units) {
+  // Parsed, then refused only because nothing listens: proves the sizes passed.
+  const auto r = run({"perf", "127.0.0.1:1", "--sizes", "8,4K,64KiB,1M", "--timeout", "2"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_EQ(r.output.find("not a size"), std::string::npos) << r.output;
+}
+
+// ------------------------------------------------------------------- errors --
+
+TEST(cli, nothing_listening_says_to_start_the_server) {
+  const auto r = run({"perf", "127.0.0.1:9", "--timeout", "3"}, 20s);  // port 9 (discard): nothing listens here
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("nothing is listening"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("conveyor perf --server"), std::string::npos) << r.output;
+}
+
+TEST(cli, malformed_address_is_named) {
+  const auto r = run({"perf", "not-an-address", "--timeout", "3"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("not-an-address"), std::string::npos) << r.output;
+}
+
+TEST(cli, unknown_device_points_to_conveyor_devices) {
+  const auto r = run({"perf", "127.0.0.1:9", "--device", "nosuchnic0"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("nosuchnic0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("conveyor devices"), std::string::npos) << r.output;
+}
+
+TEST(cli, size_over_the_servers_max_size_is_refused_with_the_reason) {
+  server_process srv({"--max-size", "64K"});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto r = run({"perf", srv.address(), "--size", "1M", "--iters", "10"}, 30s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("--max-size"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rejected"), std::string::npos) << r.output;
+}
+
+TEST(cli, a_client_of_another_protocol_version_is_refused_with_the_reason) {
+  server_process srv;
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  // A client speaking "version 99": the library's own connect with a crafted hello.
+  auto dev = conveyor::device::open("soft");
+  ASSERT_TRUE(dev) << dev.error().to_string();
+  auto pd = dev->alloc_pd();
+  ASSERT_TRUE(pd);
+  auto cq = dev->create_cq();
+  ASSERT_TRUE(cq);
+  auto qp = pd->create_qp({.send_cq = &*cq, .recv_cq = &*cq});
+  ASSERT_TRUE(qp);
+  std::vector<std::byte> hello{std::byte{'C'}, std::byte{'V'}, std::byte{'P'}, std::byte{'F'}, std::byte{99},
+                               std::byte{0}};
+  auto info = conveyor::connect(*qp, srv.address(), {.private_data = hello, .timeout = cvt::scaled(10s)});
+  ASSERT_FALSE(info);
+  EXPECT_EQ(cvt::name(info.error().code), cvt::name(conveyor::errc::rejected));
+  EXPECT_NE(info.error().context.find("version mismatch"), std::string::npos) << info.error().to_string();
+}
+
+TEST(cli, a_peer_that_is_not_a_perf_client_is_refused) {
+  server_process srv;
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  auto dev = conveyor::device::open("soft");
+  ASSERT_TRUE(dev);
+  auto pd = dev->alloc_pd();
+  auto cq = dev->create_cq();
+  auto qp = pd->create_qp({.send_cq = &*cq, .recv_cq = &*cq});
+  ASSERT_TRUE(qp);
+  auto info = conveyor::connect(*qp, srv.address(), {.timeout = cvt::scaled(10s)});
+  ASSERT_FALSE(info);
+  EXPECT_NE(info.error().context.find("not a conveyor perf client"), std::string::npos) << info.error().to_string();
+}
+
+// -------------------------------------------------------------- runs + JSON --
+
+void expect_perf_schema(const json& j, const std::string& test, const std::string& mode,
+                        const std::vector<std::uint64_t>& sizes) {
+  ASSERT_EQ(j.at("schema"), "conveyor-perf/1");
+  const auto& s = j.at("settings");
+  for (const char* k : {"provider", "device", "transport", "local_address", "peer_address", "progress", "test", "mode"})
+    EXPECT_TRUE(s.at(k).is_string()) << k;
+  for (const char* k : {"ird", "ord", "mss", "max_fpdu", "mpa_revision", "iters", "warmup", "qps", "tx_depth",
+                        "rx_depth", "batch", "inline"})
+    EXPECT_TRUE(s.at(k).is_number_unsigned()) << k;
+  for (const char* k : {"crc", "extensions", "verify"}) EXPECT_TRUE(s.at(k).is_boolean()) << k;
+  EXPECT_TRUE(s.at("duration_s").is_number());
+  EXPECT_TRUE(s.at("cpu").is_number_integer());
+  EXPECT_EQ(s.at("test"), test);
+  EXPECT_EQ(s.at("mode"), mode);
+  EXPECT_EQ(s.at("provider"), "soft");
+  EXPECT_GT(s.at("ord").get<unsigned>(), 0u);
+  const auto& rows = j.at("results");
+  ASSERT_EQ(rows.size(), sizes.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    EXPECT_EQ(r.at("test"), test);
+    EXPECT_EQ(r.at("mode"), mode);
+    EXPECT_EQ(r.at("size").get<std::uint64_t>(), sizes[i]);
+    EXPECT_GT(r.at("iterations").get<std::uint64_t>(), 0u);
+    EXPECT_GT(r.at("seconds").get<double>(), 0.0);
+    EXPECT_GE(r.at("mb_per_s").get<double>(), 0.0);
+    EXPECT_GT(r.at("mops").get<double>(), 0.0);
+    const auto& c = r.at("cpu");
+    for (const char* k : {"user_s", "sys_s", "peer_user_s", "peer_sys_s", "s_per_gb"})
+      EXPECT_GE(c.at(k).get<double>(), 0.0) << k;
+    EXPECT_TRUE(r.at("verified").get<bool>());
+    EXPECT_EQ(r.at("verify_errors").get<std::uint64_t>(), 0u) << "bytes moved did not match";
+    if (mode == "lat") {
+      const auto& l = r.at("lat_us");
+      for (const char* k : {"min", "mean", "p50", "p99", "p999", "max"}) EXPECT_GT(l.at(k).get<double>(), 0.0) << k;
+      EXPECT_LE(l.at("min").get<double>(), l.at("p50").get<double>());
+      EXPECT_LE(l.at("p50").get<double>(), l.at("p99").get<double>());
+      EXPECT_LE(l.at("p99").get<double>(), l.at("p999").get<double>());
+      EXPECT_LE(l.at("p999").get<double>(), l.at("max").get<double>());
+    } else {
+      EXPECT_TRUE(r.at("lat_us").is_null());
+      if (sizes[i] > 0) {
+        EXPECT_GT(r.at("mb_per_s").get<double>(), 0.0);
+      }
+    }
+  }
+}
+
+struct run_case {
+  std::string test, mode;
+  std::vector<std::string> extra;
+};
+
+void PrintTo(const run_case& c, std::ostream* os) {
+  *os << c.test << ' ' << c.mode;
+  for (const auto& a : c.extra) *os << ' ' << a;
+}
+
+class perf_run : public testing::TestWithParam<run_case> {};
+
+TEST_P(perf_run, verifies_its_data_and_prints_the_documented_json) {
+  const auto& c = GetParam();
+  server_process srv(c.extra);
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const bool atomic = c.test == "fetch-add" || c.test == "compare-swap";
+  const std::vector<std::uint64_t> sizes = atomic ? std::vector<std::uint64_t>{8}
+                                                  : std::vector<std::uint64_t>{8, 4096, 65536};
+  std::vector<std::string> args{"perf", srv.address(), "--test", c.test, "--mode", c.mode, "--iters", "300",
+                                "--verify", "--json", "--quiet"};
+  if (!atomic) args.insert(args.end(), {"--sizes", "8,4K,64K"});
+  args.insert(args.end(), c.extra.begin(), c.extra.end());
+  const auto r = run(args, 120s);
+  ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  json j;
+  ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+  expect_perf_schema(j, c.test, c.mode, sizes);
+  EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << "the server must end cleanly after the client's goodbye\n"
+                                                << srv.drain_log();
+}
+
+std::vector<run_case> run_cases() {
+  std::vector<run_case> out;
+  for (const char* t : {"write", "read", "send", "fetch-add", "compare-swap", "write-imm"})
+    for (const char* m : {"bw", "lat", "rate"}) out.push_back({t, m, {}});
+  out.push_back({"write", "bw", {"--qps", "3", "--progress", "manual"}});
+  out.push_back({"send", "bw", {"--qps", "2", "--rx-depth", "8", "--tx-depth", "32"}});
+  out.push_back({"read", "lat", {"--progress", "manual", "--crc", "off"}});
+  out.push_back({"write", "rate", {"--batch", "4", "--tx-depth", "8", "--inline", "0"}});
+  return out;
+}
+
+std::string run_case_name(const testing::TestParamInfo<run_case>& info) {
+  std::string n = info.param.test + "_" + info.param.mode + (info.param.extra.empty() ? "" : "_" + std::to_string(info.index));
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(cli, perf_run, testing::ValuesIn(run_cases()), run_case_name);
+
+TEST(cli, table_output_names_units_and_the_resolved_settings) {
+  server_process srv;
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto r = run({"perf", srv.address(), "--mode", "lat", "--size", "8", "--iters", "100"}, 60s);
+  ASSERT_EQ(exit_code(r), 0) << r.output;
+  for (const char* s : {"provider soft", "IRD/ORD", "CRC on", "MSS", "bytes", "p50[us]", "p99[us]", "p999[us]",
+                        "max[us]"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << " missing:\n" << r.output;
+}
+
+TEST(cli, devices_json_lists_the_soft_device_with_its_capabilities) {
+  const auto r = run({"devices", "--json"}, 20s);
+  ASSERT_EQ(exit_code(r), 0) << r.output;
+  json j;
+  ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+  ASSERT_EQ(j.at("schema"), "conveyor-devices/1");
+  bool soft = false;
+  for (const auto& d : j.at("devices")) {
+    EXPECT_TRUE(d.at("name").is_string());
+    EXPECT_TRUE(d.at("provider").is_string());
+    EXPECT_TRUE(d.at("transport").is_string());
+    EXPECT_TRUE(d.at("available").is_boolean());
+    if (!d.at("available").get<bool>()) {
+      EXPECT_FALSE(d.at("reason").get<std::string>().empty()) << "an unavailable device must say why";
+      continue;
+    }
+    const auto& a = d.at("attributes");
+    EXPECT_GT(a.at("max_qp").get<unsigned>(), 0u);
+    EXPECT_GT(a.at("max_qp_rd_atom").get<unsigned>(), 0u);
+    EXPECT_TRUE(a.at("atomics").is_boolean());
+    EXPECT_FALSE(a.at("ports").empty());
+    if (d.at("provider") == "soft") {
+      soft = true;
+      EXPECT_EQ(d.at("transport"), "iWARP");
+      const auto& addrs = a.at("ports")[0].at("addresses");
+      EXPECT_NE(std::find(addrs.begin(), addrs.end(), "127.0.0.1"), addrs.end()) << addrs.dump();
+    }
+  }
+  EXPECT_TRUE(soft);
+}
+
+TEST(cli, devices_with_an_unknown_provider_fails) {
+  const auto r = run({"devices", "--provider", "warp-drive"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("warp-drive"), std::string::npos) << r.output;
+}
+
+}  // namespace

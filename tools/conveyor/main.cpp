@@ -1,0 +1,43 @@
+// conveyor — Conveyor's command-line tool.
+//
+//   conveyor devices [--json] [--provider P]
+//   conveyor perf --server [ADDRESS] [options]
+//   conveyor perf ADDRESS --test write --mode bw --size 1M [options]
+//   conveyor version
+//
+// Exit status: 0 success, 1 the run failed (message on stderr), 2 bad arguments.
+#include <CLI/CLI.hpp>
+#include <conveyor/conveyor.hpp>
+
+#include <cstdio>
+
+#include "perf.hpp"
+
+int main(int argc, char** argv) {
+  using namespace conveyor::tool;
+  CLI::App app{"conveyor: RDMA devices and performance (docs/CLI.md)", "conveyor"};
+  app.require_subcommand(1);
+  devices_options dopts;
+  auto* devices = app.add_subcommand("devices", "list every device of every provider");
+  devices->add_flag("--json", dopts.json, "JSON output (schema conveyor-devices/1)");
+  devices->add_option("-p,--provider", dopts.provider, "only this provider");
+  perf_options popts;
+  auto* perf = app.add_subcommand("perf", "measure bandwidth, latency or message rate against a `perf --server`");
+  add_perf_options(*perf, popts);
+  auto* version = app.add_subcommand("version", "print the library version");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // prints the help or the error
+  }
+  if (*devices) return run_devices(dopts);
+  if (*version) {
+    std::printf("conveyor %s\n", conveyor::version_string);
+    return 0;
+  }
+  if (auto why = validate_perf_options(popts); !why.empty()) {
+    std::fprintf(stderr, "conveyor perf: %s\n", why.c_str());
+    return 2;
+  }
+  return popts.server ? run_perf_server(popts) : run_perf_client(popts);
+}

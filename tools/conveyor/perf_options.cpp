@@ -1,0 +1,183 @@
+// Option parsing and validation of `conveyor perf`.
+#include "perf_options.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+
+namespace conveyor::tool {
+
+std::string_view to_string(perf_test t) noexcept {
+  switch (t) {
+    case perf_test::write: return "write";
+    case perf_test::read: return "read";
+    case perf_test::send: return "send";
+    case perf_test::fetch_add: return "fetch-add";
+    case perf_test::compare_swap: return "compare-swap";
+    case perf_test::write_imm: return "write-imm";
+  }
+  return "?";
+}
+
+std::string_view to_string(perf_mode m) noexcept {
+  switch (m) {
+    case perf_mode::bw: return "bw";
+    case perf_mode::lat: return "lat";
+    case perf_mode::rate: return "rate";
+  }
+  return "?";
+}
+
+bool is_atomic(perf_test t) noexcept {
+  return t == perf_test::fetch_add || t == perf_test::compare_swap;
+}
+bool consumes_receive(perf_test t) noexcept {
+  return t == perf_test::send || t == perf_test::write_imm;
+}
+
+std::optional<std::uint64_t> parse_size(std::string_view text) {
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || p == text.data()) return std::nullopt;
+  std::string unit(p, end);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::uint64_t mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb") mult = 1ull << 10;
+  else if (unit == "m" || unit == "mib" || unit == "mb") mult = 1ull << 20;
+  else if (unit == "g" || unit == "gib" || unit == "gb") mult = 1ull << 30;
+  else return std::nullopt;
+  if (v > (~0ull) / mult) return std::nullopt;
+  return v * mult;
+}
+
+std::string format_size(std::uint64_t b) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return std::to_string(b >> 30) + " GiB";
+  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+namespace {
+
+// A CLI11 validator/transformer for sizes with units.
+std::string check_size(std::string& s) {
+  if (!parse_size(s)) return "not a size: '" + s + "' (examples: 8, 4K, 64KiB, 1M)";
+  return {};
+}
+
+}  // namespace
+
+void add_perf_options(CLI::App& app, perf_options& o) {
+  auto& size_text = o.typed.size;
+  auto& sizes_text = o.typed.sizes;
+  auto& all_sizes = o.typed.all;
+  auto& max_size_text = o.typed.max_size;
+  app.add_option("address", o.address,
+                 "client: the server's address (ip:port); server: where to listen (default 0.0.0.0:18515)");
+  app.add_flag("-s,--server", o.server, "run the server side (waits for a client)");
+  app.add_flag("--persistent", o.persistent, "server: keep serving clients one after another");
+  app.add_option("-p,--provider", o.provider, "provider: soft, shm, verbs")->default_val("soft");
+  app.add_option("-d,--device", o.device, "device name (default: the provider's first device)");
+  app.add_option("-t,--test", o.typed.test, "operation: write, read, send, fetch-add, compare-swap, write-imm")
+      ->check(CLI::IsMember({"write", "read", "send", "fetch-add", "compare-swap", "write-imm"}))
+      ->default_str("write");
+  app.add_option("-m,--mode", o.typed.mode, "bw (bandwidth), lat (round-trip latency), rate (message rate)")
+      ->check(CLI::IsMember({"bw", "lat", "rate"}))
+      ->default_str("bw");
+  app.add_option("-S,--size", size_text, "message size (8, 4K, 1M, ...)")->check(CLI::Validator(check_size, "SIZE"));
+  app.add_option("--sizes", sizes_text, "comma-separated message sizes, run in order");
+  app.add_flag("-a,--all", all_sizes, "sweep sizes 2 B .. 8 MiB in powers of two");
+  app.add_option("-n,--iters", o.iters, "iterations per size (default: lat 1000; bw/rate use --duration)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("-D,--duration", o.duration, "seconds per size (default for bw/rate: 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "untimed iterations before each size (default: lat 100, bw 0)");
+  app.add_option("-q,--qps", o.qps, "number of connected QPs (data is spread round-robin)")
+      ->check(CLI::Range(1, 64))->default_val(1);
+  app.add_option("--tx-depth", o.tx_depth, "outstanding requests per QP (default: bw/rate 128; READ/atomics limited by ORD)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--rx-depth", o.rx_depth, "receives posted per QP for send / write-imm")
+      ->check(CLI::Range(1, 8192))->default_val(512);
+  app.add_option("-I,--inline", o.inline_size, "post messages up to this size inline")
+      ->check(CLI::Range(0, 4096))->default_val(64);
+  app.add_option("--batch", o.batch, "signal one request in N, post N at a time (default: bw 16, rate 16, lat 1)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--crc", o.typed.crc, "ask for MPA CRC32c: on or off (soft)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->default_str("on");
+  app.add_option("--progress", o.typed.progress, "progress engine: thread or manual")
+      ->check(CLI::IsMember({"thread", "manual"}))
+      ->default_str("thread");
+  app.add_option("--cpu", o.cpu, "pin this process (and its engine thread) to one CPU")->check(CLI::NonNegativeNumber);
+  app.add_flag("--verify", o.verify, "check the bytes moved, on both sides (slower)");
+  app.add_flag("--json", o.json, "print results as JSON (schema conveyor-perf/1, docs/CLI.md)");
+  app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
+  app.add_option("--timeout", o.timeout, "seconds without progress (or to connect) before giving up")
+      ->check(CLI::PositiveNumber)->default_val(10);
+  app.add_option("--accept-timeout", o.accept_timeout, "server: seconds to wait for a client (0 = forever)")
+      ->check(CLI::NonNegativeNumber)->default_val(0);
+  app.add_option("--max-size", max_size_text, "server: largest message size it accepts (default 64M)")
+      ->check(CLI::Validator(check_size, "SIZE"));
+
+  app.callback([&o, &size_text, &sizes_text, &all_sizes, &max_size_text] {
+    o.sizes.clear();
+    int given = (!size_text.empty()) + (!sizes_text.empty()) + (all_sizes ? 1 : 0);
+    if (given > 1) throw CLI::ValidationError("--size, --sizes and --all", "choose one of them");
+    if (!size_text.empty()) o.sizes.push_back(*parse_size(size_text));
+    if (!sizes_text.empty()) {
+      std::string_view s(sizes_text);
+      while (!s.empty()) {
+        auto comma = s.find(',');
+        std::string item(s.substr(0, comma));
+        auto v = parse_size(item);
+        if (!v) throw CLI::ValidationError("--sizes", "not a size: '" + item + "'");
+        o.sizes.push_back(*v);
+        if (comma == std::string_view::npos) break;
+        s.remove_prefix(comma + 1);
+      }
+    }
+    if (all_sizes)
+      for (std::uint64_t v = 2; v <= (8ull << 20); v *= 2) o.sizes.push_back(v);
+    if (!max_size_text.empty()) o.max_size = *parse_size(max_size_text);
+    const std::map<std::string, perf_test> tests{{"write", perf_test::write},
+                                                 {"read", perf_test::read},
+                                                 {"send", perf_test::send},
+                                                 {"fetch-add", perf_test::fetch_add},
+                                                 {"compare-swap", perf_test::compare_swap},
+                                                 {"write-imm", perf_test::write_imm}};
+    o.test = tests.at(o.typed.test);
+    o.mode = o.typed.mode == "lat" ? perf_mode::lat : o.typed.mode == "rate" ? perf_mode::rate : perf_mode::bw;
+    o.progress = o.typed.progress == "manual" ? progress_mode::manual : progress_mode::thread;
+    o.crc = o.typed.crc == "on";
+  });
+}
+
+std::string validate_perf_options(perf_options& o) {
+  if (o.server) {
+    if (o.address.empty()) o.address = o.provider == "shm" ? "@conveyor-perf" : "0.0.0.0:18515";
+    return {};
+  }
+  if (o.address.empty()) return "the server's address is missing (e.g. conveyor perf 10.0.0.1:18515)";
+  if (o.iters != 0 && o.duration != 0) return "--iters and --duration exclude each other";
+  if (o.sizes.empty()) o.sizes.push_back(is_atomic(o.test) ? 8 : (o.mode == perf_mode::bw ? 65536 : 8));
+  for (auto s : o.sizes) {
+    if (is_atomic(o.test) && s != 8) return "atomics move exactly 8 bytes: use --size 8 (or leave it out)";
+    if (o.mode == perf_mode::lat && o.test == perf_test::write && s < 8)
+      return "write latency needs --size of at least 8 (the peer watches the last 8 bytes)";
+    if (s > 0x7FFFFFFFull) return "message size " + std::to_string(s) + " exceeds 2 GiB - 1";
+  }
+  if (o.iters == 0 && o.duration == 0) {
+    if (o.mode == perf_mode::lat) o.iters = 1000;
+    else o.duration = 1.0;
+  }
+  if (o.warmup == 0 && o.mode == perf_mode::lat) o.warmup = 100;
+  if (o.tx_depth == 0) o.tx_depth = o.mode == perf_mode::lat ? 1 : 128;
+  if (o.batch == 0) o.batch = o.mode == perf_mode::lat ? 1 : std::min<std::uint32_t>(16, o.tx_depth);
+  if (o.batch > o.tx_depth) return "--batch " + std::to_string(o.batch) + " exceeds --tx-depth " + std::to_string(o.tx_depth);
+  if (o.mode == perf_mode::lat && o.qps != 1) return "latency runs use one QP (drop --qps)";
+  return {};
+}
+
+}  // namespace conveyor::tool

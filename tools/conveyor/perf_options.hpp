@@ -1,0 +1,70 @@
+// tools/conveyor/perf_options.hpp — what `conveyor perf` is asked to do.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <conveyor/conveyor.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace conveyor::tool {
+
+enum class perf_test : std::uint8_t { write, read, send, fetch_add, compare_swap, write_imm };
+enum class perf_mode : std::uint8_t { bw, lat, rate };
+
+std::string_view to_string(perf_test t) noexcept;
+std::string_view to_string(perf_mode m) noexcept;
+bool is_atomic(perf_test t) noexcept;
+// SEND and WRITE_WITH_IMM consume a receive at the target (flow-controlled).
+bool consumes_receive(perf_test t) noexcept;
+
+struct perf_options {
+  bool server = false;
+  bool persistent = false;          // server: serve clients one after another
+  std::string address;              // client: the server's; server: where to bind
+  std::string provider = "soft";
+  std::string device;               // a device name; "" = the provider's first
+  perf_test test = perf_test::write;
+  perf_mode mode = perf_mode::bw;
+  std::vector<std::uint64_t> sizes; // message sizes in bytes, in run order
+  std::uint64_t iters = 0;          // per size; 0 = use duration
+  double duration = 0;              // seconds per size; 0 = use iters
+  std::uint64_t warmup = 0;         // untimed iterations first
+  std::uint32_t qps = 1;
+  std::uint32_t tx_depth = 0;       // outstanding requests per QP (0 = mode default)
+  std::uint32_t rx_depth = 512;     // receives posted per QP for send/write-imm
+  std::uint32_t inline_size = 64;   // messages up to this size go inline
+  std::uint32_t batch = 0;          // signal one request in `batch` (0 = mode default)
+  bool crc = true;
+  progress_mode progress = progress_mode::thread;
+  int cpu = -1;                     // pin the process to this CPU
+  bool verify = false;
+  bool json = false;
+  bool quiet = false;               // no progress lines on stderr
+  double timeout = 10;              // seconds without progress before giving up
+  double accept_timeout = 0;        // server: seconds to wait for a client (0 = forever)
+  std::uint64_t max_size = 64ull << 20;  // server: largest message it accepts
+
+  // The size options as typed (turned into `sizes` / `max_size` after parsing).
+  struct typed {
+    std::string size, sizes, max_size;
+    std::string test = "write", mode = "bw", progress = "thread", crc = "on";
+    bool all = false;
+  } typed;
+};
+
+// Registers the options of `conveyor perf` on `app`; validate_perf_options()
+// must run after parsing.
+void add_perf_options(CLI::App& app, perf_options& o);
+// Fills defaults that depend on the mode and checks combinations; returns ""
+// or a message for the user.
+std::string validate_perf_options(perf_options& o);
+
+// "8", "4K", "4KiB", "64k", "1M", "1MiB", "2G": bytes; nullopt when malformed.
+std::optional<std::uint64_t> parse_size(std::string_view text);
+std::string format_size(std::uint64_t bytes);
+
+}  // namespace conveyor::tool

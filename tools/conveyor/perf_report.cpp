@@ -1,0 +1,138 @@
+// Statistics, table and JSON of `conveyor perf`.
+#include "perf_report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace conveyor::tool {
+
+latency_stats latency_stats::from_ns(std::vector<std::uint32_t>& ns) {
+  latency_stats s;
+  if (ns.empty()) return s;
+  std::sort(ns.begin(), ns.end());
+  auto at = [&](double q) {
+    const auto i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(ns.size()))) - 1;
+    return static_cast<double>(ns[std::min(i, ns.size() - 1)]) / 1000.0;
+  };
+  s.min = static_cast<double>(ns.front()) / 1000.0;
+  s.max = static_cast<double>(ns.back()) / 1000.0;
+  s.mean = std::accumulate(ns.begin(), ns.end(), 0.0) / static_cast<double>(ns.size()) / 1000.0;
+  s.p50 = at(0.50);
+  s.p99 = at(0.99);
+  s.p999 = at(0.999);
+  return s;
+}
+
+double perf_result::cpu_s_per_gb() const {
+  const double gb = static_cast<double>(size) * static_cast<double>(iterations) / 1e9;
+  if (gb <= 0) return 0;
+  return (user_s + sys_s + peer_user_s + peer_sys_s) / gb;
+}
+
+namespace {
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", s);
+  return buf;
+}
+}  // namespace
+
+void print_settings(std::FILE* out, const perf_settings& s) {
+  const auto& o = s.opts;
+  std::fprintf(out, "conveyor perf: %s %s\n", std::string(to_string(o.test)).c_str(),
+               o.mode == perf_mode::bw ? "bandwidth" : o.mode == perf_mode::lat ? "latency (round trip)" : "message rate");
+  std::fprintf(out, "  provider %s, device %s (%s), progress %s%s\n", s.provider.c_str(), s.device.c_str(),
+               s.transport.c_str(), s.progress.c_str(),
+               o.cpu >= 0 ? (", pinned to CPU " + std::to_string(o.cpu)).c_str() : "");
+  std::fprintf(out, "  connection %s -> %s\n", s.local_address.c_str(), s.peer_address.c_str());
+  std::fprintf(out, "  IRD/ORD %u/%u, CRC %s, MSS %u, FPDU %u B, MPA rev %u, atomics/immediate %s\n", s.ird, s.ord,
+               s.crc ? "on" : "off", s.mss, s.max_fpdu, s.mpa_revision, s.extensions ? "yes" : "no");
+  std::string amount = o.iters != 0 ? std::to_string(o.iters) + " iterations" : format_seconds(o.duration);
+  std::fprintf(out, "  QPs %u, tx depth %u, signal 1 in %u, inline up to %u B, %s per size, warmup %llu%s\n", o.qps,
+               o.tx_depth, o.batch, o.inline_size, amount.c_str(), static_cast<unsigned long long>(o.warmup),
+               o.verify ? ", verifying data" : "");
+}
+
+void print_table_header(std::FILE* out, const perf_settings& s) {
+  if (s.opts.mode == perf_mode::lat) {
+    std::fprintf(out, "%12s %10s %10s %10s %10s %10s %10s %10s\n", "bytes", "iters", "min[us]", "p50[us]",
+                 "p99[us]", "p999[us]", "max[us]", "mean[us]");
+  } else {
+    std::fprintf(out, "%12s %10s %12s %12s %10s %14s\n", "bytes", "ops", "BW[MB/s]", "rate[Mops/s]", "secs",
+                 "CPU[s/GB]");
+  }
+}
+
+void print_table_row(std::FILE* out, const perf_settings& s, const perf_result& r) {
+  std::string mark = r.verified ? (r.verify_errors == 0 ? "  verified" : "  VERIFY FAILED") : "";
+  if (s.opts.mode == perf_mode::lat && r.lat) {
+    const auto& l = *r.lat;
+    std::fprintf(out, "%12llu %10llu %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f%s\n",
+                 static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(r.iterations), l.min, l.p50,
+                 l.p99, l.p999, l.max, l.mean, mark.c_str());
+  } else {
+    std::fprintf(out, "%12llu %10llu %12.1f %12.3f %10.3f %14.3f%s\n", static_cast<unsigned long long>(r.size),
+                 static_cast<unsigned long long>(r.iterations), r.mb_per_s, r.mops, r.seconds, r.cpu_s_per_gb(),
+                 mark.c_str());
+  }
+  std::fflush(out);
+}
+
+nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& results) {
+  using nlohmann::json;
+  const auto& o = s.opts;
+  json settings = {
+      {"provider", s.provider},
+      {"device", s.device},
+      {"transport", s.transport},
+      {"local_address", s.local_address},
+      {"peer_address", s.peer_address},
+      {"ird", s.ird},
+      {"ord", s.ord},
+      {"crc", s.crc},
+      {"mss", s.mss},
+      {"max_fpdu", s.max_fpdu},
+      {"mpa_revision", s.mpa_revision},
+      {"extensions", s.extensions},
+      {"progress", s.progress},
+      {"test", to_string(o.test)},
+      {"mode", to_string(o.mode)},
+      {"sizes", o.sizes},
+      {"iters", o.iters},
+      {"duration_s", o.duration},
+      {"warmup", o.warmup},
+      {"qps", o.qps},
+      {"tx_depth", o.tx_depth},
+      {"rx_depth", o.rx_depth},
+      {"batch", o.batch},
+      {"inline", o.inline_size},
+      {"cpu", o.cpu},
+      {"verify", o.verify},
+  };
+  json rows = json::array();
+  for (const auto& r : results) {
+    json row = {
+        {"test", to_string(r.test)},
+        {"mode", to_string(r.mode)},
+        {"size", r.size},
+        {"iterations", r.iterations},
+        {"seconds", r.seconds},
+        {"mb_per_s", r.mb_per_s},
+        {"mops", r.mops},
+        {"cpu", {{"user_s", r.user_s}, {"sys_s", r.sys_s}, {"peer_user_s", r.peer_user_s},
+                 {"peer_sys_s", r.peer_sys_s}, {"s_per_gb", r.cpu_s_per_gb()}}},
+        {"verified", r.verified},
+        {"verify_errors", r.verify_errors},
+    };
+    if (r.lat)
+      row["lat_us"] = {{"min", r.lat->min}, {"mean", r.lat->mean}, {"p50", r.lat->p50}, {"p99", r.lat->p99},
+                       {"p999", r.lat->p999}, {"max", r.lat->max}};
+    else
+      row["lat_us"] = nullptr;
+    rows.push_back(std::move(row));
+  }
+  return {{"schema", perf_schema}, {"settings", settings}, {"results", rows}};
+}
+
+}  // namespace conveyor::tool

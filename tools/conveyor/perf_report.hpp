@@ -1,0 +1,59 @@
+// tools/conveyor/perf_report.hpp — results of `conveyor perf`: statistics, the
+// table for people and the JSON document (schema "conveyor-perf/1", docs/CLI.md).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "perf_options.hpp"
+
+namespace conveyor::tool {
+
+inline constexpr const char* perf_schema = "conveyor-perf/1";
+
+// Round-trip latency of one size, microseconds.
+struct latency_stats {
+  double min = 0, mean = 0, p50 = 0, p99 = 0, p999 = 0, max = 0;
+  // From per-iteration samples in nanoseconds (sorted in place).
+  static latency_stats from_ns(std::vector<std::uint32_t>& ns);
+};
+
+struct perf_result {
+  perf_test test = perf_test::write;
+  perf_mode mode = perf_mode::bw;
+  std::uint64_t size = 0;
+  std::uint64_t iterations = 0;  // operations timed
+  double seconds = 0;
+  double mb_per_s = 0;           // 10^6 bytes per second
+  double mops = 0;               // 10^6 operations per second
+  std::optional<latency_stats> lat;
+  double user_s = 0, sys_s = 0;            // this process during the timed part
+  double peer_user_s = 0, peer_sys_s = 0;  // the server's, during the phase
+  bool verified = false;
+  std::uint64_t verify_errors = 0;
+  // CPU seconds (both sides, user+sys) per GB (10^9 bytes) moved.
+  double cpu_s_per_gb() const;
+};
+
+// What was run, resolved (printed before the results).
+struct perf_settings {
+  std::string provider, device, transport;
+  std::string local_address, peer_address;
+  std::uint32_t ird = 0, ord = 0, mss = 0, max_fpdu = 0;
+  bool crc = false, extensions = false;
+  std::uint8_t mpa_revision = 0;
+  std::string progress;
+  perf_options opts;  // test, mode, sizes, qps, depths, batch, inline, cpu, iters/duration
+};
+
+void print_settings(std::FILE* out, const perf_settings& s);
+void print_table_header(std::FILE* out, const perf_settings& s);
+void print_table_row(std::FILE* out, const perf_settings& s, const perf_result& r);
+nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& results);
+
+}  // namespace conveyor::tool

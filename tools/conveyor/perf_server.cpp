@@ -1,0 +1,374 @@
+// The server side of `conveyor perf`: accepts a client's control and data
+// connections, then serves its phases. One-sided tests need nothing from the
+// server's threads (the device's engine serves them); the server only waits
+// for the end of the phase. SEND and WRITE_WITH_IMM need receives: the server
+// reposts them and tells the client its credit (receives posted, cumulative)
+// by RDMA WRITE. Latency tests are echoed.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <thread>
+
+#include "perf.hpp"
+#include "perf_report.hpp"
+#include "perf_session.hpp"
+
+namespace conveyor::tool {
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+
+class session {
+ public:
+  session(perf_endpoint& ep, const perf_hello& h) : ep_(ep), hello_(h) {
+    posted_.assign(h.qps, 0);
+    consumed_.assign(h.qps, 0);
+    credit_written_.assign(h.qps, 0);
+    recv_seq_.assign(h.qps, 0);
+    phase_recvs_.assign(h.qps, 0);
+  }
+  // Serves phases until the client says goodbye.
+  void serve();
+
+ private:
+  void phase(const ctl_msg& begin);
+  std::uint64_t verify_end(const ctl_msg& begin, const ctl_msg& end);
+  void top_up_recvs();
+  void write_credit(std::uint32_t q, bool wait);
+  // One receive completion: verify, repost, maybe credit or echo.
+  void on_recv(const work_completion& wc, const ctl_msg& begin);
+  void echo(std::uint64_t seq, const ctl_msg& begin);
+  void reap_send();
+  std::byte* slot(std::uint32_t q, std::uint64_t n) { return ep_.data_mr().data() + ep_.layout().offset(q, n); }
+  std::byte* spare() { return ep_.data_mr().data() + ep_.layout().spare(); }
+  std::uint32_t qp_index(std::uint32_t qp_num) const {
+    for (std::uint32_t i = 0; i < ep_.qps().size(); ++i)
+      if (ep_.qps()[i].qp_num() == qp_num) return i;
+    fail("completion for an unknown QP " + std::to_string(qp_num));
+  }
+  std::uint64_t rx_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& qp : ep_.qps()) n += qp.counters().rx_bytes;
+    return n;
+  }
+
+  perf_endpoint& ep_;
+  perf_hello hello_;
+  std::vector<std::uint64_t> posted_;          // receives posted per QP (cumulative): the credit
+  std::vector<std::uint64_t> consumed_;        // receives completed per QP (cumulative)
+  std::vector<std::uint64_t> credit_written_;  // last credit written to the client
+  std::vector<std::uint64_t> recv_seq_;        // wr_id of the next receive per QP
+  std::vector<std::uint64_t> phase_recvs_;     // receives completed per QP in this phase
+  std::uint64_t verify_errors_ = 0;
+  std::uint64_t credit_signal_ = 0;
+  std::uint64_t echo_seq_ = 0;
+};
+
+void session::reap_send() {
+  std::array<work_completion, 32> wcs;
+  auto n = ep_.send_cq().poll(wcs);
+  if (!n) fail("poll: " + std::string(to_string(n.error())));
+  for (std::size_t i = 0; i < *n; ++i)
+    if (wcs[i].status != wc_status::success)
+      fail(std::string(to_string(wcs[i].opcode)) + " to the client failed: " + std::string(to_string(wcs[i].status)) +
+           " (" + ep_.describe() + ")");
+}
+
+void session::top_up_recvs() {
+  const auto& l = ep_.layout();
+  for (std::uint32_t q = 0; q < hello_.qps; ++q) {
+    while (posted_[q] - consumed_[q] < hello_.rx_depth) {
+      const sge s = ep_.data_mr().slice(l.offset(q, recv_seq_[q]), l.slot_size);
+      check(ep_.qps()[q].post_recv(s, recv_seq_[q]), "post receive on data QP " + std::to_string(q));
+      ++recv_seq_[q];
+      ++posted_[q];
+    }
+  }
+}
+
+void session::write_credit(std::uint32_t q, bool wait) {
+  std::byte* word = ep_.ctl_mr().data() + ctl_layout::scratch_off + 8 * q;
+  std::memcpy(word, &posted_[q], 8);
+  const sge s = ep_.ctl_mr().slice(ctl_layout::scratch_off + 8 * q, 8);
+  const bool signaled = wait || ++credit_signal_ % 32 == 0;
+  send_wr w{.wr_id = 0, .opcode = wr_opcode::rdma_write,
+            .flags = send_flags::inline_data | (signaled ? send_flags::signaled : send_flags::none),
+            .sg_list = std::span(&s, 1), .remote_addr = hello_.ctl.addr + ctl_layout::credit_off + 8 * q,
+            .rkey = hello_.ctl.rkey};
+  status st = ep_.qps()[q].post_send(w);
+  while (st == errc::again) {
+    reap_send();
+    st = ep_.qps()[q].post_send(w);
+  }
+  check(st, "post credit WRITE");
+  credit_written_[q] = posted_[q];
+  if (wait) {
+    std::array<work_completion, 1> wc;
+    const auto deadline = clk::now() + std::chrono::duration<double>(ep_.opts().timeout);
+    while (true) {
+      auto n = ep_.send_cq().wait(wc, std::chrono::milliseconds(20));
+      if (n && *n == 1) {
+        if (wc[0].status != wc_status::success) fail("credit WRITE failed: " + std::string(to_string(wc[0].status)));
+        return;
+      }
+      if (clk::now() > deadline) fail("credit WRITE did not complete (" + ep_.describe() + ")");
+    }
+  }
+}
+
+void session::echo(std::uint64_t seq, const ctl_msg& b) {
+  const sge s = ep_.data_mr().slice(ep_.layout().spare(), b.size);
+  const bool inl = b.size <= ep_.opts().inline_size;
+  const bool signaled = ++echo_seq_ % 64 == 0;
+  send_wr w{.wr_id = seq, .flags = (signaled ? send_flags::signaled : send_flags::none) |
+                                   (inl ? send_flags::inline_data : send_flags::none),
+            .sg_list = std::span(&s, 1)};
+  if (b.test == perf_test::send) {
+    w.opcode = wr_opcode::send;
+  } else {
+    w.opcode = wr_opcode::rdma_write_with_imm;
+    w.remote_addr = hello_.data.addr + ep_.layout().offset(0, 0);
+    w.rkey = hello_.data.rkey;
+    w.imm_data = static_cast<std::uint32_t>(seq);
+  }
+  check(ep_.qps()[0].post_send(w), "post echo");
+}
+
+void session::on_recv(const work_completion& wc, const ctl_msg& b) {
+  if (wc.status != wc_status::success)
+    fail("receive failed: " + std::string(to_string(wc.status)) + " (" + ep_.describe() + ")");
+  const std::uint32_t q = qp_index(wc.qp_num);
+  const std::uint64_t k = phase_recvs_[q]++;  // the client's k-th request of the phase on q
+  ++consumed_[q];
+  if (b.verify) {
+    if (b.test == perf_test::send) {
+      const std::uint64_t slot_of_sender = b.mode == perf_mode::lat ? 0 : k % ep_.layout().slots;
+      if (wc.byte_len != b.size || !check_pattern({slot(q, wc.wr_id), b.size}, b.seed, slot_of_sender))
+        ++verify_errors_;
+    } else {
+      // WRITE_WITH_IMM: the data landed in the slot the immediate value names.
+      const std::uint64_t n = b.mode == perf_mode::lat ? 0 : wc.imm_data;
+      const std::uint64_t slot_of_sender = b.mode == perf_mode::lat ? 0 : n % ep_.layout().slots;
+      if (!wc.with_imm || !check_pattern({slot(q, n), b.size}, b.seed, slot_of_sender)) ++verify_errors_;
+    }
+  }
+  top_up_recvs();
+  if (b.mode == perf_mode::lat) {
+    echo(b.test == perf_test::write_imm ? wc.imm_data : k + 1, b);
+  } else if (posted_[q] - credit_written_[q] >= std::max<std::uint32_t>(1, hello_.rx_depth / 4)) {
+    write_credit(q, false);
+  }
+}
+
+std::uint64_t session::verify_end(const ctl_msg& b, const ctl_msg& e) {
+  const std::uint64_t count = e.count;
+  const auto& l = ep_.layout();
+  std::uint64_t errors = 0;
+  if (!b.verify) return 0;
+  if (b.test == perf_test::write && b.mode != perf_mode::lat) {
+    const std::uint64_t per_qp = e.min_per_qp;
+    for (std::uint32_t q = 0; q < hello_.qps; ++q)
+      for (std::uint64_t j = 0; j < std::min<std::uint64_t>(l.slots, per_qp); ++j)
+        if (!check_pattern({slot(q, j), b.size}, b.seed, j)) ++errors;
+  }
+  if (b.test == perf_test::fetch_add || b.test == perf_test::compare_swap) {
+    std::uint64_t sum = 0;
+    for (std::uint32_t q = 0; q < hello_.qps; ++q) {
+      std::uint64_t v;
+      std::memcpy(&v, slot(q, 0), 8);
+      sum += v;
+    }
+    if (sum != count) ++errors;
+  }
+  return errors;
+}
+
+void session::phase(const ctl_msg& b) {
+  const auto& l = ep_.layout();
+  if (b.size > l.slot_size) fail("phase size " + std::to_string(b.size) + " exceeds the size announced at connect");
+  verify_errors_ = 0;
+  std::fill(phase_recvs_.begin(), phase_recvs_.end(), 0);
+  // Prepare the memory the client will touch.
+  if (is_atomic(b.test))
+    for (std::uint32_t q = 0; q < hello_.qps; ++q) std::memset(slot(q, 0), 0, 8);
+  if (b.test == perf_test::read && b.verify)
+    for (std::uint32_t q = 0; q < hello_.qps; ++q)
+      for (std::uint32_t j = 0; j < l.slots; ++j) fill_pattern({slot(q, j), b.size}, b.seed, j);
+  if (b.mode == perf_mode::lat) {
+    if (b.test == perf_test::write) std::memset(slot(0, 0), 0, b.size);
+    fill_pattern({spare(), b.size}, b.seed, 1);  // what the echoes carry
+  }
+  const bool receives = consumes_receive(b.test);
+  if (receives) {
+    top_up_recvs();
+    if (b.mode != perf_mode::lat)
+      for (std::uint32_t q = 0; q < hello_.qps; ++q) write_credit(q, true);
+  }
+  const auto c0 = cpu_times::now();
+  ep_.send_ctl({.kind = ctl_kind::ready});
+
+  // Serve until the client ends the phase. A phase with no traffic for the
+  // timeout (beyond its announced duration) means the client is stuck.
+  const auto limit = std::chrono::duration<double>(ep_.opts().timeout) + std::chrono::milliseconds(b.count);
+  auto last_progress = clk::now();
+  std::uint64_t last_rx = rx_bytes();
+  std::optional<ctl_msg> end;
+  std::array<work_completion, 32> wcs;
+  std::uint64_t expect = 1;  // write latency: the next value the client writes
+  std::uint64_t spins = 0;
+  while (!end) {
+    bool moved = false;
+    if (b.mode == perf_mode::lat && b.test == perf_test::write) {
+      std::byte* landing = slot(0, 0);
+      if (load_remote_written(landing + b.size - 8) == expect) {
+        if (b.verify && !check_pattern({landing, b.size - 8}, b.seed, 0)) ++verify_errors_;
+        std::byte* src = spare();
+        std::memcpy(src + b.size - 8, &expect, 8);
+        const sge s = ep_.data_mr().slice(l.spare(), b.size);
+        const bool inl = b.size <= ep_.opts().inline_size;
+        send_wr w{.wr_id = expect, .opcode = wr_opcode::rdma_write,
+                  .flags = (expect % 64 == 0 ? send_flags::signaled : send_flags::none) |
+                           (inl ? send_flags::inline_data : send_flags::none),
+                  .sg_list = std::span(&s, 1), .remote_addr = hello_.data.addr + l.offset(0, 0),
+                  .rkey = hello_.data.rkey};
+        check(ep_.qps()[0].post_send(w), "post WRITE back");
+        ++expect;
+        moved = true;
+      }
+      reap_send();
+    } else if (receives) {
+      auto n = b.mode == perf_mode::lat ? ep_.recv_cq().poll(wcs)
+                                        : ep_.recv_cq().wait(wcs, std::chrono::milliseconds(1));
+      if (!n && n.error() != errc::timed_out) fail("poll: " + std::string(to_string(n.error())));
+      const std::size_t got = n ? *n : 0;
+      for (std::size_t i = 0; i < got; ++i) on_recv(wcs[i], b);
+      moved = got != 0;
+      reap_send();
+    } else {
+      // One-sided: the engine serves the client; wait for the end message.
+      end = ep_.wait_ctl(std::chrono::milliseconds(200));
+    }
+    if (!end && (moved || ++spins % 256 == 0)) end = ep_.try_recv_ctl();
+    if (!moved && !ep_.manual()) std::this_thread::yield();  // 2 cores: let the engine threads run
+    if (moved) {
+      last_progress = clk::now();
+    } else if (spins % 4096 == 0 || (b.mode != perf_mode::lat && receives)) {
+      const std::uint64_t rx = rx_bytes();
+      if (rx != last_rx) {
+        last_rx = rx;
+        last_progress = clk::now();
+      } else if (clk::now() - last_progress > limit) {
+        fail("the client stopped in the middle of a phase (" + ep_.describe() + ")");
+      }
+    }
+  }
+  if (end->kind != ctl_kind::end) fail("unexpected control message during a phase (protocol error)");
+  // The end message can overtake the last receive completions (another QP):
+  // take every one of this phase before answering, so none is left for the next.
+  if (receives) {
+    const auto deadline = clk::now() + std::chrono::duration<double>(ep_.opts().timeout);
+    while (std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0}) < end->count) {
+      auto n = ep_.recv_cq().wait(wcs, std::chrono::milliseconds(10));
+      if (!n && n.error() != errc::timed_out) fail("poll: " + std::string(to_string(n.error())));
+      for (std::size_t i = 0; n && i < *n; ++i) on_recv(wcs[i], b);
+      if (clk::now() > deadline)
+        fail("the client reported " + std::to_string(end->count) + " requests but only " +
+             std::to_string(std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0})) +
+             " arrived (" + ep_.describe() + ")");
+    }
+  }
+  // Retire unsignaled sends (echoes, credits) before the next phase.
+  const auto c = cpu_times::now() - c0;
+  const std::uint64_t errors = verify_errors_ + verify_end(b, *end);
+  ctl_msg r{.kind = ctl_kind::result, .test = b.test, .mode = b.mode, .size = b.size,
+            .count = std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0}),
+            .user_us = static_cast<std::uint64_t>(c.user * 1e6), .sys_us = static_cast<std::uint64_t>(c.sys * 1e6),
+            .errors = errors};
+  ep_.send_ctl(r);
+}
+
+void session::serve() {
+  while (true) {
+    auto m = ep_.recv_ctl(std::chrono::hours(24));
+    if (m.kind == ctl_kind::bye) return;
+    if (m.kind != ctl_kind::begin) fail("unexpected control message (protocol error)");
+    phase(m);
+  }
+}
+
+}  // namespace
+
+int run_perf_server(const perf_options& o) {
+  try {
+    apply_cpu_pinning(o);
+    device dev = open_perf_device(o);
+    auto lis = listener::bind(dev, o.address);
+    if (!lis) fail(lis.error().to_string());
+    std::fprintf(stderr, "conveyor perf server: listening on %s (provider %s, device %s)\n", lis->address().c_str(),
+                 dev.attr().provider.c_str(), dev.attr().name.c_str());
+    const auto accept_timeout = std::chrono::milliseconds(
+        o.accept_timeout > 0 ? static_cast<std::int64_t>(o.accept_timeout * 1000) : std::int64_t{24} * 3600 * 1000);
+    const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
+    do {
+      auto req = lis->accept(accept_timeout);
+      if (!req) {
+        if (req.error().code == errc::timed_out && o.accept_timeout > 0)
+          fail("no client connected within " + std::to_string(o.accept_timeout) + " s");
+        if (req.error().code == errc::timed_out) continue;
+        std::fprintf(stderr, "conveyor perf server: %s\n", req.error().to_string().c_str());
+        continue;
+      }
+      std::string why;
+      auto hello = perf_hello::decode(req->private_data(), why);
+      if (hello && hello->index != 0) why = "expected the control connection first", hello.reset();
+      if (hello && hello->max_size > o.max_size)
+        why = "message size " + std::to_string(hello->max_size) + " exceeds this server's --max-size " +
+              std::to_string(o.max_size),
+        hello.reset();
+      if (hello && (hello->qps == 0 || hello->qps > 64)) why = "QP count out of range", hello.reset();
+      if (!hello) {
+        std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n", req->peer_address().c_str(), why.c_str());
+        (void)req->reject(why);
+        continue;
+      }
+      try {
+        perf_endpoint ep(device(dev.shared_impl()), o,
+                         data_layout::make(hello->max_size, hello->tx_depth, hello->qps));
+        ep.create_qps(hello->qps, hello->tx_depth, hello->rx_depth);
+        ep.post_ctl_recvs();
+        const auto welcome = perf_welcome{ep.data_mr().remote(), ep.ctl_mr().remote()}.encode();
+        const std::string client = req->peer_address();
+        check(req->accept(ep.ctl_qp(), welcome), "accept control connection of " + client);
+        for (std::uint16_t i = 1; i <= hello->qps; ++i) {
+          auto dreq = lis->accept(timeout);
+          if (!dreq) fail("data connection " + std::to_string(i) + " of " + client + ": " + dreq.error().to_string());
+          std::string w;
+          auto h = perf_hello::decode(dreq->private_data(), w);
+          if (!h || h->index != i) {
+            (void)dreq->reject("expected data connection " + std::to_string(i));
+            fail("client " + client + " sent connections out of order");
+          }
+          check(dreq->accept(ep.qps()[i - 1], welcome), "accept data connection " + std::to_string(i));
+        }
+        std::fprintf(stderr, "conveyor perf server: client %s connected (%u data QPs)\n", client.c_str(),
+                     static_cast<unsigned>(hello->qps));
+        session(ep, *hello).serve();
+        std::fprintf(stderr, "conveyor perf server: client %s done\n", client.c_str());
+      } catch (const perf_failure& e) {
+        if (!o.persistent) throw;
+        std::fprintf(stderr, "conveyor perf server: %s\n", e.what());
+      }
+    } while (o.persistent);
+    return 0;
+  } catch (const perf_failure& e) {
+    std::fprintf(stderr, "conveyor perf server: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace conveyor::tool
