@@ -254,7 +254,9 @@ class verbs_device final : public detail::device_impl {
     attr_.atomics = dattr_.atomic_cap != IBV_ATOMIC_NONE;
     // iWARP (RDMAP, RFC 5040) has no immediate data; IB and RoCE have it.
     attr_.immediate_data = !iwarp;
-    attr_.send_with_invalidate = true;
+    // Remote invalidation applies to memory windows and fast-registered MRs;
+    // register_memory makes plain MRs, which rxe refuses to invalidate.
+    attr_.send_with_invalidate = false;
     if (const char* g = std::getenv("CONVEYOR_VERBS_GID_INDEX"); g != nullptr && *g != '\0')
       gid_override_ = std::atoi(g);
     set_nonblock(ctx_->async_fd);
@@ -536,7 +538,15 @@ class verbs_qp final : public detail::qp_impl {
   std::uint32_t qp_num() const noexcept override { return qp_->qp_num; }
   qp_state state() const noexcept override {
     if (conn_ && conn_->peer_gone.load(std::memory_order_relaxed)) return qp_state::error;
-    return state_.load(std::memory_order_relaxed);
+    auto s = state_.load(std::memory_order_relaxed);
+    if (s == qp_state::rts) {
+      // The device may have moved the QP to ERROR (a remote error, a Terminate).
+      ibv_qp_attr a{};
+      ibv_qp_init_attr ia{};
+      if (ibv_query_qp(qp_, &a, IBV_QP_STATE, &ia) == 0 && (a.qp_state == IBV_QPS_ERR || a.qp_state == IBV_QPS_SQE))
+        return qp_state::error;
+    }
+    return s;
   }
   const qp_caps& caps() const noexcept override { return caps_; }
 
@@ -548,7 +558,9 @@ class verbs_qp final : public detail::qp_impl {
 
   status post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept override {
     if (bad) *bad = 0;
-    const auto st = state();
+    const auto st = (conn_ && conn_->peer_gone.load(std::memory_order_relaxed))
+                        ? qp_state::error
+                        : state_.load(std::memory_order_relaxed);
     if (st == qp_state::error) return errc::qp_in_error;
     if (st != qp_state::rts) return errc::invalid_state;
     const auto& da = pd_->dev().attr();
@@ -641,8 +653,10 @@ class verbs_qp final : public detail::qp_impl {
 
   status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept override {
     if (bad) *bad = 0;
-    if (state() == qp_state::error) return errc::qp_in_error;
-    if (state() == qp_state::reset) return errc::invalid_state;
+    const auto st = state_.load(std::memory_order_relaxed);
+    if (st == qp_state::error || (conn_ && conn_->peer_gone.load(std::memory_order_relaxed)))
+      return errc::qp_in_error;
+    if (st == qp_state::reset) return errc::invalid_state;
     constexpr std::size_t chunk = 16;
     ibv_recv_wr w[chunk];
     std::size_t done = 0;
@@ -751,7 +765,10 @@ class verbs_qp final : public detail::qp_impl {
  private:
   status map_post_error(int rc) noexcept {
     if (rc == ENOMEM) return errc::again;
-    if (state() == qp_state::error) return errc::qp_in_error;
+    if (state() == qp_state::error) {
+      state_ = qp_state::error;
+      return errc::qp_in_error;
+    }
     return errc::invalid_argument;
   }
   result<void> ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32_t ord);
@@ -884,6 +901,15 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   ia.cap.max_recv_sge = c.max_recv_sge;
   ia.cap.max_inline_data = c.max_inline_data;
   ibv_qp* qp = ibv_create_qp(pd_, &ia);
+  // Devices cap inline data differently (siw: a few hundred bytes less than
+  // rxe) and say so only by refusing: retry with less inline data; the QP's
+  // caps report what was granted, and longer inline posts are refused.
+  for (std::uint32_t inl = c.max_inline_data / 2; qp == nullptr && errno == EINVAL && c.max_inline_data > 0;
+       inl /= 2) {
+    ia.cap.max_inline_data = inl;
+    qp = ibv_create_qp(pd_, &ia);
+    if (inl == 0) break;
+  }
   if (qp == nullptr) {
     int e = errno;
     return make_error(e == ENOMEM ? errc::resource_exhausted : errc::invalid_argument,
@@ -893,8 +919,7 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
                       e);
   }
   qp_init_attr a = attr;
-  a.cap.max_inline_data = std::max(ia.cap.max_inline_data, c.max_inline_data);
-  if (ia.cap.max_inline_data < c.max_inline_data) a.cap.max_inline_data = ia.cap.max_inline_data;
+  a.cap.max_inline_data = std::min(ia.cap.max_inline_data, c.max_inline_data);
   auto self = std::static_pointer_cast<verbs_pd>(shared_from_this());
   auto q = std::make_shared<verbs_qp>(std::move(self), attr.send_cq->shared_impl(), attr.recv_cq->shared_impl(),
                                       qp, a);
@@ -964,6 +989,11 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
     cattr_.ird = qa.max_dest_rd_atomic;
     cattr_.mss = mtu_bytes(qa.path_mtu);
   }
+  if (cattr_.mss == 0) {  // iWARP: the port's MTU (the kernel's TCP segment size is not exposed)
+    ibv_port_attr pa{};
+    if (ibv_query_port(pd_->dev().ctx(), pd_->dev().port(), &pa) == 0) cattr_.mss = mtu_bytes(pa.active_mtu);
+  }
+  cattr_.max_fpdu = cattr_.mss;  // bytes of payload per packet (IB/RoCE: the path MTU)
   cattr_.extensions = pd_->dev().attr().atomics || pd_->dev().attr().immediate_data;
   cattr_.rtr = pd_->dev().iwarp() ? "kernel" : "none";
   conn_ = std::make_shared<conn_state>();
