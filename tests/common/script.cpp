@@ -268,7 +268,7 @@ int run_two_party_target(const child_args& a) {
     return fail("post_recv: " + name(st), 2);
   }
 
-  auto lis = conveyor::listener::bind(*dev, get(a, "addr", "127.0.0.1:0"));
+  auto lis = conveyor::listener::bind(*dev, get(a, "addr", listen_address(s.provider)));
   if (!lis) return fail("listener::bind: " + lis.error().to_string(), 2);
   report("port " + std::to_string(lis->port()));
   auto req = lis->accept(scaled(std::chrono::milliseconds(60000)));

@@ -177,9 +177,7 @@ TEST_P(connection, connect_to_port_without_listener_is_connection_refused) {
   const std::uint16_t port = unused_port();
   ASSERT_NE(port, 0);
   // The host the provider's listeners use (verbs: an address on the RDMA netdev).
-  std::string host = listen_address(param().provider);
-  host = host.substr(0, host.rfind(':'));
-  const std::string addr = host + ":" + std::to_string(port);
+  const std::string addr = listen_host(param().provider) + ":" + std::to_string(port);
   const auto t0 = std::chrono::steady_clock::now();
   auto info = conveyor::connect(init.qp, addr, {.timeout = milliseconds(5000)});
   const auto took = std::chrono::steady_clock::now() - t0;

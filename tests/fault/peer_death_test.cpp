@@ -146,7 +146,7 @@ TEST_P(peer_process, peer_killed_mid_transfer_fails_every_request_within_10s) {
   auto line = child->read_line(scaled(milliseconds(30000)));
   ASSERT_TRUE(line.has_value()) << line.error();
   ASSERT_EQ(line->rfind("port ", 0), 0u) << *line;
-  const std::string addr = "127.0.0.1:" + line->substr(5);
+  const std::string addr = listen_host(GetParam().provider) + ":" + line->substr(5);
 
   auto dev = conveyor::device::open(device_name(s.provider, "init"), make_options(s.progress));
   CVT_ASSERT_OK(dev);

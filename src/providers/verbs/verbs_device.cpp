@@ -24,6 +24,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -36,6 +38,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -279,6 +282,19 @@ class verbs_device final : public detail::device_impl {
   std::uint8_t port() const noexcept { return port_; }
   bool iwarp() const noexcept { return attr_.transport_type == transport::iwarp; }
   int gid_override() const noexcept { return gid_override_; }
+
+  // QPs by number, to mark a QP in ERROR when its CQ reports an error
+  // completion or overflows (error paths only; never on a successful poll).
+  void add_qp(std::uint32_t qpn, verbs_qp* q) {
+    std::lock_guard lk(qps_mu_);
+    qps_[qpn] = q;
+  }
+  void remove_qp(std::uint32_t qpn) {
+    std::lock_guard lk(qps_mu_);
+    qps_.erase(qpn);
+  }
+  void qp_failed(std::uint32_t qpn) noexcept;
+  void cq_failed(const void* cq) noexcept;
   std::string where() const { return "device " + ibdev_ + " port " + std::to_string(port_); }
 
   std::string describe() const {
@@ -305,6 +321,8 @@ class verbs_device final : public detail::device_impl {
   int gid_override_ = -1;
   std::atomic<bool> stop_{false};
   std::thread async_thread_;
+  std::mutex qps_mu_;
+  std::unordered_map<std::uint32_t, verbs_qp*> qps_;
 };
 
 // ---------------------------------------------------------------------- pd ----
@@ -353,8 +371,20 @@ class verbs_mr final : public detail::mr_impl {
 class verbs_cq final : public detail::cq_impl {
  public:
   verbs_cq(std::shared_ptr<verbs_device> dev, ibv_comp_channel* ch, ibv_cq* cq, std::uint32_t depth)
-      : dev_(std::move(dev)), ch_(ch), cq_(cq), depth_(depth) {}
+      : dev_(std::move(dev)), ch_(ch), cq_(cq), depth_(depth) {
+    // fd(): an epoll set of the completion channel and an eventfd, so that
+    // arm() can make it readable at once when a completion is already queued
+    // (a completion channel only signals new ones).
+    efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    epoll_event e{};
+    e.events = EPOLLIN;
+    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, ch_->fd, &e);
+    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, efd_, &e);
+  }
   ~verbs_cq() override {
+    if (epfd_ >= 0) ::close(epfd_);
+    if (efd_ >= 0) ::close(efd_);
     if (unacked_ > 0) ibv_ack_cq_events(cq_, unacked_);
     ibv_destroy_cq(cq_);
     ibv_destroy_comp_channel(ch_);
@@ -362,6 +392,22 @@ class verbs_cq final : public detail::cq_impl {
   std::uint32_t depth() const noexcept override { return depth_; }
 
   std::expected<std::size_t, errc> poll(std::span<work_completion> out) noexcept override {
+    if (out.empty()) return std::size_t{0};
+    if (has_stash_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(stash_mu_);
+      if (has_stash_.load(std::memory_order_relaxed)) {
+        out[0] = stash_;
+        has_stash_.store(false, std::memory_order_release);
+        std::uint64_t v = 0;
+        [[maybe_unused]] auto r = ::read(efd_, &v, sizeof v);
+        auto more = poll_raw(out.subspan(1));
+        return more ? 1 + *more : std::expected<std::size_t, errc>(std::size_t{1});
+      }
+    }
+    return poll_raw(out);
+  }
+
+  std::expected<std::size_t, errc> poll_raw(std::span<work_completion> out) noexcept {
     if (errored_.load(std::memory_order_relaxed)) return std::unexpected(errc::cq_overflow);
     std::size_t total = 0;
     ibv_wc wc[32];
@@ -369,7 +415,7 @@ class verbs_cq final : public detail::cq_impl {
       int want = static_cast<int>(std::min<std::size_t>(32, out.size() - total));
       int n = ibv_poll_cq(cq_, want, wc);
       if (n < 0) {
-        errored_ = true;
+        if (!errored_.exchange(true)) dev_->cq_failed(this);
         return std::unexpected(errc::cq_overflow);
       }
       for (int i = 0; i < n; ++i) {
@@ -382,6 +428,7 @@ class verbs_cq final : public detail::cq_impl {
         o.byte_len = w.byte_len;
         o.qp_num = w.qp_num;
         o.vendor_err = w.vendor_err;
+        if (w.status != IBV_WC_SUCCESS && w.status != IBV_WC_WR_FLUSH_ERR) dev_->qp_failed(w.qp_num);
         if (w.status == IBV_WC_SUCCESS) {
           if (w.wc_flags & IBV_WC_WITH_IMM) {
             o.with_imm = true;
@@ -428,11 +475,20 @@ class verbs_cq final : public detail::cq_impl {
     }
   }
 
-  int fd() const noexcept override { return ch_->fd; }
+  int fd() const noexcept override { return epfd_; }
   void arm() noexcept override {
     std::lock_guard lk(wait_mu_);
     consume_events();
     ibv_req_notify_cq(cq_, 0);
+    std::lock_guard sl(stash_mu_);
+    if (!has_stash_.load(std::memory_order_relaxed)) {
+      auto r = poll_raw(std::span(&stash_, 1));
+      if (r && *r == 1) {
+        has_stash_.store(true, std::memory_order_release);
+        std::uint64_t one = 1;
+        [[maybe_unused]] auto w = ::write(efd_, &one, sizeof one);
+      }
+    }
   }
 
   ibv_cq* cq() const noexcept { return cq_; }
@@ -457,6 +513,10 @@ class verbs_cq final : public detail::cq_impl {
   std::mutex wait_mu_;
   unsigned unacked_ = 0;
   std::atomic<bool> errored_{false};
+  int efd_ = -1, epfd_ = -1;
+  std::mutex stash_mu_;
+  work_completion stash_{};
+  std::atomic<bool> has_stash_{false};
 };
 
 // ---------------------------------------------------------------------- qp ----
@@ -525,13 +585,16 @@ class verbs_qp final : public detail::qp_impl {
     want_ord_ = a.max_rd_atomic;
     want_ird_ = a.max_dest_rd_atomic;
     qp_->qp_context = this;
+    pd_->dev().add_qp(qp_->qp_num, this);
   }
+  bool uses_cq(const void* cq) const noexcept { return scq_.get() == cq || rcq_.get() == cq; }
   ~verbs_qp() override {
     disconnect();
     if (conn_) {
       std::lock_guard lk(conn_->mu);
       conn_->qp = nullptr;
     }
+    pd_->dev().remove_qp(qp_->qp_num);
     ibv_destroy_qp(qp_);
   }
 
@@ -757,6 +820,8 @@ class verbs_qp final : public detail::qp_impl {
                                     std::chrono::milliseconds timeout);
 
   verbs_pd& pd() noexcept { return *pd_; }
+  ibv_qp* ibv() const noexcept { return qp_; }
+  void mark_error() noexcept { state_ = qp_state::error; }
   void async_error(const char* what) noexcept {
     state_ = qp_state::error;
     log(detail::log_level::warn, where() + ": async event " + what + " (QP moved to ERROR)");
@@ -785,6 +850,21 @@ class verbs_qp final : public detail::qp_impl {
   std::string peer_;
 };
 
+void verbs_device::qp_failed(std::uint32_t qpn) noexcept {
+  std::lock_guard lk(qps_mu_);
+  if (auto it = qps_.find(qpn); it != qps_.end()) it->second->mark_error();
+}
+
+void verbs_device::cq_failed(const void* cq) noexcept {
+  std::lock_guard lk(qps_mu_);
+  for (auto& [n, q] : qps_) {
+    if (q->uses_cq(cq)) {
+      q->mark_error();
+      move_to_error(q->ibv());
+    }
+  }
+}
+
 void verbs_device::async_loop() {
   while (!stop_) {
     pollfd p{ctx_->async_fd, POLLIN, 0};
@@ -800,7 +880,10 @@ void verbs_device::async_loop() {
           break;
         case IBV_EVENT_CQ_ERR:
           log(detail::log_level::warn, where() + ": async event " + name + " (CQ overflow; polls report cq_overflow)");
-          if (auto* c = static_cast<verbs_cq*>(ev.element.cq->cq_context)) c->mark_error();
+          if (auto* c = static_cast<verbs_cq*>(ev.element.cq->cq_context)) {
+            c->mark_error();
+            cq_failed(c);
+          }
           break;
         case IBV_EVENT_PORT_ACTIVE:
         case IBV_EVENT_PORT_ERR:
@@ -854,8 +937,8 @@ result<std::shared_ptr<detail::mr_impl>> verbs_pd::register_memory(std::span<std
   if (buf.empty() || buf.data() == nullptr) return make_error(errc::invalid_argument, w + ": empty buffer");
   if ((has(rights, access::remote_write) || has(rights, access::remote_atomic)) && !has(rights, access::local_write))
     return make_error(errc::invalid_argument, w + ": remote_write and remote_atomic require local_write (as in verbs)");
-  if (has(rights, access::remote_atomic) && !dev_->attr().atomics)
-    return make_error(errc::unsupported, w + ": remote_atomic: the device has no atomics");
+  // remote_atomic on a device without atomics grants nothing more (atomics are
+  // refused at post time with errc::unsupported), as a verbs MR would.
   ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(), ibv_access(rights, dev_->attr().atomics));
   if (mr == nullptr) {
     int e = errno;
@@ -919,7 +1002,12 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
                       e);
   }
   qp_init_attr a = attr;
+  // What the device granted (it may round queue sizes up): qp.caps() reports it.
   a.cap.max_inline_data = std::min(ia.cap.max_inline_data, c.max_inline_data);
+  a.cap.max_send_wr = ia.cap.max_send_wr;
+  a.cap.max_recv_wr = ia.cap.max_recv_wr;
+  a.cap.max_send_sge = std::min<std::uint32_t>(ia.cap.max_send_sge, static_cast<std::uint32_t>(da.max_sge));
+  a.cap.max_recv_sge = std::min<std::uint32_t>(ia.cap.max_recv_sge, static_cast<std::uint32_t>(da.max_sge));
   auto self = std::static_pointer_cast<verbs_pd>(shared_from_this());
   auto q = std::make_shared<verbs_qp>(std::move(self), attr.send_cq->shared_impl(), attr.recv_cq->shared_impl(),
                                       qp, a);
