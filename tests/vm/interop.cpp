@@ -130,7 +130,11 @@ struct caps {
 enum class scenario { data, bad_rkey, read_oob };
 
 void run_server(const config& c, scenario sc, caps k, std::promise<std::string>& addr_out,
-                std::atomic<bool>& client_done) {
+                std::atomic<bool>& client_done, std::atomic<bool>& server_done) {
+  struct mark {
+    std::atomic<bool>& f;
+    ~mark() { f = true; }
+  } m{server_done};
   side s;
   if (!s.setup(c.server, c.crc, "server")) {
     addr_out.set_value("");
@@ -225,10 +229,18 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
   CHECK(s.qp.post_send_msg(s.smr.slice(0, 8), 1) == cvy::errc::ok, "server: post reply");
   auto wc = s.wait();
   CHECK(wc && wc->status == cvy::wc_status::success, "server: reply SEND: %s", wc ? st(wc->status).c_str() : "timeout");
+  server_done = true;
   for (int i = 0; i < 200 && !client_done; ++i) std::this_thread::sleep_for(50ms);
 }
 
-void run_client(const config& c, scenario sc, caps k, const std::string& addr) {
+void run_client(const config& c, scenario sc, caps k, const std::string& addr, std::atomic<bool>& server_done) {
+  // Keep the connection until the server has seen its last completion.
+  struct linger {
+    std::atomic<bool>& f;
+    ~linger() {
+      for (int i = 0; i < 400 && !f; ++i) std::this_thread::sleep_for(25ms);
+    }
+  } l{server_done};
   side s;
   if (!s.setup(c.client, c.crc, "client")) return;
   auto info = cvy::connect(s.qp, addr, {.timeout = 20s});
@@ -381,10 +393,10 @@ bool run(const config& c, scenario sc, const char* name) {
               c.client.c_str(), c.crc ? "on" : "off", k.atomics ? "yes" : "no", k.imm ? "yes" : "no");
   std::promise<std::string> addr;
   auto fut = addr.get_future();
-  std::atomic<bool> done{false};
-  std::thread srv([&] { run_server(c, sc, k, addr, done); });
+  std::atomic<bool> done{false}, server_done{false};
+  std::thread srv([&] { run_server(c, sc, k, addr, done, server_done); });
   std::string where = fut.wait_for(30s) == std::future_status::ready ? fut.get() : "";
-  if (!where.empty()) run_client(c, sc, k, where);
+  if (!where.empty()) run_client(c, sc, k, where, server_done);
   done = true;
   srv.join();
   std::printf("interop: %s: %s\n", name, failures == before ? "PASS" : "FAIL");

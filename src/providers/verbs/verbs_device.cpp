@@ -606,8 +606,10 @@ class verbs_qp final : public detail::qp_impl {
       // The device may have moved the QP to ERROR (a remote error, a Terminate).
       ibv_qp_attr a{};
       ibv_qp_init_attr ia{};
-      if (ibv_query_qp(qp_, &a, IBV_QP_STATE, &ia) == 0 && (a.qp_state == IBV_QPS_ERR || a.qp_state == IBV_QPS_SQE))
+      if (ibv_query_qp(qp_, &a, IBV_QP_STATE, &ia) == 0 && (a.qp_state == IBV_QPS_ERR || a.qp_state == IBV_QPS_SQE)) {
+        state_.store(qp_state::error, std::memory_order_relaxed);  // posts now refuse with qp_in_error
         return qp_state::error;
+      }
     }
     return s;
   }
@@ -829,7 +831,7 @@ class verbs_qp final : public detail::qp_impl {
 
  private:
   status map_post_error(int rc) noexcept {
-    if (rc == ENOMEM) return errc::again;
+    if (rc == ENOMEM || rc == -ENOMEM) return errc::again;  // (some providers return -errno)
     if (state() == qp_state::error) {
       state_ = qp_state::error;
       return errc::qp_in_error;
@@ -844,7 +846,7 @@ class verbs_qp final : public detail::qp_impl {
   ibv_qp* qp_;
   qp_caps caps_;
   std::uint32_t want_ord_ = 16, want_ird_ = 16;
-  std::atomic<qp_state> state_{qp_state::init};
+  mutable std::atomic<qp_state> state_{qp_state::init};
   std::shared_ptr<conn_state> conn_;
   qp_connection_attr cattr_;
   std::string peer_;
@@ -1071,11 +1073,11 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
   cattr_.ord = ord;
   ibv_qp_attr qa{};
   ibv_qp_init_attr qi{};
-  if (ibv_query_qp(qp_, &qa, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PATH_MTU, &qi) == 0 &&
-      !pd_->dev().iwarp()) {
-    cattr_.ord = qa.max_rd_atomic;
-    cattr_.ird = qa.max_dest_rd_atomic;
-    cattr_.mss = mtu_bytes(qa.path_mtu);
+  if (ibv_query_qp(qp_, &qa, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PATH_MTU, &qi) == 0) {
+    // What the device set after negotiation (iWARP: MPA v2 IRD/ORD in the kernel).
+    if (qa.max_rd_atomic > 0) cattr_.ord = qa.max_rd_atomic;
+    if (qa.max_dest_rd_atomic > 0) cattr_.ird = qa.max_dest_rd_atomic;
+    if (!pd_->dev().iwarp()) cattr_.mss = mtu_bytes(qa.path_mtu);
   }
   if (cattr_.mss == 0) {  // iWARP: the port's MTU (the kernel's TCP segment size is not exposed)
     ibv_port_attr pa{};
@@ -1166,7 +1168,12 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
           a.qp_state = IBV_QPS_INIT;
           if (rdma_init_qp_attr(id, &a, &mask) == 0) ibv_modify_qp(qp_, &a, mask);
         }
-        if (rdma_connect(id, &cp) != 0) return fail(errc::io_error, "rdma_connect: " + err_text(errno), errno);
+        if (rdma_connect(id, &cp) != 0) {
+          const int ce = errno;  // iWARP connects TCP synchronously: a RST shows here
+          if (ce == ECONNREFUSED) return fail(errc::connection_refused, "connection refused (nothing listens there)", ce);
+          if (ce == ETIMEDOUT) return fail(errc::timed_out, "rdma_connect timed out", ce);
+          return fail(errc::io_error, "rdma_connect: " + err_text(ce), ce);
+        }
         break;
       }
       case RDMA_CM_EVENT_CONNECT_RESPONSE: {
