@@ -12,6 +12,11 @@ std::vector<device_info> list_devices();
 result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
                                                          const device_options& opts);
 }  // namespace conveyor::shm
+namespace conveyor::verbs {
+std::vector<device_info> list_devices();
+result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
+                                                         const device_options& opts);
+}  // namespace conveyor::verbs
 
 namespace conveyor::detail {
 
@@ -19,6 +24,7 @@ std::span<const provider_entry> providers() noexcept {
   static const provider_entry table[] = {
       {"soft", &soft::list_devices, &soft::open_device},
       {"shm", &shm::list_devices, &shm::open_device},
+      {"verbs", &verbs::list_devices, &verbs::open_device},
   };
   return table;
 }

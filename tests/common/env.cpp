@@ -112,6 +112,11 @@ std::string listen_address(const std::string& provider) {
   return "127.0.0.1:0";
 }
 
+std::string listen_host(const std::string& provider) {
+  std::string a = listen_address(provider);
+  return a.substr(0, a.rfind(':'));
+}
+
 conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc) {
   conveyor::device_options o;
   o.progress = mode;

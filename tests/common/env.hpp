@@ -57,6 +57,10 @@ conveyor::device_options make_options(conveyor::progress_mode mode, bool request
 // Connect to listener::address() of the bound listener.
 std::string listen_address(const std::string& provider);
 
+// The host part of listen_address(provider) ("127.0.0.1", or the verbs netdev's
+// address): where tests that build an "ip:port" themselves must point.
+std::string listen_host(const std::string& provider);
+
 // Both ends are Conveyor's own providers: RFC 7306 extensions must be negotiated.
 bool conveyor_peer(const std::string& provider);
 

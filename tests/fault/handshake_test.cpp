@@ -76,9 +76,9 @@ TEST_P(handshake, connect_after_the_listener_closed_is_connection_refused) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   std::string addr;
   {
-    auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
+    auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
     CVT_ASSERT_OK(lis);
-    addr = "127.0.0.1:" + std::to_string(lis->port());
+    addr = listen_host(param().provider) + ":" + std::to_string(lis->port());
   }
   const auto t0 = steady_clock::now();
   auto info = conveyor::connect(init.qp, addr, {.timeout = milliseconds(5000)});
@@ -90,6 +90,8 @@ TEST_P(handshake, connect_after_the_listener_closed_is_connection_refused) {
 }
 
 TEST_P(handshake, silent_mpa_peer_makes_connect_time_out_after_the_connect_timeout) {
+  if (param().provider == "verbs")
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   raw_server server(raw_server::behaviour::silent);
   ASSERT_TRUE(server.ok()) << server.error();
@@ -111,6 +113,8 @@ TEST_P(handshake, silent_mpa_peer_makes_connect_time_out_after_the_connect_timeo
 }
 
 TEST_P(handshake, garbage_instead_of_an_mpa_reply_is_protocol_error) {
+  if (param().provider == "verbs")
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   raw_server server(raw_server::behaviour::garbage_reply);
   ASSERT_TRUE(server.ok()) << server.error();
@@ -124,6 +128,8 @@ TEST_P(handshake, garbage_instead_of_an_mpa_reply_is_protocol_error) {
 }
 
 TEST_P(handshake, peer_closing_during_the_mpa_handshake_is_connection_reset) {
+  if (param().provider == "verbs")
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   raw_server server(raw_server::behaviour::close_at_once);
   ASSERT_TRUE(server.ok()) << server.error();
@@ -136,6 +142,8 @@ TEST_P(handshake, peer_closing_during_the_mpa_handshake_is_connection_reset) {
 }
 
 TEST_P(handshake, garbage_from_a_raw_client_fails_accept_and_the_listener_keeps_working) {
+  if (param().provider == "verbs")
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
   CVT_ASSERT_OK(lis);
@@ -157,6 +165,8 @@ TEST_P(handshake, garbage_from_a_raw_client_fails_accept_and_the_listener_keeps_
 }
 
 TEST_P(handshake, silent_raw_client_does_not_stop_the_listener_from_accepting_a_real_one) {
+  if (param().provider == "verbs")
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
   CVT_ASSERT_OK(lis);

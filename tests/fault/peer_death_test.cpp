@@ -1,5 +1,6 @@
 // Peer death and connection loss: every outstanding request completes, with an
 // error, in bounded time; nothing hangs.
+#include <algorithm>
 #include <sys/wait.h>
 
 #include <csignal>
@@ -100,6 +101,10 @@ void peer_death::reads_then_cut(Cut cut) {
       << std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count()
       << " ms after the cut\n";
   std::size_t good = 0;
+  if (GetParam().provider == "verbs" &&
+      std::all_of(iw.begin(), iw.end(), [](const work_completion& w) { return w.status == wc_status::success; }))
+    GTEST_SKIP() << "the device completed all " << n
+                 << " READs before the cut (a kernel device on one host is that fast): nothing to abort";
   EXPECT_TRUE(ok(check_aborted(iw, 50000, &good)));
   // READs that succeeded before the cut brought the right bytes.
   for (std::size_t i = 0; i < good && i < 16; ++i) {

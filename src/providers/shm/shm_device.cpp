@@ -220,6 +220,9 @@ shm_device::shm_device(std::string name, const device_options& opts, bool cma) :
   attr_.atomics = true;
   attr_.immediate_data = true;
   attr_.send_with_invalidate = true;
+  // One "port": this host, reached by abstract Unix socket names ("@name") or
+  // socket paths; there is no network address to list.
+  attr_.ports.push_back({.num = 1, .state = "active", .link_layer = "unix", .mtu = 0, .addresses = {}});
   engine_ =
       std::make_unique<shm::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us);
 }

@@ -1,0 +1,77 @@
+#!/bin/bash
+# Runs inside the VM (started by tests/vm/run): brings up rxe, then siw, on a
+# veth, runs the suites and the interop/demo programs, writes results to
+# /run/results and powers off. Every step has a timeout.
+set -u
+R=/run/results
+source "$R/config"   # BUILD, ROOT, KVER, FILTER, STEP_TIMEOUT, STEPS
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+ulimit -l unlimited
+fails=0
+summary() { echo "$*" | tee -a "$R/summary"; }
+step() {  # step <name> <cmd...>: runs with a timeout, records PASS/FAIL and time
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== step $name: $*"
+  timeout -k 5 "$STEP_TIMEOUT" "$@" > "$R/$name.log" 2>&1
+  local rc=$?
+  local took=$((SECONDS - t0))
+  if [ $rc -eq 0 ]; then summary "PASS $name (${took}s)"; else summary "FAIL $name rc=$rc (${took}s)"; fails=$((fails + 1)); fi
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests? ran|interop:' "$R/$name.log" | tail -40
+  return 0
+}
+gtests() {  # gtests <device label>: the conformance (incl. negative) and fault suites
+  local dev=$1
+  for s in conformance fault; do
+    step "$s-$dev" env CONVEYOR_TEST_PROVIDERS=verbs CONVEYOR_TEST_VERBS_ADDR=10.11.0.1 \
+      CONVEYOR_TEST_TIMEOUT_SCALE=4 "$BUILD/tests/$s/conveyor_${s}_tests" \
+      --gtest_filter="$FILTER" --gtest_brief=1
+  done
+}
+interop() {  # interop <name> <server device> <client device> <crc>: every verb, bytes verified
+  [ -x "$BUILD/tests/vm/conveyor_vm_interop" ] || { summary "FAIL $1: conveyor_vm_interop not built"; fails=$((fails + 1)); return; }
+  step "$1" "$BUILD/tests/vm/conveyor_vm_interop" --server "$2" --client "$3" --crc "$4" --addr 10.11.0.1
+}
+
+echo "guest: kernel $(uname -r), $(nproc) cpus"
+modprobe veth
+ip link add veth0 type veth peer name veth1
+ip addr add 10.11.0.1/24 dev veth0
+ip link set lo up; ip link set veth1 up; ip link set veth0 up
+modprobe -a ib_core ib_uverbs rdma_ucm rdma_cm iw_cm libcrc32c
+
+if [[ " $STEPS " == *" rxe "* ]]; then
+  modprobe rdma_rxe && rdma link add rxe0 type rxe netdev veth0
+  step devices-rxe "$BUILD/tests/vm/conveyor_vm_interop" --list
+  ibv_devinfo -d rxe0 > "$R/ibv_devinfo-rxe0.txt" 2>&1
+  gtests rxe0
+  interop verbs-rxe0-pair verbs:rxe0 verbs:rxe0 1
+  rdma link delete rxe0
+fi
+
+if [[ " $STEPS " == *" siw "* ]]; then
+  insmod "$ROOT/.cache/vm/$KVER/siw.ko" && rdma link add siw0 type siw netdev veth0
+  step devices-siw "$BUILD/tests/vm/conveyor_vm_interop" --list
+  ibv_devinfo -d siw0 > "$R/ibv_devinfo-siw0.txt" 2>&1
+  gtests siw0
+  interop verbs-siw0-pair verbs:siw0 verbs:siw0 1
+  for crc in 0 1; do
+    # Linux 6.1 siw never asks for CRC itself (mpa_crc_required is a constant)
+    # but honours a peer's request: soft asks (as initiator or in its reply)
+    # with --crc 1, and the soft side checks that CRC is in force.
+    interop "interop-soft-to-siw-crc$crc" verbs:siw0 soft "$crc"
+    interop "interop-siw-to-soft-crc$crc" soft verbs:siw0 "$crc"
+  done
+fi
+if [[ " $STEPS " == *" siw "* ]]; then
+  dmesg > "$R/dmesg.txt"
+  # siw must have parsed the Terminates soft sent (bad rkey, out-of-bounds READ).
+  if grep -q "siw: got TERMINATE" "$R/dmesg.txt" && ! grep -q "rx bogus TERM" "$R/dmesg.txt"; then
+    summary "PASS siw-understood-soft-terminates ($(grep -c 'siw: got TERMINATE' "$R/dmesg.txt") parsed: $(grep -m1 'siw: got TERMINATE' "$R/dmesg.txt" | sed 's/.*TERMINATE. //'))"
+  else
+    summary "FAIL siw-understood-soft-terminates (see dmesg.txt)"; fails=$((fails + 1))
+  fi
+fi
+echo "$fails" > "$R/exit_code"
+sync
+poweroff -f || echo o > /proc/sysrq-trigger
