@@ -18,6 +18,7 @@
 
 #include "common/env.hpp"
 #include "common/process.hpp"
+#include "common/raw_tcp.hpp"
 
 namespace {
 
@@ -168,16 +169,26 @@ TEST(cli, help_exits_0_and_lists_the_perf_options) {
 }
 
 TEST(cli, sizes_accept_units) {
-  // Parsed, then refused only because nothing listens: proves the sizes passed.
-  const auto r = run({"perf", "127.0.0.1:1", "--sizes", "8,4K,64KiB,1M", "--timeout", "2"}, 20s);
-  EXPECT_EQ(exit_code(r), 1) << r.output;
-  EXPECT_EQ(r.output.find("not a size"), std::string::npos) << r.output;
+  // Every unit spelling reaches the run as the byte count it names.
+  server_process srv;
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto r = run({"perf", srv.address(), "--mode", "lat", "--iters", "20", "--warmup", "0", "--sizes",
+                      "8,4K,64KiB,1M", "--json", "--quiet"},
+                     60s);
+  ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  json j;
+  ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+  std::vector<std::uint64_t> sizes;
+  for (const auto& row : j.at("results")) sizes.push_back(row.at("size").get<std::uint64_t>());
+  EXPECT_EQ(sizes, (std::vector<std::uint64_t>{8, 4096, 65536, 1048576}));
 }
 
 // ------------------------------------------------------------------- errors --
 
 TEST(cli, nothing_listening_says_to_start_the_server) {
-  const auto r = run({"perf", "127.0.0.1:9", "--timeout", "3"}, 20s);  // port 9 (discard): nothing listens here
+  const std::uint16_t port = cvt::unused_port();  // bound and closed again: nothing listens there
+  ASSERT_NE(port, 0);
+  const auto r = run({"perf", "127.0.0.1:" + std::to_string(port), "--timeout", "3"}, 20s);
   EXPECT_EQ(exit_code(r), 1) << r.output;
   EXPECT_NE(r.output.find("nothing is listening"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("conveyor perf --server"), std::string::npos) << r.output;
