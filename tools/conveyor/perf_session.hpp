@@ -133,7 +133,7 @@ std::uint64_t load_remote_written(const std::byte* p) noexcept;
 // a CPU pause for spin_for after the last reset() and only then yields the
 // core on every turn. Yielding on every turn from the start (as the bandwidth
 // loops do) hands the core to any other runnable process until the next
-// scheduler tick (4 ms at HZ=250), and a round trip almost always misses its
+// scheduler tick (4 ms on the build VM), and a round trip almost always misses its
 // first few polls: on a loaded machine 8-byte round trips then measured
 // milliseconds. spin_for is a few shm round trips; longer would cost a client
 // and server that share one core that much per turn. Manual progress: the loop
