@@ -346,10 +346,11 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
   std::memset(landing, 0, size);
   if (r.verified) fill_pattern({src, size}, seed, 0);
 
+  latency_spin spin(ep_.manual());
   auto wait_send = [&](const char* what) {
     while (true) {
       if (reap_send(wcs) != 0) return;
-      relax();
+      spin.relax();
       stall.check(what);
     }
   };
@@ -366,7 +367,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
           fail("echo carried the wrong immediate value");
         return;
       }
-      if (reap_send(wcs) == 0) relax();
+      if (reap_send(wcs) == 0) spin.relax();
       stall.check("the server's echo");
     }
   };
@@ -378,6 +379,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
       progress_.update(label, total != 0 ? static_cast<double>(i) / static_cast<double>(total)
                                          : secs(clk::now() - t_start) / o_.duration);
     const bool signaled = i % 64 == 0;
+    spin.reset();
     const auto t0 = clk::now();
     switch (o_.test) {
       case perf_test::write: {
@@ -389,7 +391,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
                   .rkey = peer_.data.rkey};
         check(qp.post_send(w), "post WRITE");
         while (load_remote_written(landing + size - 8) != i) {
-          if (reap_send(wcs) == 0) relax();
+          if (reap_send(wcs) == 0) spin.relax();
           stall.check("the server's WRITE back");
         }
         if (r.verified && !check_pattern({landing, size - 8}, seed, 1)) ++r.verify_errors;

@@ -221,6 +221,7 @@ void session::phase(const ctl_msg& b) {
   std::array<work_completion, 32> wcs;
   std::uint64_t expect = 1;  // write latency: the next value the client writes
   std::uint64_t spins = 0;
+  latency_spin spin(ep_.manual());
   while (!end) {
     bool moved = false;
     if (b.mode == perf_mode::lat && b.test == perf_test::write) {
@@ -254,7 +255,13 @@ void session::phase(const ctl_msg& b) {
       end = ep_.wait_ctl(std::chrono::milliseconds(200));
     }
     if (!end && (moved || ++spins % 256 == 0)) end = ep_.try_recv_ctl();
-    if (!moved && !ep_.manual()) std::this_thread::yield();  // 2 cores: let the engine threads run
+    if (moved) {
+      spin.reset();
+    } else if (b.mode == perf_mode::lat) {
+      spin.relax();  // the client waits for this echo: give the core away only after a while
+    } else if (!ep_.manual()) {
+      std::this_thread::yield();  // 2 cores: let the engine threads run
+    }
     if (moved) {
       last_progress = clk::now();
     } else if (spins % 4096 == 0 || (b.mode != perf_mode::lat && receives)) {

@@ -20,6 +20,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "perf_options.hpp"
@@ -127,6 +128,36 @@ struct aligned_buffer {
 // polls memory the NIC writes by DMA); exempt from ThreadSanitizer, which cannot
 // know that the engine thread stands for hardware.
 std::uint64_t load_remote_written(const std::byte* p) noexcept;
+
+// The idle turn of a latency loop's busy wait (thread progress). It spins with
+// a CPU pause for spin_for after the last reset() and only then yields the
+// core on every turn. Yielding on every turn from the start (as the bandwidth
+// loops do) hands the core to any other runnable process until the next
+// scheduler tick (4 ms on the build VM), and a round trip almost always misses its
+// first few polls: on a loaded machine 8-byte round trips then measured
+// milliseconds. spin_for is a few shm round trips; longer would cost a client
+// and server that share one core that much per turn. Manual progress: the loop
+// is the engine and never yields.
+class latency_spin {
+ public:
+  static constexpr std::chrono::microseconds spin_for{5};
+  explicit latency_spin(bool manual) : manual_(manual) {}
+  void reset() noexcept { since_ = std::chrono::steady_clock::now(); }
+  void relax() noexcept {
+    if (manual_) return;
+    if (std::chrono::steady_clock::now() - since_ < spin_for) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      return;
+    }
+    std::this_thread::yield();
+  }
+
+ private:
+  bool manual_;
+  std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
+};
 
 // One side's objects.
 class perf_endpoint {
