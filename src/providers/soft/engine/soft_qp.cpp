@@ -620,6 +620,12 @@ void soft_qp::on_events(std::uint32_t events) noexcept {
   if (rx_eof_.load() && attached_.exchange(false)) dev_->eng().detach(this, fd_);
 }
 
+bool soft_qp::poll_inbound() noexcept {
+  const std::uint64_t before = c_rx_bytes_.load(std::memory_order_relaxed);
+  on_events(EPOLLIN);
+  return c_rx_bytes_.load(std::memory_order_relaxed) != before || rx_eof_.load();
+}
+
 bool soft_qp::rx_fill(std::size_t want) noexcept {
   // After a short read the socket is (almost certainly) empty: skip the EAGAIN
   // system call; level-triggered epoll calls us again when more arrives.

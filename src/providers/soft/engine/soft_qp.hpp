@@ -61,6 +61,9 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
 
   // Engine callback.
   void on_events(std::uint32_t events) noexcept;
+  // Engine: read and handle whatever the socket holds, without waiting for
+  // epoll to report it; true when bytes came in (or the connection ended).
+  bool poll_inbound() noexcept;
   // Connection manager: the handshake is done; take the socket and go to RTS.
   // sent_read_rtr: we (initiator) sent a zero-length Read RTR and await its response.
   void start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr, bool sent_read_rtr);
