@@ -61,6 +61,10 @@ void engine::quiesce(soft_qp* qp) noexcept {
 void engine::detach(soft_qp* qp, int fd) noexcept {
   std::unique_lock lk(mu_);
   if (!live_.erase(qp)) return;
+  if (hot_ == qp) {
+    hot_ = nullptr;
+    hot_streak_ = 0;
+  }
   if (fd >= 0) ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
   if (progress_thread_ == std::this_thread::get_id()) return;  // detaching itself
   cv_.wait(lk, [&] { return current_ != qp; });
@@ -85,6 +89,10 @@ void engine::handle(const epoll_event* evs, int n) noexcept {
       std::lock_guard lk(mu_);
       if (!live_.contains(qp)) continue;
       current_ = qp;
+      if (evs[i].events & EPOLLIN) {
+        hot_streak_ = hot_ == qp ? hot_streak_ + 1 : 1;
+        hot_ = qp;
+      }
     }
     qp->on_events(evs[i].events);
     {
@@ -93,6 +101,29 @@ void engine::handle(const epoll_event* evs, int n) noexcept {
     }
     cv_.notify_all();
   }
+}
+
+int engine::poll_once() noexcept {
+  if (++steps_ % hot_epoll_every != 0) {
+    soft_qp* qp;
+    {
+      std::lock_guard lk(mu_);
+      qp = hot_streak_ >= hot_streak_min ? hot_ : nullptr;
+      if (qp != nullptr) current_ = qp;
+    }
+    if (qp != nullptr) {
+      // A stale readiness costs one EAGAIN; a QP that stops receiving stays
+      // hot until epoll reports another QP's arrival, which ends its streak.
+      const bool got = qp->poll_inbound();
+      {
+        std::lock_guard lk(mu_);
+        current_ = nullptr;
+      }
+      cv_.notify_all();
+      return got ? 1 : 0;
+    }
+  }
+  return dispatch(0);
 }
 
 namespace {
@@ -116,7 +147,7 @@ void engine::progress() noexcept {
   std::unique_lock pl(progress_mu_, std::try_to_lock);
   if (!pl.owns_lock()) return;
   progress_thread_ = std::this_thread::get_id();
-  dispatch(0);
+  poll_once();
   progress_thread_.store(std::thread::id{});
 }
 
@@ -163,7 +194,7 @@ void engine::run() {
     }
     std::lock_guard pl(progress_mu_);
     progress_thread_ = std::this_thread::get_id();
-    if (dispatch(0) > 0) last_activity = clk::now();
+    if (poll_once() > 0) last_activity = clk::now();
     progress_thread_.store(std::thread::id{});
   }
 }

@@ -23,6 +23,8 @@ constexpr std::size_t rxbuf_size = 256 * 1024;
 constexpr std::size_t small_inline_copy = 64;  // payload up to this is copied next to its header
 constexpr std::size_t max_batch_bytes = 8u << 20;
 constexpr std::size_t header_lookahead = 128;  // read-ahead after bulk payload
+constexpr std::size_t max_fpdu_size = 65536;   // ULPDU_Length is 16 bits
+constexpr std::uint64_t mss_check_interval = 1u << 20;
 
 bool is_send_op(wr_opcode op) {
   return op == wr_opcode::send || op == wr_opcode::send_with_imm || op == wr_opcode::send_with_inv;
@@ -297,13 +299,23 @@ bool soft_qp::add_data_fpdu_locked(bool tagged, rdmap_op op, bool last, std::uin
     push_arena(t, pad + crc_size);
   }
   arena_used_ += used;
+  tx_framed_ += plen;
   batch_bytes_ += hdr + plen + fpdu_pad(hdr - 2 + plen) + crc_size;
   c_tx_fpdus_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
+void soft_qp::refresh_fpdu_size_locked(std::uint64_t pending) noexcept {
+  // Only for payloads that need several FPDUs, and at most once per MiB framed:
+  // one getsockopt, never on the small-message path.
+  if (pending <= max_fpdu_ || tx_framed_ < mss_check_at_ || fd_ < 0) return;
+  mss_check_at_ = tx_framed_ + mss_check_interval;
+  max_fpdu_ = std::min<std::size_t>(net::tcp_mss(fd_), max_fpdu_size) & ~std::size_t(7);
+}
+
 bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
   swqe& w = sq_[idx];
+  if (is_write_op(w.op) || is_send_op(w.op)) refresh_fpdu_size_locked(w.len - cur_off_);
   const std::size_t max_t = (max_fpdu_ - tagged_header_size - crc_size) & ~std::size_t(3);
   const std::size_t max_u = (max_fpdu_ - untagged_header_size - crc_size) & ~std::size_t(3);
   iovec pv[32];
@@ -396,6 +408,7 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
     ++tx_msn_[qn::atomic];
     return true;
   }
+  refresh_fpdu_size_locked(r.len - r.sent);
   const std::size_t max_t = (max_fpdu_ - tagged_header_size - crc_size) & ~std::size_t(3);
   do {
     const std::uint64_t chunk = std::min<std::uint64_t>(r.len - r.sent, max_t);
@@ -618,6 +631,12 @@ void soft_qp::on_events(std::uint32_t events) noexcept {
   if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR)) rx_progress();
   // Called by the progressing thread itself, so detach does not wait.
   if (rx_eof_.load() && attached_.exchange(false)) dev_->eng().detach(this, fd_);
+}
+
+bool soft_qp::poll_inbound() noexcept {
+  const std::uint64_t before = c_rx_bytes_.load(std::memory_order_relaxed);
+  on_events(EPOLLIN);
+  return c_rx_bytes_.load(std::memory_order_relaxed) != before || rx_eof_.load();
 }
 
 bool soft_qp::rx_fill(std::size_t want) noexcept {
@@ -1396,7 +1415,7 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
     fd_ = fd.release();
     cp_ = p;
     attr.mss = net::tcp_mss(fd_);
-    max_fpdu_ = std::min<std::size_t>(attr.mss, 65536) & ~std::size_t(7);
+    max_fpdu_ = std::min<std::size_t>(attr.mss, max_fpdu_size) & ~std::size_t(7);
     attr.max_fpdu = static_cast<std::uint32_t>(max_fpdu_);
     attr_ = attr;
     state_.store(qp_state::rts);

@@ -61,6 +61,9 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
 
   // Engine callback.
   void on_events(std::uint32_t events) noexcept;
+  // Engine: read and handle whatever the socket holds, without waiting for
+  // epoll to report it; true when bytes came in (or the connection ended).
+  bool poll_inbound() noexcept;
   // Connection manager: the handshake is done; take the socket and go to RTS.
   // sent_read_rtr: we (initiator) sent a zero-length Read RTR and await its response.
   void start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr, bool sent_read_rtr);
@@ -138,6 +141,7 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
                             std::uint32_t inv, std::span<const iovec> payload,
                             std::size_t payload_len) noexcept;
   void after_send_locked(std::size_t sent_now) noexcept;
+  void refresh_fpdu_size_locked(std::uint64_t pending) noexcept;
   void retire_locked() noexcept;
   void complete_send_locked(swqe& w, wc_status st) noexcept;
   std::size_t gather_sq(const swqe& w, std::uint32_t idx, std::uint64_t off, std::uint64_t len,
@@ -180,7 +184,12 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   std::atomic<bool> attached_{false};
   conn_params cp_;
   qp_connection_attr attr_;
-  std::size_t max_fpdu_ = 1460;
+  std::size_t max_fpdu_ = 1460;      // tx_mu_ once connected
+  // TCP's MSS starts bounded by half the initial window (32 KiB on loopback)
+  // and grows with it (to 65483 there): bulk framing re-reads it, as Linux siw
+  // does, so FPDUs follow it (tx_mu_).
+  std::uint64_t tx_framed_ = 0;      // payload bytes framed
+  std::uint64_t mss_check_at_ = 0;   // re-read the MSS when tx_framed_ gets here
 
   // SQ (tx_mu_)
   mutable std::mutex tx_mu_;
