@@ -70,6 +70,10 @@ struct device_attr {
   std::uint32_t max_cqe = 0;
   std::uint32_t max_qp_wr = 0;
   std::uint32_t max_sge = 0;
+  // SGEs an RDMA READ may scatter its data into (ibv's max_sge_rd). iWARP
+  // devices often allow one (RDMAP names a READ's sink by one STag); a READ
+  // with more is refused at post time with errc::invalid_argument.
+  std::uint32_t max_sge_rd = 0;
   std::uint32_t max_inline_data = 0;
   std::uint32_t max_mr = 0;
   std::uint64_t max_mr_size = 0;

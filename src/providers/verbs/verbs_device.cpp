@@ -249,6 +249,9 @@ class verbs_device final : public detail::device_impl {
     attr_.max_cqe = static_cast<std::uint32_t>(dattr_.max_cqe);
     attr_.max_qp_wr = static_cast<std::uint32_t>(dattr_.max_qp_wr);
     attr_.max_sge = static_cast<std::uint32_t>(dattr_.max_sge);
+    // siw reports 1 and, given more, reads only the first SGE's length.
+    attr_.max_sge_rd = dattr_.max_sge_rd > 0 ? std::min(attr_.max_sge, static_cast<std::uint32_t>(dattr_.max_sge_rd))
+                                             : attr_.max_sge;
     attr_.max_inline_data = 0;  // known per QP (ibv_create_qp reports it)
     attr_.max_mr = static_cast<std::uint32_t>(dattr_.max_mr);
     attr_.max_mr_size = dattr_.max_mr_size;
@@ -702,7 +705,15 @@ class verbs_qp final : public detail::qp_impl {
               v.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
               v.imm_data = htonl(s.imm_data);
             }
-            if (s.opcode == wr_opcode::rdma_read) v.opcode = IBV_WR_RDMA_READ;
+            if (s.opcode == wr_opcode::rdma_read) {
+              // The device would read fewer bytes than asked (siw scatters into
+              // the first SGE only), so refuse rather than report a short READ.
+              if (s.sg_list.size() > da.max_sge_rd) {
+                if (bad) *bad = done + i;
+                return errc::invalid_argument;
+              }
+              v.opcode = IBV_WR_RDMA_READ;
+            }
             v.wr.rdma.remote_addr = s.remote_addr;
             v.wr.rdma.rkey = s.rkey;
             break;
