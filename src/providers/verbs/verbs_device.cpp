@@ -658,7 +658,10 @@ class verbs_qp final : public detail::qp_impl {
     ibv_send_wr w[chunk];
     std::size_t done = 0;
     while (done < wrs.size()) {
-      const std::size_t n = std::min(chunk, wrs.size() - done);
+      std::size_t n = std::min(chunk, wrs.size() - done);
+      // A request refused here ends the call, but the ones before it are
+      // posted (and *bad names it), as ibv_post_send does for its own refusals.
+      status refused = errc::ok;
       for (std::size_t i = 0; i < n; ++i) {
         const auto& s = wrs[done + i];
         auto& v = w[i];
@@ -668,8 +671,9 @@ class verbs_qp final : public detail::qp_impl {
         v.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(s.sg_list.data()));
         v.num_sge = static_cast<int>(s.sg_list.size());
         if (s.sg_list.size() > caps_.max_send_sge) {
-          if (bad) *bad = done + i;
-          return errc::invalid_argument;
+          refused = errc::invalid_argument;
+          n = i;
+          break;
         }
         if (has(s.flags, send_flags::signaled)) v.send_flags |= IBV_SEND_SIGNALED;
         if (has(s.flags, send_flags::fence)) v.send_flags |= IBV_SEND_FENCE;
@@ -678,8 +682,9 @@ class verbs_qp final : public detail::qp_impl {
           std::uint64_t len = 0;
           for (const auto& g : s.sg_list) len += g.length;
           if (len > caps_.max_inline_data) {
-            if (bad) *bad = done + i;
-            return errc::invalid_argument;
+            refused = errc::invalid_argument;
+            n = i;
+            break;
           }
           v.send_flags |= IBV_SEND_INLINE;
         }
@@ -708,10 +713,7 @@ class verbs_qp final : public detail::qp_impl {
             if (s.opcode == wr_opcode::rdma_read) {
               // The device would read fewer bytes than asked (siw scatters into
               // the first SGE only), so refuse rather than report a short READ.
-              if (s.sg_list.size() > da.max_sge_rd) {
-                if (bad) *bad = done + i;
-                return errc::invalid_argument;
-              }
+              if (s.sg_list.size() > da.max_sge_rd) ok = false;
               v.opcode = IBV_WR_RDMA_READ;
             }
             v.wr.rdma.remote_addr = s.remote_addr;
@@ -721,8 +723,8 @@ class verbs_qp final : public detail::qp_impl {
           case wr_opcode::atomic_fetch_and_add:
             ok = da.atomics;
             if (ok && (s.sg_list.size() != 1 || s.sg_list[0].length != 8 || (s.remote_addr % 8) != 0)) {
-              if (bad) *bad = done + i;
-              return errc::invalid_argument;
+              refused = errc::invalid_argument;
+              break;
             }
             v.opcode = s.opcode == wr_opcode::atomic_cmp_and_swp ? IBV_WR_ATOMIC_CMP_AND_SWP
                                                                  : IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -733,18 +735,27 @@ class verbs_qp final : public detail::qp_impl {
             break;
           default: ok = false;
         }
-        if (!ok) {
-          if (bad) *bad = done + i;
-          return errc::unsupported;
+        if (refused == errc::ok && !ok)
+          refused = s.opcode == wr_opcode::rdma_read ? errc::invalid_argument : errc::unsupported;
+        if (refused != errc::ok) {
+          n = i;
+          break;
         }
       }
-      ibv_send_wr* bad_wr = nullptr;
-      int rc = ibv_post_send(qp_, w, &bad_wr);
-      if (rc != 0) {
-        if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
-        return map_post_error(rc);
+      if (n > 0) {
+        w[n - 1].next = nullptr;
+        ibv_send_wr* bad_wr = nullptr;
+        int rc = ibv_post_send(qp_, w, &bad_wr);
+        if (rc != 0) {
+          if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
+          return map_post_error(rc);
+        }
       }
       done += n;
+      if (refused != errc::ok) {
+        if (bad) *bad = done;
+        return refused;
+      }
     }
     return errc::ok;
   }
@@ -759,12 +770,14 @@ class verbs_qp final : public detail::qp_impl {
     ibv_recv_wr w[chunk];
     std::size_t done = 0;
     while (done < wrs.size()) {
-      const std::size_t n = std::min(chunk, wrs.size() - done);
+      std::size_t n = std::min(chunk, wrs.size() - done);
+      bool refused = false;  // the requests before a refused one are posted
       for (std::size_t i = 0; i < n; ++i) {
         const auto& r = wrs[done + i];
         if (r.sg_list.size() > caps_.max_recv_sge) {
-          if (bad) *bad = done + i;
-          return errc::invalid_argument;
+          refused = true;
+          n = i;
+          break;
         }
         w[i] = ibv_recv_wr{};
         w[i].wr_id = r.wr_id;
@@ -772,13 +785,20 @@ class verbs_qp final : public detail::qp_impl {
         w[i].sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(r.sg_list.data()));
         w[i].num_sge = static_cast<int>(r.sg_list.size());
       }
-      ibv_recv_wr* bad_wr = nullptr;
-      int rc = ibv_post_recv(qp_, w, &bad_wr);
-      if (rc != 0) {
-        if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
-        return map_post_error(rc);
+      if (n > 0) {
+        w[n - 1].next = nullptr;
+        ibv_recv_wr* bad_wr = nullptr;
+        int rc = ibv_post_recv(qp_, w, &bad_wr);
+        if (rc != 0) {
+          if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
+          return map_post_error(rc);
+        }
       }
       done += n;
+      if (refused) {
+        if (bad) *bad = done;
+        return errc::invalid_argument;
+      }
     }
     return errc::ok;
   }
@@ -1038,9 +1058,21 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   }
   qp_init_attr a = attr;
   // What the device granted (it may round queue sizes up): qp.caps() reports it.
+  // ibv_create_qp's answer is not enough: rxe rounds a queue up to a power of
+  // two minus one (16 receives become 31) but answers with the size asked for,
+  // so the queue took more than caps() said. ibv_query_qp reports the queues
+  // as they are.
   a.cap.max_inline_data = std::min(ia.cap.max_inline_data, c.max_inline_data);
   a.cap.max_send_wr = ia.cap.max_send_wr;
   a.cap.max_recv_wr = ia.cap.max_recv_wr;
+  {
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qia{};
+    if (ibv_query_qp(qp, &qa, IBV_QP_CAP, &qia) == 0) {
+      a.cap.max_send_wr = std::max(a.cap.max_send_wr, qa.cap.max_send_wr);
+      a.cap.max_recv_wr = std::max(a.cap.max_recv_wr, qa.cap.max_recv_wr);
+    }
+  }
   a.cap.max_send_sge = std::min<std::uint32_t>(ia.cap.max_send_sge, static_cast<std::uint32_t>(da.max_sge));
   a.cap.max_recv_sge = std::min<std::uint32_t>(ia.cap.max_recv_sge, static_cast<std::uint32_t>(da.max_sge));
   auto self = std::static_pointer_cast<verbs_pd>(shared_from_this());
