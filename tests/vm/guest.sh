@@ -101,6 +101,8 @@ if [[ " $STEPS " == *" rxe "* ]]; then
   part interop && interop verbs-rxe0-pair verbs:rxe0 verbs:rxe0 1
   part perf && perf rxe0
   part demo && demo_pair rxe0
+  # Last on this device: the port goes down and up again.
+  part events && step events-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --port-events verbs:rxe0 veth0
   rdma link delete rxe0
 fi
 
@@ -119,6 +121,8 @@ if [[ " $STEPS " == *" siw "* ]]; then
     interop "interop-soft-to-siw-crc$crc" verbs:siw0 soft "$crc"
     interop "interop-siw-to-soft-crc$crc" soft verbs:siw0 "$crc"
   done
+  # Last on this device: the port goes down and up again.
+  part events && step events-siw0 "$BUILD/tests/vm/conveyor_vm_interop" --port-events verbs:siw0 veth0
 fi
 if [[ " $STEPS " == *" siw "* ]] && part interop; then
   dmesg > "$R/dmesg.txt"

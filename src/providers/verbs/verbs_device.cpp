@@ -921,6 +921,16 @@ void verbs_device::cq_failed(const void* cq) noexcept {
 }
 
 void verbs_device::async_loop() {
+  // Hands an event to the user's callback (never lets it end this thread).
+  auto deliver = [this](device_event_type type, std::uint8_t port, std::uint32_t qpn, std::string what) {
+    const auto& cb = options().on_event;
+    if (!cb) return;
+    try {
+      cb(device_event{.type = type, .port = port, .qp_num = qpn, .description = std::move(what)});
+    } catch (...) {
+      log(detail::log_level::error, "device " + ibdev_ + ": the on_event callback threw; the event is dropped");
+    }
+  };
   while (!stop_) {
     pollfd p{ctx_->async_fd, POLLIN, 0};
     if (::poll(&p, 1, 100) <= 0) continue;
@@ -930,28 +940,45 @@ void verbs_device::async_loop() {
       switch (ev.event_type) {
         case IBV_EVENT_QP_FATAL:
         case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR:
-          if (auto* q = static_cast<verbs_qp*>(ev.element.qp->qp_context)) q->async_error(name);
+        case IBV_EVENT_QP_ACCESS_ERR: {
+          const std::uint32_t qpn = ev.element.qp->qp_num;
+          std::string what = where() + " QP " + std::to_string(qpn) + ": async event " + name;
+          if (auto* q = static_cast<verbs_qp*>(ev.element.qp->qp_context)) {
+            q->async_error(name);
+            what = q->where() + ": async event " + name + " (QP moved to ERROR)";
+          }
+          deliver(device_event_type::qp_error, port_, qpn, std::move(what));
           break;
+        }
         case IBV_EVENT_CQ_ERR:
           log(detail::log_level::warn, where() + ": async event " + name + " (CQ overflow; polls report cq_overflow)");
           if (auto* c = static_cast<verbs_cq*>(ev.element.cq->cq_context)) {
             c->mark_error();
             cq_failed(c);
           }
+          deliver(device_event_type::cq_error, port_, 0,
+                  where() + ": async event " + name + " (CQ overflow; polls report cq_overflow)");
           break;
         case IBV_EVENT_PORT_ACTIVE:
         case IBV_EVENT_PORT_ERR:
         case IBV_EVENT_LID_CHANGE:
-        case IBV_EVENT_GID_CHANGE:
-          log(ev.event_type == IBV_EVENT_PORT_ERR ? detail::log_level::warn : detail::log_level::info,
-              "device " + ibdev_ + " port " + std::to_string(ev.element.port_num) + ": async event " + name);
+        case IBV_EVENT_GID_CHANGE: {
+          const auto port = static_cast<std::uint8_t>(ev.element.port_num);
+          const std::string what = "device " + ibdev_ + " port " + std::to_string(port) + ": async event " + name;
+          log(ev.event_type == IBV_EVENT_PORT_ERR ? detail::log_level::warn : detail::log_level::info, what);
+          deliver(ev.event_type == IBV_EVENT_PORT_ERR      ? device_event_type::port_down
+                  : ev.event_type == IBV_EVENT_PORT_ACTIVE ? device_event_type::port_active
+                                                           : device_event_type::other,
+                  port, 0, what);
           break;
+        }
         case IBV_EVENT_DEVICE_FATAL:
           log(detail::log_level::error, "device " + ibdev_ + ": async event " + name);
+          deliver(device_event_type::device_fatal, 0, 0, "device " + ibdev_ + ": async event " + name);
           break;
         default:
           log(detail::log_level::debug, "device " + ibdev_ + ": async event " + name);
+          deliver(device_event_type::other, 0, 0, "device " + ibdev_ + ": async event " + name);
       }
       ibv_ack_async_event(&ev);
     }
