@@ -240,14 +240,17 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
 }
 
 void run_client(const config& c, scenario sc, caps k, const std::string& addr, std::atomic<bool>& server_done) {
-  // Keep the connection until the server has seen its last completion.
+  side s;
+  // Keep the connection until the server has seen its last completion: this
+  // outlives nothing after it, so it is declared after `s`, whose destructor
+  // closes the connection (declared first, it let the client close while soft's
+  // reply SEND was still completing, which soft then reported as connection lost).
   struct linger {
     std::atomic<bool>& f;
     ~linger() {
       for (int i = 0; i < 400 && !f; ++i) std::this_thread::sleep_for(25ms);
     }
   } l{server_done};
-  side s;
   if (!s.setup(c.client, c.crc, "client")) return;
   auto info = cvy::connect(s.qp, addr, {.timeout = 20s});
   if (!info) {
