@@ -37,8 +37,8 @@ class posting : public pair_test {
   std::string read_sge_unavailable() const {
     if (auto why = sge_unavailable(); !why.empty()) return why;
     if (init.dev.attr().max_sge_rd < 3)
-      return "the device scatters a READ into at most " + std::to_string(init.dev.attr().max_sge_rd) +
-             " SGE(s) (max_sge_rd)";
+      return "the device scatters a READ into at most " +
+             std::to_string(init.dev.attr().max_sge_rd) + " SGE(s) (max_sge_rd)";
     return {};
   }
 };
@@ -167,10 +167,16 @@ TEST_P(posting, read_with_more_sges_than_max_sge_rd_is_invalid_argument) {
   std::vector<sge> ss;
   for (std::size_t i = 0; i < n; ++i) ss.push_back(sink->sge(i * 1024, 512));
   const auto r = remote->remote(0, n * 512);
-  const send_wr wrs[] = {
-      send_wr{.wr_id = 90, .opcode = wr_opcode::rdma_read, .sg_list = std::span<const sge>(ss).first(1),
-              .remote_addr = r.addr, .rkey = r.rkey},
-      send_wr{.wr_id = 91, .opcode = wr_opcode::rdma_read, .sg_list = ss, .remote_addr = r.addr, .rkey = r.rkey}};
+  const send_wr wrs[] = {send_wr{.wr_id = 90,
+                                 .opcode = wr_opcode::rdma_read,
+                                 .sg_list = std::span<const sge>(ss).first(1),
+                                 .remote_addr = r.addr,
+                                 .rkey = r.rkey},
+                         send_wr{.wr_id = 91,
+                                 .opcode = wr_opcode::rdma_read,
+                                 .sg_list = ss,
+                                 .remote_addr = r.addr,
+                                 .rkey = r.rkey}};
   std::size_t bad = 99;
   EXPECT_EQ(name(init.qp.post_send(wrs, &bad)), name(errc::invalid_argument));
   EXPECT_EQ(bad, 1u) << "*bad must name the READ with too many SGEs";

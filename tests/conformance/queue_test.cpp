@@ -365,7 +365,8 @@ TEST_P(queues, modify_to_error_flushes_outstanding_sends) {
     for (std::size_t i = 1; i < iw.size(); ++i) {
       if (iw[i].wr_id != iw[i - 1].wr_id || iw[i].status != wc_status::wr_flush_err) continue;
       std::cout << "[   INFO   ] the device completed READ " << iw[i].wr_id - 41000
-                << " twice (Linux siw's flush race); the second, " << describe(iw[i]) << ", is ignored\n";
+                << " twice (Linux siw's flush race); the second, " << describe(iw[i])
+                << ", is ignored\n";
       iw.erase(iw.begin() + static_cast<std::ptrdiff_t>(i));
       std::vector<work_completion> more;
       ASSERT_TRUE(wait(init.send_reader(), 1, scaled(milliseconds(10000)), more));

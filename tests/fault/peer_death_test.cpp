@@ -38,13 +38,12 @@ milliseconds abort_bound() {
 // one per posted request, in posting order, successes first, then only
 // retry_exc_err (connection lost) or wr_flush_err (flushed), at least one error.
 //
-// `is_read` (by request index; given only for kernel iWARP) relaxes one thing for kernel iWARP (Linux siw), where a WRITE
-// completes once it is handed to TCP while a READ completes when its response
-// arrives: a WRITE posted after a READ may complete before it, and succeed
-// after that READ failed; and the request being sent when TCP failed completes
-// with loc_qp_op_err. Each kind on its own keeps the rule (in posting order,
-// successes then errors), every request still completes exactly once, and
-// *successes counts the requests that all succeeded from the first on.
+// `is_read` (by request index; given only for kernel iWARP) relaxes one thing for kernel iWARP
+// (Linux siw), where a WRITE completes once it is handed to TCP while a READ completes when its
+// response arrives: a WRITE posted after a READ may complete before it, and succeed after that READ
+// failed; and the request being sent when TCP failed completes with loc_qp_op_err. Each kind on its
+// own keeps the rule (in posting order, successes then errors), every request still completes
+// exactly once, and *successes counts the requests that all succeeded from the first on.
 std::string check_aborted(const std::vector<work_completion>& wcs, std::uint64_t first_id,
                           std::size_t* successes,
                           const std::function<bool(std::size_t)>& is_read = {}) {
@@ -59,7 +58,8 @@ std::string check_aborted(const std::vector<work_completion>& wcs, std::uint64_t
     bool failed = false;
     for (std::size_t i = 0; i < wcs.size(); ++i) {
       const auto& wc = wcs[i];
-      if (wc.wr_id < first_id || wc.wr_id - first_id >= wcs.size() || state[wc.wr_id - first_id] != -1)
+      if (wc.wr_id < first_id || wc.wr_id - first_id >= wcs.size() ||
+          state[wc.wr_id - first_id] != -1)
         return "completion " + std::to_string(i) + " is unknown or a duplicate: " + describe(wc);
       auto& k = is_read(wc.wr_id - first_id) ? reads : others;
       if (k.any && wc.wr_id < k.last)
@@ -72,10 +72,12 @@ std::string check_aborted(const std::vector<work_completion>& wcs, std::uint64_t
         // siw completes the request it was handing to TCP when the socket
         // failed with loc_qp_op_err (its transmit error), at most one per kind.
         const bool tx_failure = wc.status == wc_status::loc_qp_op_err && !k.failed;
-        if (wc.status != wc_status::retry_exc_err && wc.status != wc_status::wr_flush_err && !tx_failure)
+        if (wc.status != wc_status::retry_exc_err && wc.status != wc_status::wr_flush_err &&
+            !tx_failure)
           return "completion " + std::to_string(i) + " has status " + name(wc.status) +
                  ", expected retry_exc_err (connection lost), wr_flush_err or, first of its kind, "
-                 "loc_qp_op_err: " + describe(wc);
+                 "loc_qp_op_err: " +
+                 describe(wc);
         k.failed = failed = true;
       }
       state[wc.wr_id - first_id] = good ? 1 : 0;
