@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,26 @@ enum class progress_mode : std::uint8_t {
   manual,  // no thread: poll()/wait() on any CQ of the device drive the engine
 };
 
+// What a device reports by itself, outside any call or completion (verbs:
+// the device's asynchronous events). soft and shm report none: their failures
+// show as completions and QP state.
+enum class device_event_type : std::uint8_t {
+  port_active,   // a port's link came up
+  port_down,     // a port's link went down: connections through it fail
+  qp_error,      // a QP failed outside a completion (fatal, invalid request, access error): it is in ERROR
+  cq_error,      // a CQ overflowed: its poll/wait return cq_overflow
+  device_fatal,  // the device failed: nothing created from it works any more
+  other,         // an address, LID or P_Key change, ...: see the description
+};
+std::string_view to_string(device_event_type t) noexcept;
+
+struct device_event {
+  device_event_type type = device_event_type::other;
+  std::uint8_t port = 0;      // port_active/port_down: the port
+  std::uint32_t qp_num = 0;   // qp_error: the QP
+  std::string description;    // names the device, port, and for a QP its number and peer
+};
+
 struct device_options {
   progress_mode progress = progress_mode::thread;
   bool request_crc = true;         // ask peers for MPA CRC32c (the peer may ask too)
@@ -51,6 +72,11 @@ struct device_options {
   // arrival; it resumes when polling stops for 1 ms or the poller sleeps.
   bool engine_park = true;
   std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
+  // Called for each device_event, on the device's event thread, in the order
+  // the device reported them (every event is also logged). Keep it short: the
+  // next event waits. It must not destroy the device or its objects. Empty:
+  // events are only logged.
+  std::function<void(const device_event&)> on_event;
 };
 
 // One port of a device: where it is reachable and whether its link is up.
@@ -70,6 +96,10 @@ struct device_attr {
   std::uint32_t max_cqe = 0;
   std::uint32_t max_qp_wr = 0;
   std::uint32_t max_sge = 0;
+  // SGEs an RDMA READ may scatter its data into (ibv's max_sge_rd). iWARP
+  // devices often allow one (RDMAP names a READ's sink by one STag); a READ
+  // with more is refused at post time with errc::invalid_argument.
+  std::uint32_t max_sge_rd = 0;
   std::uint32_t max_inline_data = 0;
   std::uint32_t max_mr = 0;
   std::uint64_t max_mr_size = 0;

@@ -118,4 +118,16 @@ std::string_view to_string(transport t) noexcept {
   return "unknown";
 }
 
+std::string_view to_string(device_event_type t) noexcept {
+  switch (t) {
+    case device_event_type::port_active: return "port active";
+    case device_event_type::port_down: return "port down";
+    case device_event_type::qp_error: return "QP error";
+    case device_event_type::cq_error: return "CQ error";
+    case device_event_type::device_fatal: return "device fatal";
+    case device_event_type::other: return "other";
+  }
+  return "unknown";
+}
+
 }  // namespace conveyor

@@ -158,6 +158,20 @@ void negative::expect_remote_violation(op o, fault f) {
 
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait(init.send_reader(), 1, scaled(milliseconds(10000)), iw));
+  if (param().provider == "verbs" && o == op::read && f == fault::missing_right &&
+      tgt.dev.attr().transport_type == conveyor::transport::iwarp &&
+      iw[0].status == wc_status::success) {
+    // Linux siw checks no access right when it answers a READ (its READ
+    // response checks the region with no permission bits), so it serves a
+    // region registered without remote_read. Make sure that is what happened
+    // (the region's bytes arrived) and say so: no error can follow.
+    ASSERT_TRUE(
+        ok(check_equal(local->bytes().first(r.length), std::span(victim_before).first(r.length))))
+        << "a READ the target should have refused completed with other bytes than the region's";
+    GTEST_SKIP() << "the target device (" << tgt.dev.attr().name
+                 << ") served a READ from a region registered without remote_read: it does not "
+                    "enforce that right (Linux siw), so there is no violation to observe";
+  }
   if (param().provider == "verbs" && init.dev.attr().transport_type == conveyor::transport::iwarp &&
       (iw[0].status == wc_status::success || iw[0].status == wc_status::wr_flush_err)) {
     // Kernel iWARP (siw) completes a WRITE once it is sent and handles the

@@ -31,6 +31,16 @@ class posting : public pair_test {
     }
     return {};
   }
+  // A READ scattered into 3 SGEs also needs the initiator's device to allow
+  // that many SGEs in a READ (iWARP devices often allow one: RDMAP names a
+  // READ's sink by one STag).
+  std::string read_sge_unavailable() const {
+    if (auto why = sge_unavailable(); !why.empty()) return why;
+    if (init.dev.attr().max_sge_rd < 3)
+      return "the device scatters a READ into at most " +
+             std::to_string(init.dev.attr().max_sge_rd) + " SGE(s) (max_sge_rd)";
+    return {};
+  }
 };
 
 struct piece {
@@ -117,7 +127,7 @@ TEST_P(posting, multi_sge_write_gathers_three_sges_into_one_range) {
 
 TEST_P(posting, multi_sge_read_scatters_one_range_into_three_sges) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
-  if (auto why = sge_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  if (auto why = read_sge_unavailable(); !why.empty()) GTEST_SKIP() << why;
   auto remote = make_region(tgt.pd, 16 * KiB, all_rights, 0x8500);
   CVT_ASSERT_OK(remote);
   auto sink = make_region(init.pd, 16 * KiB, access::local_write, 0x8600);
@@ -137,6 +147,45 @@ TEST_P(posting, multi_sge_read_scatters_one_range_into_three_sges) {
   auto image = make_pattern(16 * KiB, 0x8600);
   scatter(image, sink_pieces, make_pattern(k_total, 0x8500, 13));
   EXPECT_TRUE(ok(check_equal(sink->bytes(), image))) << "sink after a 3-SGE scattered READ";
+}
+
+// A device that scatters a READ into fewer SGEs than a request may carry
+// (Linux siw: one) would read only the first SGE's bytes; the post is refused
+// instead, names the request, and the QP stays usable.
+TEST_P(posting, read_with_more_sges_than_max_sge_rd_is_invalid_argument) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  const auto& a = init.dev.attr();
+  if (a.max_sge_rd >= init.qp.caps().max_send_sge)
+    GTEST_SKIP() << "the device scatters a READ into every SGE a request may carry (max_sge_rd "
+                 << a.max_sge_rd << ", max_send_sge " << init.qp.caps().max_send_sge << ")";
+  ASSERT_GE(a.max_sge_rd, 1u);
+  auto remote = make_region(tgt.pd, 16 * KiB, all_rights, 0x8480);
+  CVT_ASSERT_OK(remote);
+  auto sink = make_region(init.pd, 16 * KiB, access::local_write, 0x8490);
+  CVT_ASSERT_OK(sink);
+  const std::size_t n = a.max_sge_rd + 1;
+  std::vector<sge> ss;
+  for (std::size_t i = 0; i < n; ++i) ss.push_back(sink->sge(i * 1024, 512));
+  const auto r = remote->remote(0, n * 512);
+  const send_wr wrs[] = {send_wr{.wr_id = 90,
+                                 .opcode = wr_opcode::rdma_read,
+                                 .sg_list = std::span<const sge>(ss).first(1),
+                                 .remote_addr = r.addr,
+                                 .rkey = r.rkey},
+                         send_wr{.wr_id = 91,
+                                 .opcode = wr_opcode::rdma_read,
+                                 .sg_list = ss,
+                                 .remote_addr = r.addr,
+                                 .rkey = r.rkey}};
+  std::size_t bad = 99;
+  EXPECT_EQ(name(init.qp.post_send(wrs, &bad)), name(errc::invalid_argument));
+  EXPECT_EQ(bad, 1u) << "*bad must name the READ with too many SGEs";
+  std::vector<work_completion> iw;
+  ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(512), iw));
+  EXPECT_TRUE(ok(check_wc(iw[0], wc_status::success, wc_opcode::rdma_read, 90)));
+  EXPECT_TRUE(ok(check_pattern(sink->bytes().first(512), 0x8480)));
+  EXPECT_TRUE(expect_no_completion(init.send_reader(), std::chrono::milliseconds(200)))
+      << "the refused READ must not complete";
 }
 
 TEST_P(posting, unsignaled_requests_produce_no_completion) {

@@ -19,6 +19,7 @@
 #include "common/env.hpp"
 #include "common/process.hpp"
 #include "common/raw_tcp.hpp"
+#include "perf_session.hpp"
 
 namespace {
 
@@ -235,6 +236,37 @@ TEST(cli, a_client_of_another_protocol_version_is_refused_with_the_reason) {
   ASSERT_FALSE(info);
   EXPECT_EQ(cvt::name(info.error().code), cvt::name(conveyor::errc::rejected));
   EXPECT_NE(info.error().context.find("version mismatch"), std::string::npos) << info.error().to_string();
+}
+
+// The hello travels in a connect's private data: on InfiniBand and RoCE that is
+// at most 55 bytes (rdma_cm's header takes the rest of the CM REQ), so a larger
+// hello made every verbs run on rxe fail before it started.
+TEST(cli, hello_fits_an_ib_roce_connect_and_round_trips) {
+  conveyor::tool::perf_hello h;
+  h.qps = 64;
+  h.index = 63;
+  h.tx_depth = 0xfffffff0u;
+  h.rx_depth = 4096;
+  h.max_size = 64ull << 20;
+  h.data = {0x7f00'1234'5678'9000ull, 1, 0xa1b2c3d4u};
+  h.ctl = {0x7f00'8765'4321'0000ull, 8192, 0x01020304u};
+  const auto b = h.encode();
+  EXPECT_LE(b.size(), conveyor::tool::perf_hello::max_encoded);
+  std::string why;
+  auto d = conveyor::tool::perf_hello::decode(b, why);
+  ASSERT_TRUE(d.has_value()) << why;
+  EXPECT_EQ(d->qps, 64);
+  EXPECT_EQ(d->index, 63);
+  EXPECT_EQ(d->tx_depth, 0xfffffff0u);
+  EXPECT_EQ(d->rx_depth, 4096u);
+  EXPECT_EQ(d->max_size, 64ull << 20);
+  EXPECT_EQ(d->data.addr, h.data.addr);
+  EXPECT_EQ(d->data.rkey, h.data.rkey);
+  EXPECT_EQ(d->ctl.addr, h.ctl.addr);
+  EXPECT_EQ(d->ctl.rkey, h.ctl.rkey);
+  EXPECT_EQ(d->ctl.length, conveyor::tool::ctl_layout::bytes);
+  auto short_one = std::span(b).first(b.size() - 1);
+  EXPECT_FALSE(conveyor::tool::perf_hello::decode(short_one, why).has_value());
 }
 
 TEST(cli, a_peer_that_is_not_a_perf_client_is_refused) {

@@ -4,10 +4,11 @@
 # /run/results and powers off. Every step has a timeout.
 set -u
 R=/run/results
-source "$R/config"   # BUILD, ROOT, KVER, FILTER, STEP_TIMEOUT, STEPS
+source "$R/config"   # BUILD, ROOT, KVER, FILTER, STEP_TIMEOUT, STEPS, PARTS
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 ulimit -l unlimited
 fails=0
+part() { [[ " $PARTS " == *" $1 "* ]]; }  # part <name>: is this part of the run wanted?
 summary() { echo "$*" | tee -a "$R/summary"; }
 step() {  # step <name> <cmd...>: runs with a timeout, records PASS/FAIL and time
   local name=$1; shift
@@ -32,6 +33,58 @@ interop() {  # interop <name> <server device> <client device> <crc>: every verb,
   [ -x "$BUILD/tests/vm/conveyor_vm_interop" ] || { summary "FAIL $1: conveyor_vm_interop not built"; fails=$((fails + 1)); return; }
   step "$1" "$BUILD/tests/vm/conveyor_vm_interop" --server "$2" --client "$3" --crc "$4" --addr 10.11.0.1
 }
+tool="$BUILD/tools/conveyor/conveyor"
+demo="$BUILD/examples/conveyor-demo"
+# waits (bounded) until file $1 has a line matching $2
+wait_line() { local i; for i in $(seq 150); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.2; done; return 1; }
+perf() {  # perf <device>: conveyor perf against one persistent server, several tests, each checked
+  local dev=$1 addr=10.11.0.1:18515
+  [ -x "$tool" ] || { summary "FAIL perf-$dev: conveyor tool not built"; fails=$((fails + 1)); return; }
+  timeout -k 5 "$STEP_TIMEOUT" "$tool" perf --server --persistent -p verbs -d "verbs:$dev" "$addr" \
+    > "$R/perf-$dev-server.log" 2>&1 &
+  local spid=$!
+  if ! wait_line "$R/perf-$dev-server.log" "listening on"; then
+    summary "FAIL perf-$dev-server: not listening after 30 s (perf-$dev-server.log)"; fails=$((fails + 1))
+    kill "$spid" 2>/dev/null; wait "$spid"; return
+  fi
+  local t
+  local tests=("write bw" "read bw" "write lat" "read lat" "send bw" "send lat")
+  # Atomics where the device has them (rxe); siw has none and perf refuses them.
+  [ "$dev" = rxe0 ] && tests+=("fetch-add lat" "compare-swap lat")
+  for t in "${tests[@]}"; do
+    set -- $t
+    local extra=(--verify)
+    [ "$2" = bw ] && extra+=(-D 1) || extra+=(-n 200)
+    step "perf-$dev-$1-$2" "$tool" perf "$addr" -p verbs -d "verbs:$dev" -t "$1" -m "$2" "${extra[@]}" --quiet
+  done
+  # The server must have served every client without an error and still be up.
+  if kill -0 "$spid" 2>/dev/null && ! grep -qi "error\|fail" "$R/perf-$dev-server.log"; then
+    summary "PASS perf-$dev-server (served ${#tests[@]} clients)"
+  else
+    summary "FAIL perf-$dev-server (see perf-$dev-server.log)"; fails=$((fails + 1))
+  fi
+  kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+}
+demo_pair() {  # demo_pair <device>: the demo's target and initiator on one device, both must pass
+  local dev=$1 addr=10.11.0.1:7471 t0=$SECONDS
+  [ -x "$demo" ] || { summary "FAIL demo-$dev: conveyor-demo not built"; fails=$((fails + 1)); return; }
+  timeout -k 5 "$STEP_TIMEOUT" "$demo" --role target --address "$addr" --device "verbs:$dev" \
+    > "$R/demo-$dev-target.log" 2>&1 &
+  local tpid=$!
+  timeout -k 5 "$STEP_TIMEOUT" "$demo" --role initiator --address "$addr" --device "verbs:$dev" \
+    > "$R/demo-$dev.log" 2>&1
+  local irc=$?
+  [ $irc -ne 0 ] && { sleep 2; kill "$tpid" 2>/dev/null; }
+  wait "$tpid"
+  local trc=$?
+  if [ $irc -eq 0 ] && [ $trc -eq 0 ]; then
+    summary "PASS demo-$dev ($((SECONDS - t0))s): $(grep -m1 '^target: OK' "$R/demo-$dev-target.log" | cut -c1-100)"
+  else
+    summary "FAIL demo-$dev initiator rc=$irc target rc=$trc (demo-$dev.log, demo-$dev-target.log)"
+    fails=$((fails + 1))
+  fi
+  grep -h "FAILED\|skipped:" "$R/demo-$dev.log" "$R/demo-$dev-target.log"
+}
 
 echo "guest: kernel $(uname -r), $(nproc) cpus"
 modprobe veth
@@ -44,8 +97,12 @@ if [[ " $STEPS " == *" rxe "* ]]; then
   modprobe rdma_rxe && rdma link add rxe0 type rxe netdev veth0
   step devices-rxe "$BUILD/tests/vm/conveyor_vm_interop" --list
   ibv_devinfo -d rxe0 > "$R/ibv_devinfo-rxe0.txt" 2>&1
-  gtests rxe0
-  interop verbs-rxe0-pair verbs:rxe0 verbs:rxe0 1
+  part gtests && gtests rxe0
+  part interop && interop verbs-rxe0-pair verbs:rxe0 verbs:rxe0 1
+  part perf && perf rxe0
+  part demo && demo_pair rxe0
+  # Last on this device: the port goes down and up again.
+  part events && step events-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --port-events verbs:rxe0 veth0
   rdma link delete rxe0
 fi
 
@@ -53,17 +110,21 @@ if [[ " $STEPS " == *" siw "* ]]; then
   insmod "$ROOT/.cache/vm/$KVER/siw.ko" && rdma link add siw0 type siw netdev veth0
   step devices-siw "$BUILD/tests/vm/conveyor_vm_interop" --list
   ibv_devinfo -d siw0 > "$R/ibv_devinfo-siw0.txt" 2>&1
-  gtests siw0
-  interop verbs-siw0-pair verbs:siw0 verbs:siw0 1
-  for crc in 0 1; do
+  part gtests && gtests siw0
+  part interop && interop verbs-siw0-pair verbs:siw0 verbs:siw0 1
+  part perf && perf siw0
+  part demo && demo_pair siw0
+  part interop && for crc in 0 1; do
     # Linux 6.1 siw never asks for CRC itself (mpa_crc_required is a constant)
     # but honours a peer's request: soft asks (as initiator or in its reply)
     # with --crc 1, and the soft side checks that CRC is in force.
     interop "interop-soft-to-siw-crc$crc" verbs:siw0 soft "$crc"
     interop "interop-siw-to-soft-crc$crc" soft verbs:siw0 "$crc"
   done
+  # Last on this device: the port goes down and up again.
+  part events && step events-siw0 "$BUILD/tests/vm/conveyor_vm_interop" --port-events verbs:siw0 veth0
 fi
-if [[ " $STEPS " == *" siw "* ]]; then
+if [[ " $STEPS " == *" siw "* ]] && part interop; then
   dmesg > "$R/dmesg.txt"
   # siw must have parsed the Terminates soft sent (bad rkey, out-of-bounds READ).
   if grep -q "siw: got TERMINATE" "$R/dmesg.txt" && ! grep -q "rx bogus TERM" "$R/dmesg.txt"; then

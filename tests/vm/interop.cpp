@@ -7,6 +7,7 @@
 //   conveyor_vm_interop --server verbs:siw0 --client soft --crc 1 --addr 10.11.0.1
 //   conveyor_vm_interop --server soft --client verbs:siw0 --crc 0 --addr 10.11.0.1
 //   conveyor_vm_interop --list
+//   conveyor_vm_interop --port-events verbs:rxe0 veth0
 //
 // Scenarios: (1) data: WRITE 256 KiB, READ it back (a multi-segment READ
 // response), zero-length WRITE/READ/SEND, SEND of several sizes, solicited
@@ -17,10 +18,15 @@
 // initiator is kernel iWARP and WRITEs complete locally, the next request
 // flushes) and the target's QP goes to ERROR, flushing its receives: the
 // Terminate was understood. Exit status 0 only if everything held.
+// --port-events takes the device's netdev down and up again (`ip link`) and
+// checks that device_options::on_event reported port_down, then port_active,
+// for the device's port.
 #include <conveyor/conveyor.hpp>
 
 #include <array>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -234,14 +240,17 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
 }
 
 void run_client(const config& c, scenario sc, caps k, const std::string& addr, std::atomic<bool>& server_done) {
-  // Keep the connection until the server has seen its last completion.
+  side s;
+  // Keep the connection until the server has seen its last completion: this
+  // outlives nothing after it, so it is declared after `s`, whose destructor
+  // closes the connection (declared first, it let the client close while soft's
+  // reply SEND was still completing, which soft then reported as connection lost).
   struct linger {
     std::atomic<bool>& f;
     ~linger() {
       for (int i = 0; i < 400 && !f; ++i) std::this_thread::sleep_for(25ms);
     }
   } l{server_done};
-  side s;
   if (!s.setup(c.client, c.crc, "client")) return;
   auto info = cvy::connect(s.qp, addr, {.timeout = 20s});
   if (!info) {
@@ -403,6 +412,50 @@ bool run(const config& c, scenario sc, const char* name) {
   return failures == before;
 }
 
+// Takes `netdev` down and up; the device must report both through on_event.
+int port_events(const std::string& dev_name, const std::string& netdev) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<cvy::device_event> events;
+  cvy::device_options o;
+  o.on_event = [&](const cvy::device_event& e) {
+    std::lock_guard lk(mu);
+    events.push_back(e);
+    cv.notify_all();
+  };
+  auto dev = cvy::device::open(dev_name, o);
+  if (!dev) {
+    std::printf("interop: FAIL open %s: %s\n", dev_name.c_str(), dev.error().to_string().c_str());
+    return 1;
+  }
+  const std::string ibdev = dev_name.substr(dev_name.find(':') + 1);
+  // Waits up to 20 s (an emulated guest is slow) for an event of type t.
+  auto expect = [&](cvy::device_event_type t) {
+    std::unique_lock lk(mu);
+    const bool got = cv.wait_for(lk, 20s, [&] {
+      for (const auto& e : events)
+        if (e.type == t) return true;
+      return false;
+    });
+    CHECK(got, "no %s event from %s within 20 s", std::string(cvy::to_string(t)).c_str(), dev_name.c_str());
+    for (const auto& e : events) {
+      if (e.type != t) continue;
+      std::printf("interop: event %s: port %u: %s\n", std::string(cvy::to_string(e.type)).c_str(),
+                  unsigned{e.port}, e.description.c_str());
+      CHECK(e.port == 1, "the event names port %u, expected 1", unsigned{e.port});
+      CHECK(e.description.find(ibdev) != std::string::npos, "the description does not name %s", ibdev.c_str());
+    }
+    events.clear();
+  };
+  const std::string down = "ip link set " + netdev + " down", up = "ip link set " + netdev + " up";
+  CHECK(std::system(down.c_str()) == 0, "%s failed", down.c_str());
+  expect(cvy::device_event_type::port_down);
+  CHECK(std::system(up.c_str()) == 0, "%s failed", up.c_str());
+  expect(cvy::device_event_type::port_active);
+  std::printf("interop: port events %s: %s\n", dev_name.c_str(), failures == 0 ? "PASS" : "FAIL");
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -414,14 +467,17 @@ int main(int argc, char** argv) {
     else if (a == "--client") c.client = next();
     else if (a == "--addr") c.addr = next();
     else if (a == "--crc") c.crc = next() != "0";
-    else if (a == "--list") {
+    else if (a == "--port-events" && i + 2 < argc) {
+      const std::string d = argv[i + 1], n = argv[i + 2];
+      return port_events(d, n);
+    } else if (a == "--list") {
       for (const auto& d : cvy::device::list())
         std::printf("%-16s %-6s %-10s %s %s\n", d.name.c_str(), d.provider.c_str(),
                     std::string(cvy::to_string(d.transport_type)).c_str(), d.available ? "available" : "unavailable",
                     d.reason.c_str());
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list | --port-events DEV NETDEV\n", argv[0]);
       return 2;
     }
   }

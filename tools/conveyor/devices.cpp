@@ -22,6 +22,7 @@ nlohmann::json attr_json(const device_attr& a) {
           {"max_cqe", a.max_cqe},
           {"max_qp_wr", a.max_qp_wr},
           {"max_sge", a.max_sge},
+          {"max_sge_rd", a.max_sge_rd},
           {"max_inline_data", a.max_inline_data},
           {"max_mr", a.max_mr},
           {"max_mr_size", a.max_mr_size},
@@ -77,6 +78,7 @@ int run_devices(const devices_options& o) {
     std::printf("    max_cqe:           %u\n", a.max_cqe);
     std::printf("    max_qp_wr:         %u\n", a.max_qp_wr);
     std::printf("    max_sge:           %u\n", a.max_sge);
+    std::printf("    max_sge_rd:        %u\n", a.max_sge_rd);
     std::printf("    max_inline_data:   %u\n", a.max_inline_data);
     std::printf("    max_mr:            %u\n", a.max_mr);
     std::printf("    max_mr_size:       %llu\n", static_cast<unsigned long long>(a.max_mr_size));

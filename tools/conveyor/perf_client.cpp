@@ -132,6 +132,7 @@ std::uint32_t client::effective_depth() const {
 
 void client::connect_all() {
   ep_.create_qps(o_.qps, o_.tx_depth, o_.rx_depth);
+  o_.inline_size = ep_.inline_size();  // what the device granted (the report shows it)
   ep_.post_ctl_recvs();
   sent_total_.assign(o_.qps, 0);
   perf_hello h;
@@ -202,7 +203,7 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
   const std::uint32_t depth = effective_depth();
   const std::uint32_t batch = std::min(o_.batch, depth);
   const std::uint64_t size = r.size;
-  const bool inl = size <= o_.inline_size && (o_.test == perf_test::write || o_.test == perf_test::send ||
+  const bool inl = size <= ep_.inline_size() && (o_.test == perf_test::write || o_.test == perf_test::send ||
                                               o_.test == perf_test::write_imm);
   const bool credits = consumes_receive(o_.test);
   std::vector<std::uint64_t> posted(nq, 0), completed(nq, 0);
@@ -329,7 +330,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
   queue_pair& qp = ep_.qps()[0];
   std::byte* landing = local_slot(0, 0);
   std::byte* src = ep_.data_mr().data() + layout_.spare();
-  const bool inl = size <= o_.inline_size;
+  const bool inl = size <= ep_.inline_size();
   const sge src_sge = ep_.data_mr().slice(layout_.spare(), size);
   // Receives take a whole slot: one posted in an earlier, smaller phase must
   // still hold this phase's echoes.

@@ -96,8 +96,11 @@ void session::write_credit(std::uint32_t q, bool wait) {
   std::memcpy(word, &posted_[q], 8);
   const sge s = ep_.ctl_mr().slice(ctl_layout::scratch_off + 8 * q, 8);
   const bool signaled = wait || ++credit_signal_ % 32 == 0;
+  // Inline where the QP allows it; otherwise the NIC reads the word later, and
+  // a newer credit written there meanwhile is as good (credits are cumulative).
+  const send_flags inl = ep_.inline_size() >= 8 ? send_flags::inline_data : send_flags::none;
   send_wr w{.wr_id = 0, .opcode = wr_opcode::rdma_write,
-            .flags = send_flags::inline_data | (signaled ? send_flags::signaled : send_flags::none),
+            .flags = inl | (signaled ? send_flags::signaled : send_flags::none),
             .sg_list = std::span(&s, 1), .remote_addr = hello_.ctl.addr + ctl_layout::credit_off + 8 * q,
             .rkey = hello_.ctl.rkey};
   status st = ep_.qps()[q].post_send(w);
@@ -123,7 +126,7 @@ void session::write_credit(std::uint32_t q, bool wait) {
 
 void session::echo(std::uint64_t seq, const ctl_msg& b) {
   const sge s = ep_.data_mr().slice(ep_.layout().spare(), b.size);
-  const bool inl = b.size <= ep_.opts().inline_size;
+  const bool inl = b.size <= ep_.inline_size();
   const bool signaled = ++echo_seq_ % 64 == 0;
   send_wr w{.wr_id = seq, .flags = (signaled ? send_flags::signaled : send_flags::none) |
                                    (inl ? send_flags::inline_data : send_flags::none),
@@ -231,7 +234,7 @@ void session::phase(const ctl_msg& b) {
         std::byte* src = spare();
         std::memcpy(src + b.size - 8, &expect, 8);
         const sge s = ep_.data_mr().slice(l.spare(), b.size);
-        const bool inl = b.size <= ep_.opts().inline_size;
+        const bool inl = b.size <= ep_.inline_size();
         send_wr w{.wr_id = expect, .opcode = wr_opcode::rdma_write,
                   .flags = (expect % 64 == 0 ? send_flags::signaled : send_flags::none) |
                            (inl ? send_flags::inline_data : send_flags::none),

@@ -69,8 +69,13 @@ std::vector<std::byte> perf_hello::encode() const {
   w.u(tx_depth, 4);
   w.u(rx_depth, 4);
   w.u(max_size, 8);
-  w.raw(data.encode());
-  w.raw(ctl.encode());
+  // Regions as address and rkey only (the server knows their lengths from the
+  // layout): the whole hello must fit the 55 bytes a connect may carry on
+  // InfiniBand and RoCE.
+  w.u(data.addr, 8);
+  w.u(data.rkey, 4);
+  w.u(ctl.addr, 8);
+  w.u(ctl.rkey, 4);
   return w.out;
 }
 
@@ -92,14 +97,16 @@ std::optional<perf_hello> perf_hello::decode(std::span<const std::byte> b, std::
   h.tx_depth = static_cast<std::uint32_t>(r.u(4));
   h.rx_depth = static_cast<std::uint32_t>(r.u(4));
   h.max_size = r.u(8);
-  auto d = r.region();
-  auto c = r.region();
-  if (!r.ok || !d || !c) {
+  h.data.addr = r.u(8);
+  h.data.rkey = static_cast<std::uint32_t>(r.u(4));
+  h.ctl.addr = r.u(8);
+  h.ctl.rkey = static_cast<std::uint32_t>(r.u(4));
+  if (!r.ok) {
     why = "malformed conveyor perf hello";
     return std::nullopt;
   }
-  h.data = *d;
-  h.ctl = *c;
+  h.data.length = h.qps == 0 ? 0 : data_layout::make(h.max_size, h.tx_depth, h.qps).bytes();
+  h.ctl.length = ctl_layout::bytes;
   return h;
 }
 
@@ -264,7 +271,10 @@ perf_endpoint::perf_endpoint(device dev, const perf_options& o, const data_layou
 
 void perf_endpoint::create_qps(std::uint32_t n, std::uint32_t tx_depth, std::uint32_t rx_depth) {
   const auto& a = dev_.attr();
-  const std::uint32_t inline_cap = std::min<std::uint32_t>(opts_.inline_size, a.max_inline_data);
+  // Device attributes may not know inline limits (verbs: per QP, 0 here):
+  // ask for --inline then and use what each QP was granted.
+  const std::uint32_t inline_cap =
+      a.max_inline_data > 0 ? std::min<std::uint32_t>(opts_.inline_size, a.max_inline_data) : opts_.inline_size;
   const std::uint32_t ord = std::min<std::uint32_t>(a.max_qp_rd_atom, 128);
   ctl_qp_ = check(pd_.create_qp({.send_cq = &ccq_,
                                  .recv_cq = &ccq_,
@@ -285,6 +295,8 @@ void perf_endpoint::create_qps(std::uint32_t n, std::uint32_t tx_depth, std::uin
                                         .max_dest_rd_atomic = ord}),
                          "create data QP " + std::to_string(i)));
   }
+  inline_size_ = opts_.inline_size;
+  for (const auto& q : qps_) inline_size_ = std::min(inline_size_, q.caps().max_inline_data);
 }
 
 void perf_endpoint::post_ctl_recvs() {

@@ -27,7 +27,9 @@
 
 namespace conveyor::tool {
 
-inline constexpr std::uint16_t perf_protocol_version = 1;
+// 2: the hello carries the client's regions as address and rkey (50 bytes in
+// all, within the 55 an InfiniBand/RoCE connect may carry).
+inline constexpr std::uint16_t perf_protocol_version = 2;
 
 // Everything that goes wrong ends the run with one message for the user.
 struct perf_failure : std::runtime_error {
@@ -50,7 +52,9 @@ struct perf_hello {
   std::uint32_t tx_depth = 1;
   std::uint32_t rx_depth = 1;
   std::uint64_t max_size = 0;
-  remote_region data, ctl;        // the client's regions
+  remote_region data, ctl;        // the client's regions (lengths: from the layout)
+  // At most max_encoded bytes (the private data limit of an IB/RoCE connect).
+  static constexpr std::size_t max_encoded = 55;
   std::vector<std::byte> encode() const;
   // nullopt + why when the bytes are not a hello of this version.
   static std::optional<perf_hello> decode(std::span<const std::byte> b, std::string& why);
@@ -166,6 +170,9 @@ class perf_endpoint {
   perf_endpoint(device dev, const perf_options& o, const data_layout& layout);
 
   const perf_options& opts() const { return opts_; }
+  // Messages up to this size go inline: --inline within what every data QP
+  // was granted (a device may grant less than asked, or none).
+  std::uint32_t inline_size() const { return inline_size_; }
   const data_layout& layout() const { return layout_; }
   device& dev() { return dev_; }
   protection_domain& pd() { return pd_; }
@@ -198,6 +205,7 @@ class perf_endpoint {
   std::optional<ctl_msg> take_ctl(const work_completion& wc);
 
   perf_options opts_;
+  std::uint32_t inline_size_ = 0;
   data_layout layout_;
   device dev_;
   protection_domain pd_;

@@ -212,6 +212,7 @@ shm_device::shm_device(std::string name, const device_options& opts, bool cma) :
   attr_.max_cqe = 1u << 22;
   attr_.max_qp_wr = max_wr;
   attr_.max_sge = max_sge;
+  attr_.max_sge_rd = max_sge;
   attr_.max_inline_data = max_inline;
   attr_.max_mr = detail::key_table::capacity;
   attr_.max_mr_size = 1ull << 46;

@@ -25,6 +25,7 @@ soft_device::soft_device(std::string name, const device_options& opts) {
   attr_.max_cqe = 1u << 22;
   attr_.max_qp_wr = max_wr;
   attr_.max_sge = max_sge;
+  attr_.max_sge_rd = max_sge;
   attr_.max_inline_data = max_inline;
   attr_.max_mr = detail::key_table::capacity;
   attr_.max_mr_size = 1ull << 46;

@@ -249,6 +249,9 @@ class verbs_device final : public detail::device_impl {
     attr_.max_cqe = static_cast<std::uint32_t>(dattr_.max_cqe);
     attr_.max_qp_wr = static_cast<std::uint32_t>(dattr_.max_qp_wr);
     attr_.max_sge = static_cast<std::uint32_t>(dattr_.max_sge);
+    // siw reports 1 and, given more, reads only the first SGE's length.
+    attr_.max_sge_rd = dattr_.max_sge_rd > 0 ? std::min(attr_.max_sge, static_cast<std::uint32_t>(dattr_.max_sge_rd))
+                                             : attr_.max_sge;
     attr_.max_inline_data = 0;  // known per QP (ibv_create_qp reports it)
     attr_.max_mr = static_cast<std::uint32_t>(dattr_.max_mr);
     attr_.max_mr_size = dattr_.max_mr_size;
@@ -655,7 +658,10 @@ class verbs_qp final : public detail::qp_impl {
     ibv_send_wr w[chunk];
     std::size_t done = 0;
     while (done < wrs.size()) {
-      const std::size_t n = std::min(chunk, wrs.size() - done);
+      std::size_t n = std::min(chunk, wrs.size() - done);
+      // A request refused here ends the call, but the ones before it are
+      // posted (and *bad names it), as ibv_post_send does for its own refusals.
+      status refused = errc::ok;
       for (std::size_t i = 0; i < n; ++i) {
         const auto& s = wrs[done + i];
         auto& v = w[i];
@@ -665,8 +671,9 @@ class verbs_qp final : public detail::qp_impl {
         v.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(s.sg_list.data()));
         v.num_sge = static_cast<int>(s.sg_list.size());
         if (s.sg_list.size() > caps_.max_send_sge) {
-          if (bad) *bad = done + i;
-          return errc::invalid_argument;
+          refused = errc::invalid_argument;
+          n = i;
+          break;
         }
         if (has(s.flags, send_flags::signaled)) v.send_flags |= IBV_SEND_SIGNALED;
         if (has(s.flags, send_flags::fence)) v.send_flags |= IBV_SEND_FENCE;
@@ -675,8 +682,9 @@ class verbs_qp final : public detail::qp_impl {
           std::uint64_t len = 0;
           for (const auto& g : s.sg_list) len += g.length;
           if (len > caps_.max_inline_data) {
-            if (bad) *bad = done + i;
-            return errc::invalid_argument;
+            refused = errc::invalid_argument;
+            n = i;
+            break;
           }
           v.send_flags |= IBV_SEND_INLINE;
         }
@@ -702,7 +710,12 @@ class verbs_qp final : public detail::qp_impl {
               v.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
               v.imm_data = htonl(s.imm_data);
             }
-            if (s.opcode == wr_opcode::rdma_read) v.opcode = IBV_WR_RDMA_READ;
+            if (s.opcode == wr_opcode::rdma_read) {
+              // The device would read fewer bytes than asked (siw scatters into
+              // the first SGE only), so refuse rather than report a short READ.
+              if (s.sg_list.size() > da.max_sge_rd) ok = false;
+              v.opcode = IBV_WR_RDMA_READ;
+            }
             v.wr.rdma.remote_addr = s.remote_addr;
             v.wr.rdma.rkey = s.rkey;
             break;
@@ -710,8 +723,8 @@ class verbs_qp final : public detail::qp_impl {
           case wr_opcode::atomic_fetch_and_add:
             ok = da.atomics;
             if (ok && (s.sg_list.size() != 1 || s.sg_list[0].length != 8 || (s.remote_addr % 8) != 0)) {
-              if (bad) *bad = done + i;
-              return errc::invalid_argument;
+              refused = errc::invalid_argument;
+              break;
             }
             v.opcode = s.opcode == wr_opcode::atomic_cmp_and_swp ? IBV_WR_ATOMIC_CMP_AND_SWP
                                                                  : IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -722,18 +735,27 @@ class verbs_qp final : public detail::qp_impl {
             break;
           default: ok = false;
         }
-        if (!ok) {
-          if (bad) *bad = done + i;
-          return errc::unsupported;
+        if (refused == errc::ok && !ok)
+          refused = s.opcode == wr_opcode::rdma_read ? errc::invalid_argument : errc::unsupported;
+        if (refused != errc::ok) {
+          n = i;
+          break;
         }
       }
-      ibv_send_wr* bad_wr = nullptr;
-      int rc = ibv_post_send(qp_, w, &bad_wr);
-      if (rc != 0) {
-        if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
-        return map_post_error(rc);
+      if (n > 0) {
+        w[n - 1].next = nullptr;
+        ibv_send_wr* bad_wr = nullptr;
+        int rc = ibv_post_send(qp_, w, &bad_wr);
+        if (rc != 0) {
+          if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
+          return map_post_error(rc);
+        }
       }
       done += n;
+      if (refused != errc::ok) {
+        if (bad) *bad = done;
+        return refused;
+      }
     }
     return errc::ok;
   }
@@ -748,12 +770,14 @@ class verbs_qp final : public detail::qp_impl {
     ibv_recv_wr w[chunk];
     std::size_t done = 0;
     while (done < wrs.size()) {
-      const std::size_t n = std::min(chunk, wrs.size() - done);
+      std::size_t n = std::min(chunk, wrs.size() - done);
+      bool refused = false;  // the requests before a refused one are posted
       for (std::size_t i = 0; i < n; ++i) {
         const auto& r = wrs[done + i];
         if (r.sg_list.size() > caps_.max_recv_sge) {
-          if (bad) *bad = done + i;
-          return errc::invalid_argument;
+          refused = true;
+          n = i;
+          break;
         }
         w[i] = ibv_recv_wr{};
         w[i].wr_id = r.wr_id;
@@ -761,13 +785,20 @@ class verbs_qp final : public detail::qp_impl {
         w[i].sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(r.sg_list.data()));
         w[i].num_sge = static_cast<int>(r.sg_list.size());
       }
-      ibv_recv_wr* bad_wr = nullptr;
-      int rc = ibv_post_recv(qp_, w, &bad_wr);
-      if (rc != 0) {
-        if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
-        return map_post_error(rc);
+      if (n > 0) {
+        w[n - 1].next = nullptr;
+        ibv_recv_wr* bad_wr = nullptr;
+        int rc = ibv_post_recv(qp_, w, &bad_wr);
+        if (rc != 0) {
+          if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
+          return map_post_error(rc);
+        }
       }
       done += n;
+      if (refused) {
+        if (bad) *bad = done;
+        return errc::invalid_argument;
+      }
     }
     return errc::ok;
   }
@@ -890,6 +921,16 @@ void verbs_device::cq_failed(const void* cq) noexcept {
 }
 
 void verbs_device::async_loop() {
+  // Hands an event to the user's callback (never lets it end this thread).
+  auto deliver = [this](device_event_type type, std::uint8_t port, std::uint32_t qpn, std::string what) {
+    const auto& cb = options().on_event;
+    if (!cb) return;
+    try {
+      cb(device_event{.type = type, .port = port, .qp_num = qpn, .description = std::move(what)});
+    } catch (...) {
+      log(detail::log_level::error, "device " + ibdev_ + ": the on_event callback threw; the event is dropped");
+    }
+  };
   while (!stop_) {
     pollfd p{ctx_->async_fd, POLLIN, 0};
     if (::poll(&p, 1, 100) <= 0) continue;
@@ -899,28 +940,45 @@ void verbs_device::async_loop() {
       switch (ev.event_type) {
         case IBV_EVENT_QP_FATAL:
         case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR:
-          if (auto* q = static_cast<verbs_qp*>(ev.element.qp->qp_context)) q->async_error(name);
+        case IBV_EVENT_QP_ACCESS_ERR: {
+          const std::uint32_t qpn = ev.element.qp->qp_num;
+          std::string what = where() + " QP " + std::to_string(qpn) + ": async event " + name;
+          if (auto* q = static_cast<verbs_qp*>(ev.element.qp->qp_context)) {
+            q->async_error(name);
+            what = q->where() + ": async event " + name + " (QP moved to ERROR)";
+          }
+          deliver(device_event_type::qp_error, port_, qpn, std::move(what));
           break;
+        }
         case IBV_EVENT_CQ_ERR:
           log(detail::log_level::warn, where() + ": async event " + name + " (CQ overflow; polls report cq_overflow)");
           if (auto* c = static_cast<verbs_cq*>(ev.element.cq->cq_context)) {
             c->mark_error();
             cq_failed(c);
           }
+          deliver(device_event_type::cq_error, port_, 0,
+                  where() + ": async event " + name + " (CQ overflow; polls report cq_overflow)");
           break;
         case IBV_EVENT_PORT_ACTIVE:
         case IBV_EVENT_PORT_ERR:
         case IBV_EVENT_LID_CHANGE:
-        case IBV_EVENT_GID_CHANGE:
-          log(ev.event_type == IBV_EVENT_PORT_ERR ? detail::log_level::warn : detail::log_level::info,
-              "device " + ibdev_ + " port " + std::to_string(ev.element.port_num) + ": async event " + name);
+        case IBV_EVENT_GID_CHANGE: {
+          const auto port = static_cast<std::uint8_t>(ev.element.port_num);
+          const std::string what = "device " + ibdev_ + " port " + std::to_string(port) + ": async event " + name;
+          log(ev.event_type == IBV_EVENT_PORT_ERR ? detail::log_level::warn : detail::log_level::info, what);
+          deliver(ev.event_type == IBV_EVENT_PORT_ERR      ? device_event_type::port_down
+                  : ev.event_type == IBV_EVENT_PORT_ACTIVE ? device_event_type::port_active
+                                                           : device_event_type::other,
+                  port, 0, what);
           break;
+        }
         case IBV_EVENT_DEVICE_FATAL:
           log(detail::log_level::error, "device " + ibdev_ + ": async event " + name);
+          deliver(device_event_type::device_fatal, 0, 0, "device " + ibdev_ + ": async event " + name);
           break;
         default:
           log(detail::log_level::debug, "device " + ibdev_ + ": async event " + name);
+          deliver(device_event_type::other, 0, 0, "device " + ibdev_ + ": async event " + name);
       }
       ibv_ack_async_event(&ev);
     }
@@ -1027,9 +1085,21 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   }
   qp_init_attr a = attr;
   // What the device granted (it may round queue sizes up): qp.caps() reports it.
+  // ibv_create_qp's answer is not enough: rxe rounds a queue up to a power of
+  // two minus one (16 receives become 31) but answers with the size asked for,
+  // so the queue took more than caps() said. ibv_query_qp reports the queues
+  // as they are.
   a.cap.max_inline_data = std::min(ia.cap.max_inline_data, c.max_inline_data);
   a.cap.max_send_wr = ia.cap.max_send_wr;
   a.cap.max_recv_wr = ia.cap.max_recv_wr;
+  {
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qia{};
+    if (ibv_query_qp(qp, &qa, IBV_QP_CAP, &qia) == 0) {
+      a.cap.max_send_wr = std::max(a.cap.max_send_wr, qa.cap.max_send_wr);
+      a.cap.max_recv_wr = std::max(a.cap.max_recv_wr, qa.cap.max_recv_wr);
+    }
+  }
   a.cap.max_send_sge = std::min<std::uint32_t>(ia.cap.max_send_sge, static_cast<std::uint32_t>(da.max_sge));
   a.cap.max_recv_sge = std::min<std::uint32_t>(ia.cap.max_recv_sge, static_cast<std::uint32_t>(da.max_sge));
   auto self = std::static_pointer_cast<verbs_pd>(shared_from_this());
