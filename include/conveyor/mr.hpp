@@ -101,6 +101,9 @@ class memory_region {
 
   // Revokes the keys now (the destructor does the same). Waits only for an
   // engine access already under way (bounded: one non-blocking system call).
+  // The handle is empty afterwards; a region from allocate_memory also frees
+  // its memory (on shm a peer's racing direct access lands in pages that only
+  // the peer still maps; its next access fails).
   void deregister() noexcept;
 
  private:

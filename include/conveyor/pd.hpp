@@ -45,6 +45,15 @@ class protection_domain {
     return register_memory(std::as_writable_bytes(buf), rights);
   }
 
+  // Allocates `len` bytes of zeroed, page-aligned memory owned by the returned
+  // region and registers them with `rights` (same errors as register_memory,
+  // plus resource_exhausted when the memory cannot be had). deregister() or the
+  // destructor revokes the keys and frees the memory. On `shm` the memory is a
+  // sealed memfd that a connected peer may map, serving its READ, WRITE and
+  // atomics to this region with plain loads and stores (docs/SHM.md, "Direct
+  // mapping"); on other providers it is ordinary registered memory.
+  result<memory_region> allocate_memory(std::size_t len, access rights);
+
   // Creates an RC QP in state INIT (ready for post_recv and for connecting).
   result<queue_pair> create_qp(const qp_init_attr& attr);
 

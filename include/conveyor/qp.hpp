@@ -112,6 +112,9 @@ struct qp_connection_attr {
   // with process_vm_readv/writev) or "staged" (through the shared rings); ""
   // on providers with a wire.
   std::string data_path;
+  // shm: this side maps the peer's regions allocated with allocate_memory and
+  // serves its own READ/WRITE/atomics to them (docs/SHM.md, "Direct mapping").
+  bool direct_mapping = false;
 };
 
 // Per-QP counters (read with qp.counters()).
@@ -121,6 +124,8 @@ struct qp_counters {
   std::uint64_t tx_syscalls = 0, rx_syscalls = 0;
   std::uint64_t reads_served = 0, writes_placed = 0, atomics_served = 0;
   std::uint64_t terminates_sent = 0, terminates_received = 0;
+  // shm: READ/WRITE/atomics this side served itself through a direct mapping.
+  std::uint64_t direct_ops = 0;
 };
 
 class queue_pair {

@@ -169,6 +169,12 @@ result<memory_region> protection_domain::register_memory(std::span<std::byte> bu
   if (!r) return std::unexpected(r.error());
   return memory_region(std::move(*r));
 }
+result<memory_region> protection_domain::allocate_memory(std::size_t len, access rights) {
+  if (!impl_) return make_error(errc::invalid_state, "allocate_memory: empty protection_domain");
+  auto r = impl_->allocate_memory(len, rights);
+  if (!r) return std::unexpected(r.error());
+  return memory_region(std::move(*r));
+}
 result<queue_pair> protection_domain::create_qp(const qp_init_attr& attr) {
   if (!impl_) return make_error(errc::invalid_state, "create_qp: empty protection_domain");
   auto r = impl_->create_qp(attr);

@@ -41,6 +41,9 @@ class pd_impl : public std::enable_shared_from_this<pd_impl> {
  public:
   virtual ~pd_impl() = default;
   virtual result<std::shared_ptr<mr_impl>> register_memory(std::span<std::byte> buf, access rights) = 0;
+  // Memory owned by the region. The default maps anonymous pages and registers
+  // them (owned_memory.cpp); shm overrides it with peer-mappable memfd memory.
+  virtual result<std::shared_ptr<mr_impl>> allocate_memory(std::size_t len, access rights);
   virtual result<std::shared_ptr<qp_impl>> create_qp(const qp_init_attr& attr) = 0;
 };
 

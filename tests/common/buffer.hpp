@@ -11,11 +11,21 @@
 
 namespace cvt {
 
+// Frees an aligned_buffer's memory unless it belongs to someone else.
+struct free_deleter {
+  bool owned = true;
+  void operator()(std::byte* p) const noexcept {
+    if (owned) std::free(p);
+  }
+};
+
 // Page-aligned heap buffer (size rounded up to whole pages, at least one), zeroed.
 class aligned_buffer {
  public:
   aligned_buffer() = default;
   explicit aligned_buffer(std::size_t size);
+  // Memory owned elsewhere (a region from allocate_memory): not freed here.
+  static aligned_buffer view(std::byte* p, std::size_t size, std::size_t capacity);
 
   std::byte* data() const noexcept { return p_.get(); }
   std::size_t size() const noexcept { return size_; }
@@ -25,9 +35,6 @@ class aligned_buffer {
   std::span<std::byte> all() const noexcept { return {p_.get(), capacity_}; }
 
  private:
-  struct free_deleter {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
   std::unique_ptr<std::byte, free_deleter> p_;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
@@ -68,6 +75,12 @@ struct test_region {
 // Allocates max(size, 1) bytes, fills them with pattern `seed`, then registers
 // `reg_len` bytes (default: all of them) with `rights`. Filling happens before
 // registration, so the provider's engine sees the bytes (no data race).
+// With CONVEYOR_TEST_ALLOCATE=1 a whole-buffer region is made with
+// pd.allocate_memory instead (on shm: memory a connected peer maps directly),
+// so the suites run unchanged over that path.
+// Whether CONVEYOR_TEST_ALLOCATE=1 asks for allocate_memory regions.
+bool allocate_regions();
+
 conveyor::result<test_region> make_region(conveyor::protection_domain& pd, std::size_t size,
                                           conveyor::access rights, std::uint64_t seed,
                                           std::size_t reg_len = 0);

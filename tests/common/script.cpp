@@ -234,6 +234,28 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
     if (load_u64(result->data() + 16) != s.faa_initial)
       return "FAA returned the wrong original value";
   }
+  if (s.provider == "shm" && allocate_regions() && conn->direct_mapping) {
+    // The target's data region came from allocate_memory: READ it again until
+    // this process serves the READ through its own mapping of the target's
+    // memfd (the first request asked for it), then check the bytes it saw.
+    bool mapped = false;
+    for (int i = 0; i < 200 && !mapped; ++i) {
+      if (auto st = qp->post_read(sink->sge(0, s.region_size), data_r->slice(0, s.region_size), 7);
+          st != errc::ok)
+        return "post_read (direct): " + name(st);
+      if (auto e = expect_wc(reader, big, wc_opcode::rdma_read, 7); !e.empty())
+        return "READ (direct): " + e;
+      mapped = qp->counters().direct_ops > 0;
+      if (!mapped) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!mapped) return "the target's allocated region was never mapped";
+    if (auto e = check_pattern(sink->bytes().first(s.write_len), s.write_seed, 0); !e.empty())
+      return "direct READ, written part: " + e;
+    if (auto e = check_pattern(sink->bytes().subspan(s.write_len), s.region_seed, s.write_len);
+        !e.empty())
+      return "direct READ, untouched part: " + e;
+    log_line("initiator", "direct READ through the mapping of the target's region verified");
+  }
   if (auto st = qp->post_send_msg(msg->sge(0, s.msg_len), 6); st != errc::ok)
     return "post_send: " + name(st);
   if (auto e = expect_wc(reader, big, wc_opcode::send, 6); !e.empty()) return "SEND: " + e;

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <csignal>
 #include <cstdlib>
 #include <ctime>
@@ -235,6 +237,269 @@ TEST_P(shm_only, an_idle_connection_burns_no_cpu) {
   ASSERT_TRUE(sync_target(op_timeout(64)));
 }
 
+// ---- direct mapping (docs/SHM.md): regions from allocate_memory ----
+
+// Mappings of this process backed by an allocated region, with their permissions.
+std::vector<std::string> region_map_perms() {
+  std::vector<std::string> out;
+  std::FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return out;
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    const std::string l(line);
+    const auto sp = l.find(' ');
+    if (l.find("memfd:conveyor-mr") != std::string::npos && sp != std::string::npos)
+      out.push_back(l.substr(sp + 1, 4));
+  }
+  std::fclose(f);
+  return out;
+}
+
+class shm_direct : public shm_only {
+ protected:
+  void TearDown() override {
+    shm_only::TearDown();
+    ::unsetenv("CONVEYOR_SHM_DIRECT");
+  }
+  // A target region from allocate_memory, filled with pattern `seed`.
+  conveyor::memory_region alloc_target(std::size_t n, access rights, std::uint64_t seed) {
+    auto mr = tgt.pd.allocate_memory(n, rights);
+    EXPECT_TRUE(mr.has_value()) << (mr ? "" : mr.error().to_string());
+    if (!mr) return {};
+    fill_pattern(std::span<std::byte>(mr->data(), n), seed);
+    return std::move(*mr);
+  }
+  // READs 8 bytes of `r` until the initiator serves them through its mapping
+  // (the first goes to the target's engine and asks for the mapping).
+  testing::AssertionResult map_it(const conveyor::remote_region& r) {
+    auto sink = make_region(init.pd, 8, access::local_write, 0);
+    if (!sink) return testing::AssertionFailure() << sink.error().to_string();
+    const auto before = init.qp.counters().direct_ops;
+    for (int i = 0; i < 200; ++i) {
+      if (init.qp.post_read(sink->sge(0, 8), r.slice(0, 8), 0x3a00 + i) != errc::ok)
+        return testing::AssertionFailure() << "post_read failed";
+      if (auto w = wait_ok(init.send_reader(), 1, op_timeout(8)); !w) return w;
+      if (init.qp.counters().direct_ops > before) return testing::AssertionSuccess();
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    return testing::AssertionFailure() << "the region was never mapped";
+  }
+};
+
+TEST_P(shm_direct, allocated_regions_are_served_by_the_initiator_without_the_targets_engine) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  CVT_REQUIRE_ATOMICS();
+  EXPECT_TRUE(init.qp.connection()->direct_mapping);
+  constexpr std::size_t n = 64 * KiB;
+  auto region = alloc_target(n, all_rights, 0x6100);
+  ASSERT_TRUE(region);
+  ASSERT_TRUE(map_it(region.remote()));
+  const auto t0 = tgt.qp.counters();
+  const auto d0 = init.qp.counters().direct_ops;
+
+  auto src = make_region(init.pd, 4096, access::local_write, 0x6200);
+  CVT_ASSERT_OK(src);
+  auto back = make_region(init.pd, n, access::local_write, 0);
+  CVT_ASSERT_OK(back);
+  auto res = make_region(init.pd, 16, access::local_write, 0);
+  CVT_ASSERT_OK(res);
+  std::uint64_t a = 41, b = 0x1234;
+  std::memcpy(region.data() + 8192, &a, 8);
+  std::memcpy(region.data() + 8200, &b, 8);
+  CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 4096), region.remote().slice(100, 4096), 1));
+  ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(4096)));
+  CVT_ASSERT_POST_OK(init.qp.post_fetch_add(res->sge(0, 8), region.remote().slice(8192, 8), 1, 2));
+  ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(8)));
+  CVT_ASSERT_POST_OK(
+      init.qp.post_cmp_swap(res->sge(8, 8), region.remote().slice(8200, 8), 0x1234, 0x99, 3));
+  ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(8)));
+  CVT_ASSERT_POST_OK(init.qp.post_read(back->sge(0, n), region.remote(), 4));
+  ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(n)));
+
+  EXPECT_EQ(init.qp.counters().direct_ops, d0 + 4) << "all four were to be served directly";
+  const auto t1 = tgt.qp.counters();
+  EXPECT_EQ(t1.writes_placed, t0.writes_placed) << "the target's engine placed a WRITE";
+  EXPECT_EQ(t1.reads_served, t0.reads_served) << "the target's engine served a READ";
+  EXPECT_EQ(t1.atomics_served, t0.atomics_served) << "the target's engine ran an atomic";
+  // The owner sees every change in its own memory, and the READ saw them too.
+  EXPECT_TRUE(ok(check_pattern(std::span<const std::byte>(region.data() + 100, 4096), 0x6200)));
+  EXPECT_TRUE(ok(check_pattern(std::span<const std::byte>(region.data(), 100), 0x6100)));
+  std::uint64_t v[2];
+  std::memcpy(v, res->data(), 16);
+  EXPECT_EQ(v[0], 41u);
+  EXPECT_EQ(v[1], 0x1234u);
+  std::memcpy(v, region.data() + 8192, 16);
+  EXPECT_EQ(v[0], 42u);
+  EXPECT_EQ(v[1], 0x99u);
+  EXPECT_EQ(std::memcmp(back->data(), region.data(), n), 0) << "the READ differs from the region";
+}
+
+TEST_P(shm_direct, a_read_only_key_is_mapped_read_only_and_a_write_to_it_is_refused) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto region = alloc_target(8192, access::local_write | access::remote_read, 0x6300);
+  ASSERT_TRUE(region);
+  ASSERT_TRUE(map_it(region.remote()));
+  const auto perms = region_map_perms();
+  // The owner's own mapping is rw-s; the initiator's is r--s.
+  EXPECT_NE(std::find(perms.begin(), perms.end(), "r--s"), perms.end())
+      << "no read-only mapping of the region";
+  auto src = make_region(init.pd, 64, access::local_write, 0x6400);
+  CVT_ASSERT_OK(src);
+  CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 64), region.remote().slice(0, 64), 9));
+  std::vector<work_completion> wcs;
+  ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(64), wcs));
+  EXPECT_TRUE(ok(check_wc(wcs[0], conveyor::wc_status::rem_access_err,
+                          conveyor::wc_opcode::rdma_write, 9)));
+  EXPECT_TRUE(ok(check_pattern(std::span<const std::byte>(region.data(), 8192), 0x6300)));
+}
+
+TEST_P(shm_direct, out_of_bounds_on_a_mapped_region_is_rem_access_err_and_touches_nothing) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto region = alloc_target(4096 + 100, all_rights, 0x6500);  // the page's tail is not the region's
+  ASSERT_TRUE(region);
+  ASSERT_TRUE(map_it(region.remote()));
+  const std::vector<std::byte> before(region.data(), region.data() + 8192);
+  auto src = make_region(init.pd, 64, access::local_write, 0x6600);
+  CVT_ASSERT_OK(src);
+  CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 64), region.remote().slice(4096 + 80, 64), 5));
+  std::vector<work_completion> wcs;
+  ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(64), wcs));
+  EXPECT_TRUE(ok(check_wc(wcs[0], conveyor::wc_status::rem_access_err,
+                          conveyor::wc_opcode::rdma_write, 5)));
+  EXPECT_EQ(std::memcmp(before.data(), region.data(), before.size()), 0) << "bytes changed";
+}
+
+TEST_P(shm_direct, deregistration_revokes_a_mapping_in_use_and_later_access_fails) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto region = alloc_target(64 * KiB, all_rights, 0x6700);
+  ASSERT_TRUE(region);
+  ASSERT_TRUE(map_it(region.remote()));
+  const auto remote = region.remote();
+  auto src = make_region(init.pd, 64 * KiB, access::local_write, 0x6800);
+  CVT_ASSERT_OK(src);
+  // WRITEs stream in while the owner deregisters (and so frees) the region:
+  // each completes successfully until one fails with rem_access_err; the rest
+  // flush. Nothing crashes, nothing hangs.
+  std::atomic<bool> go{false};
+  std::thread owner([&] {
+    while (!go.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(milliseconds(5));
+    region.deregister();
+  });
+  bool failed = false;
+  int ok_count = 0;
+  for (int i = 0; i < 100000 && !failed; ++i) {
+    if (i == 10) go.store(true);
+    CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 64 * KiB), remote, 0x6000 + i));
+    std::vector<work_completion> wcs;
+    ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(64 * KiB), wcs));
+    if (wcs[0].status == conveyor::wc_status::success) {
+      ++ok_count;
+      continue;
+    }
+    EXPECT_TRUE(ok(check_wc(wcs[0], conveyor::wc_status::rem_access_err,
+                            conveyor::wc_opcode::rdma_write, 0x6000 + i)));
+    failed = true;
+  }
+  go.store(true);
+  owner.join();
+  EXPECT_TRUE(failed) << "WRITEs to a deregistered region kept succeeding";
+  EXPECT_GE(ok_count, 10);
+  EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
+}
+
+TEST_P(shm_direct, direct_atomics_are_atomic_against_the_owner_and_the_targets_engine) {
+  if (manual()) GTEST_SKIP() << "the second connection is driven by engine threads";
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  CVT_REQUIRE_ATOMICS();
+  auto region = alloc_target(4096, all_rights, 0);
+  ASSERT_TRUE(region);
+  auto* word = reinterpret_cast<std::uint64_t*>(region.data() + 64);
+  std::atomic_ref<std::uint64_t>(*word).store(0);
+  ASSERT_TRUE(map_it(region.remote()));
+
+  // A second initiator that may not map (CONVEYOR_SHM_DIRECT=off on its device):
+  // its fetch-adds run in the target's engine, on the same word.
+  ::setenv("CONVEYOR_SHM_DIRECT", "off", 1);
+  auto dev2 = conveyor::device::open("shm:nodirect");
+  ::unsetenv("CONVEYOR_SHM_DIRECT");
+  CVT_ASSERT_OK(dev2);
+  auto pd2 = dev2->alloc_pd();
+  CVT_ASSERT_OK(pd2);
+  auto cq2 = dev2->create_cq({.depth = 64});
+  CVT_ASSERT_OK(cq2);
+  auto qp2 = pd2->create_qp({.send_cq = &*cq2, .recv_cq = &*cq2});
+  CVT_ASSERT_OK(qp2);
+  auto tcq = tgt.dev.create_cq({.depth = 64});
+  CVT_ASSERT_OK(tcq);
+  auto tqp = tgt.pd.create_qp({.send_cq = &*tcq, .recv_cq = &*tcq});
+  CVT_ASSERT_OK(tqp);
+  const std::string addr = "@cvt-direct-" + std::to_string(::getpid());
+  auto lis = conveyor::listener::bind(tgt.dev, addr);
+  CVT_ASSERT_OK(lis);
+  std::thread acceptor([&] {
+    auto req = lis->accept(scaled(milliseconds(10000)));
+    if (req) (void)req->accept(*tqp, {});
+  });
+  auto info = conveyor::connect(*qp2, addr, {.timeout = scaled(milliseconds(10000))});
+  acceptor.join();
+  CVT_ASSERT_OK(info);
+  EXPECT_FALSE(qp2->connection()->direct_mapping);
+  auto res2 = pd2->allocate_memory(8, access::local_write);
+  CVT_ASSERT_OK(res2);
+  auto res1 = make_region(init.pd, 8, access::local_write, 0);
+  CVT_ASSERT_OK(res1);
+
+  constexpr int n = 3000;
+  std::atomic<int> errors{0};
+  std::thread engine_side([&] {
+    for (int i = 0; i < n; ++i) {
+      if (qp2->post_fetch_add(res2->as_sge(), region.remote().slice(64, 8), 1, i) != errc::ok) {
+        ++errors;
+        return;
+      }
+      conveyor::work_completion wc;
+      auto got = cq2->wait(std::span(&wc, 1), scaled(milliseconds(10000)));
+      if (!got || *got != 1 || wc.status != conveyor::wc_status::success) {
+        ++errors;
+        return;
+      }
+    }
+  });
+  std::thread owner([&] {
+    std::atomic_ref<std::uint64_t> w(*word);
+    for (int i = 0; i < n; ++i) w.fetch_add(1);
+  });
+  const auto d0 = init.qp.counters().direct_ops;
+  for (int i = 0; i < n; ++i) {
+    CVT_ASSERT_POST_OK(init.qp.post_fetch_add(res1->sge(0, 8), region.remote().slice(64, 8), 1, i));
+    ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(8)));
+  }
+  engine_side.join();
+  owner.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(init.qp.counters().direct_ops - d0, static_cast<std::uint64_t>(n));
+  EXPECT_EQ(tqp->counters().atomics_served, static_cast<std::uint64_t>(n));
+  EXPECT_EQ(std::atomic_ref<std::uint64_t>(*word).load(), 3u * n) << "an increment was lost";
+}
+
+TEST_P(shm_direct, direct_mapping_off_keeps_every_access_in_the_targets_engine) {
+  ::setenv("CONVEYOR_SHM_DIRECT", "off", 1);
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  EXPECT_FALSE(init.qp.connection()->direct_mapping);
+  auto region = alloc_target(4096, all_rights, 0x6900);
+  ASSERT_TRUE(region);
+  auto sink = make_region(init.pd, 4096, access::local_write, 0);
+  CVT_ASSERT_OK(sink);
+  for (int i = 0; i < 20; ++i) {
+    CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(0, 4096), region.remote(), i));
+    ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(4096)));
+  }
+  EXPECT_EQ(init.qp.counters().direct_ops, 0u);
+  EXPECT_EQ(tgt.qp.counters().reads_served, 20u);
+  EXPECT_TRUE(ok(check_pattern(sink->bytes(), 0x6900)));
+}
+
 // Cross-memory attach refused for real (not forced): the target child runs as
 // another user without capabilities, so it may not attach to this process and
 // the initiator's bulk requests fall back to staging, while this (privileged)
@@ -282,6 +547,28 @@ TEST_P(parity, send_without_a_posted_receive_is_rnr_retry_exc_err_and_both_qps_f
   EXPECT_TRUE(wait_state(tgt.qp, qp_state::error, scaled(milliseconds(5000))));
 }
 
+TEST_P(parity, allocate_memory_gives_zeroed_registered_memory_that_moves_bytes) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  CVT_EXPECT_ERRC(tgt.pd.allocate_memory(0, all_rights), errc::invalid_argument);
+  CVT_EXPECT_ERRC(tgt.pd.allocate_memory(4096, access::remote_write), errc::invalid_argument);
+  auto region = tgt.pd.allocate_memory(10000, all_rights);
+  CVT_ASSERT_OK(region);
+  ASSERT_EQ(region->size(), 10000u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(region->data()) % 4096, 0u);
+  EXPECT_TRUE(std::all_of(region->data(), region->data() + 10000,
+                          [](std::byte b) { return b == std::byte{0}; }));
+  auto src = make_region(init.pd, 10000, access::local_write, 0x6a00);
+  CVT_ASSERT_OK(src);
+  auto back = make_region(init.pd, 10000, access::local_write, 0);
+  CVT_ASSERT_OK(back);
+  CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 10000), region->remote(), 1));
+  CVT_ASSERT_POST_OK(init.qp.post_read(back->sge(0, 10000), region->remote(), 2));
+  ASSERT_TRUE(wait_ok(init.send_reader(), 2, op_timeout(10000)));
+  EXPECT_TRUE(ok(check_pattern(back->bytes(), 0x6a00)));
+  region->deregister();
+  EXPECT_FALSE(*region) << "deregister() leaves the handle empty";
+}
+
 INSTANTIATE_TEST_SUITE_P(providers, parity, testing::ValuesIn(all_params()), param_name);
 
 std::vector<provider_param> shm_params() {
@@ -289,6 +576,7 @@ std::vector<provider_param> shm_params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(shm, shm_only, testing::ValuesIn(shm_params()), param_name);
+INSTANTIATE_TEST_SUITE_P(shm, shm_direct, testing::ValuesIn(shm_params()), param_name);
 INSTANTIATE_TEST_SUITE_P(shm, shm_process, testing::ValuesIn(shm_params()), param_name);
 
 }  // namespace

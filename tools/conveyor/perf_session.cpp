@@ -261,11 +261,13 @@ perf_endpoint::perf_endpoint(device dev, const perf_options& o, const data_layou
   scq_ = check(dev_.create_cq({.depth = depth}), "create send CQ on " + name);
   rcq_ = check(dev_.create_cq({.depth = depth}), "create receive CQ on " + name);
   ccq_ = check(dev_.create_cq({.depth = 64}), "create control CQ on " + name);
-  data_buf_ = std::make_unique<aligned_buffer>(layout_.bytes());
   ctl_buf_ = std::make_unique<aligned_buffer>(ctl_layout::bytes);
   constexpr auto all = access::local_write | access::remote_write | access::remote_read | access::remote_atomic;
-  data_mr_ = check(pd_.register_memory(data_buf_->span(), all),
-                   "register " + format_size(layout_.bytes()) + " on " + name);
+  // The data region is the provider's own memory: on shm a peer maps it and
+  // serves its one-sided operations itself (direct mapping; CONVEYOR_SHM_DIRECT=off
+  // keeps them in this side's engine).
+  data_mr_ = check(pd_.allocate_memory(layout_.bytes(), all),
+                   "allocate " + format_size(layout_.bytes()) + " on " + name);
   ctl_mr_ = check(pd_.register_memory(ctl_buf_->span(), all), "register control region on " + name);
 }
 

@@ -210,7 +210,7 @@ class perf_endpoint {
   device dev_;
   protection_domain pd_;
   completion_queue scq_, rcq_, ccq_;
-  std::unique_ptr<aligned_buffer> data_buf_, ctl_buf_;
+  std::unique_ptr<aligned_buffer> ctl_buf_;
   memory_region data_mr_, ctl_mr_;
   queue_pair ctl_qp_;
   std::vector<queue_pair> qps_;

@@ -5,9 +5,12 @@
 #include "core/log.hpp"
 #include "providers/shm/shm_qp.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -203,7 +206,8 @@ void engine::run() {
 }
 
 // ------------------------------------------------------------------ device ----
-shm_device::shm_device(std::string name, const device_options& opts, bool cma) : cma_(cma) {
+shm_device::shm_device(std::string name, const device_options& opts, bool cma, bool direct)
+    : cma_(cma), direct_(direct) {
   opts_ = opts;
   attr_.name = std::move(name);
   attr_.provider = "shm";
@@ -228,6 +232,87 @@ shm_device::shm_device(std::string name, const device_options& opts, bool cma) :
       std::make_unique<shm::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us);
 }
 
+shm_device::~shm_device() {
+  if (rev_ != nullptr) ::munmap(rev_, std::size_t(revocation_words) * 8);
+  if (rev_fd_ >= 0) ::close(rev_fd_);
+}
+
+namespace {
+// A sealed memfd of `len` bytes: it can neither shrink nor grow, so a peer that
+// checked its size may map it without risking SIGBUS.
+int sealed_memfd(const char* name, std::size_t len, std::uint64_t* ino) {
+  const int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (::ftruncate(fd, static_cast<off_t>(len)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      ::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  *ino = st.st_ino;
+  return fd;
+}
+}  // namespace
+
+result<void> shm_device::revocation_page_locked() {
+  if (rev_ != nullptr) return {};
+  const std::size_t len = std::size_t(revocation_words) * 8;
+  std::uint64_t ino = 0;
+  const int fd = sealed_memfd("conveyor-revoke", len, &ino);
+  void* p = fd < 0 ? MAP_FAILED : ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return make_error(errc::resource_exhausted,
+                      "allocate_memory on " + attr_.name + ": revocation page: " + why);
+  }
+  rev_fd_ = fd;
+  rev_ino_ = ino;
+  rev_ = static_cast<std::atomic<std::uint64_t>*>(p);
+  return {};
+}
+
+result<void> shm_device::publish_direct(std::uint32_t key, direct_region r) {
+  std::lock_guard lk(direct_mu_);
+  if (auto ok = revocation_page_locked(); !ok) return ok;
+  r.gen = next_gen_++;
+  rev_[key >> 16].store(r.gen, std::memory_order_seq_cst);
+  regions_[key] = r;
+  return {};
+}
+
+void shm_device::revoke_direct(std::uint32_t key) noexcept {
+  std::lock_guard lk(direct_mu_);
+  if (regions_.erase(key) == 0) return;
+  // A peer checks this word before each access: from now on it fails over to
+  // the engine, which refuses the dead key.
+  rev_[key >> 16].store(0, std::memory_order_seq_cst);
+}
+
+bool shm_device::lookup_direct(std::uint32_t key, std::uint32_t pd_id, map_answer& out) noexcept {
+  out = map_answer{};
+  if (!direct_) return false;
+  std::lock_guard lk(direct_mu_);
+  auto it = regions_.find(key);
+  if (it == regions_.end() || it->second.pd_id != pd_id) return false;
+  const direct_region& r = it->second;
+  out.ok = 1;
+  out.rights = static_cast<std::uint32_t>(r.rights);
+  out.fd = r.fd;
+  out.rev_fd = rev_fd_;
+  out.ino = r.ino;
+  out.rev_ino = rev_ino_;
+  out.base = r.base;
+  out.len = r.len;
+  out.map_len = r.map_len;
+  out.gen = r.gen;
+  out.word = key >> 16;
+  return true;
+}
+
 result<std::shared_ptr<detail::pd_impl>> shm_device::alloc_pd() {
   auto self = std::static_pointer_cast<shm_device>(shared_from_this());
   return std::make_shared<shm_pd>(std::move(self), next_pd_id());
@@ -244,20 +329,70 @@ result<std::shared_ptr<detail::cq_impl>> shm_device::create_cq(const cq_options&
   return std::shared_ptr<detail::cq_impl>(std::move(*r));
 }
 
+namespace {
+result<void> check_rights(const std::string& where, access rights) {
+  if ((has(rights, access::remote_write) || has(rights, access::remote_atomic)) &&
+      !has(rights, access::local_write))
+    return make_error(errc::invalid_argument,
+                      where + ": remote_write and remote_atomic require local_write (as in verbs)");
+  return {};
+}
+}  // namespace
+
 result<std::shared_ptr<detail::mr_impl>> shm_pd::register_memory(std::span<std::byte> buf,
                                                                  access rights) {
   if (buf.empty() || buf.data() == nullptr)
     return make_error(errc::invalid_argument,
                       "register_memory on " + dev_->attr().name + ": empty buffer");
-  if ((has(rights, access::remote_write) || has(rights, access::remote_atomic)) &&
-      !has(rights, access::local_write))
-    return make_error(errc::invalid_argument,
-                      "register_memory on " + dev_->attr().name +
-                          ": remote_write and remote_atomic require local_write (as in verbs)");
+  if (auto ok = check_rights("register_memory on " + dev_->attr().name, rights); !ok)
+    return std::unexpected(ok.error());
   auto key = dev_->keys().add(buf.data(), buf.size(), rights, id_);
   if (!key) return std::unexpected(key.error());
   auto self = std::static_pointer_cast<shm_pd>(shared_from_this());
   return std::make_shared<shm_mr>(std::move(self), buf, rights, *key);
+}
+
+result<std::shared_ptr<detail::mr_impl>> shm_pd::allocate_memory(std::size_t len,
+                                                                 access rights) {
+  const std::string where = "allocate_memory on " + dev_->attr().name;
+  if (len == 0) return make_error(errc::invalid_argument, where + ": zero length");
+  if (len > dev_->attr().max_mr_size)
+    return make_error(errc::invalid_argument, where + ": " + std::to_string(len) +
+                                                  " bytes exceeds max_mr_size");
+  if (auto ok = check_rights(where, rights); !ok) return std::unexpected(ok.error());
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t map_len = (len + page - 1) / page * page;
+  std::uint64_t ino = 0;
+  const int fd = sealed_memfd("conveyor-mr", map_len, &ino);
+  void* p =
+      fd < 0 ? MAP_FAILED : ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return make_error(errc::resource_exhausted,
+                      where + ": memfd of " + std::to_string(map_len) + " bytes: " + why);
+  }
+  auto* base = static_cast<std::byte*>(p);
+  auto key = dev_->keys().add(base, len, rights, id_);
+  if (!key) {
+    ::munmap(p, map_len);
+    ::close(fd);
+    return std::unexpected(key.error());
+  }
+  auto self = std::static_pointer_cast<shm_pd>(shared_from_this());
+  // From here the region owns fd and mapping (its destructor releases both).
+  auto mr = std::make_shared<shm_mr>(std::move(self), std::span<std::byte>(base, len), rights,
+                                     *key, fd, map_len);
+  direct_region d;
+  d.fd = fd;
+  d.ino = ino;
+  d.base = reinterpret_cast<std::uint64_t>(base);
+  d.len = len;
+  d.map_len = map_len;
+  d.rights = rights;
+  d.pd_id = id_;
+  if (auto ok = dev_->publish_direct(*key, d); !ok) return std::unexpected(ok.error());
+  return std::shared_ptr<detail::mr_impl>(std::move(mr));
 }
 
 result<std::shared_ptr<detail::qp_impl>> shm_pd::create_qp(const qp_init_attr& attr) {
@@ -294,13 +429,32 @@ shm_mr::shm_mr(std::shared_ptr<shm_pd> pd, std::span<std::byte> buf, access righ
   lkey_ = rkey_ = key;
 }
 
+shm_mr::shm_mr(std::shared_ptr<shm_pd> pd, std::span<std::byte> buf, access rights,
+               std::uint32_t key, int memfd, std::size_t map_len)
+    : shm_mr(std::move(pd), buf, rights, key) {
+  memfd_ = memfd;
+  map_len_ = map_len;
+}
+
+shm_mr::~shm_mr() {
+  deregister();
+  if (memfd_ >= 0) {
+    // A peer that still maps the pages keeps them alive; we never touch them again.
+    ::munmap(data_, map_len_);
+    ::close(memfd_);
+  }
+}
+
 void shm_mr::deregister() noexcept {
-  if (live_.exchange(false)) pd_->dev().keys().remove(rkey_);
+  if (!live_.exchange(false)) return;
+  if (memfd_ >= 0) pd_->dev().revoke_direct(rkey_);
+  pd_->dev().keys().remove(rkey_);
 }
 
 namespace {
-bool cma_configured() {
-  const char* v = std::getenv("CONVEYOR_SHM_CMA");
+// CONVEYOR_SHM_CMA / CONVEYOR_SHM_DIRECT: unset or anything but 0/off/no is on.
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return true;
   return !(std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 || std::strcmp(v, "no") == 0);
 }
@@ -317,8 +471,9 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
     o.spin_us = static_cast<std::uint32_t>(std::atoi(v));
   if (const char* v = std::getenv("CONVEYOR_ENGINE_SPIN_US"))
     o.engine_spin_us = static_cast<std::uint32_t>(std::atoi(v));
-  const bool cma = cma_configured();
-  auto dev = std::make_shared<shm_device>(std::string(name), o, cma);
+  const bool cma = env_on("CONVEYOR_SHM_CMA");
+  const bool direct = env_on("CONVEYOR_SHM_DIRECT");
+  auto dev = std::make_shared<shm_device>(std::string(name), o, cma, direct);
   if (!dev->eng().ok())
     return make_error(errc::resource_exhausted,
                       "open " + std::string(name) + ": epoll/eventfd failed");
@@ -328,6 +483,7 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
                          " (provider shm, shared-memory rings + cross-memory attach, progress " +
                          (o.progress == progress_mode::thread ? "thread" : "manual") +
                          ", cross-memory attach " + (cma ? "allowed" : "off (CONVEYOR_SHM_CMA)") +
+                         ", direct mapping " + (direct ? "allowed" : "off (CONVEYOR_SHM_DIRECT)") +
                          ", wait spin " + std::to_string(o.spin_us) + " us, engine spin " +
                          std::to_string(o.engine_spin_us) + " us)");
   return std::shared_ptr<detail::device_impl>(std::move(dev));

@@ -9,9 +9,11 @@
 #include "core/impl.hpp"
 #include "core/key_table.hpp"
 #include "core/sw_cq.hpp"
+#include "providers/shm/shm_segment.hpp"
 
 #include <atomic>
 #include <chrono>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -62,9 +64,20 @@ class engine final : public detail::progress_source {
   std::thread thread_;
 };
 
+// A region allocated through shm_pd::allocate_memory, as a peer may map it.
+struct direct_region {
+  int fd = -1;  // the sealed memfd (owned by the shm_mr)
+  std::uint64_t ino = 0;
+  std::uint64_t base = 0, len = 0, map_len = 0;
+  access rights = access::none;
+  std::uint32_t pd_id = 0;
+  std::uint64_t gen = 0;
+};
+
 class shm_device final : public detail::device_impl {
  public:
-  shm_device(std::string name, const device_options& opts, bool cma);
+  shm_device(std::string name, const device_options& opts, bool cma, bool direct);
+  ~shm_device() override;
   result<std::shared_ptr<detail::pd_impl>> alloc_pd() override;
   result<std::shared_ptr<detail::cq_impl>> create_cq(const cq_options& opts) override;
   result<std::unique_ptr<detail::listener_impl>> bind_listener(std::string_view address,
@@ -76,19 +89,39 @@ class shm_device final : public detail::device_impl {
   std::uint32_t next_pd_id() noexcept { return pd_id_.fetch_add(1); }
   // Cross-memory attach allowed by configuration (CONVEYOR_SHM_CMA=off forces staging).
   bool cma_enabled() const noexcept { return cma_; }
+  // Peers may map allocated regions (CONVEYOR_SHM_DIRECT=off: they may not, and
+  // this device does not map its peers' regions either).
+  bool direct_enabled() const noexcept { return direct_; }
+
+  // Direct mapping, owner side: publish an allocated region under `key` (its
+  // revocation word then holds a fresh generation); revoke clears the word
+  // first, so a peer's next access fails. lookup fills the answer to map_req.
+  result<void> publish_direct(std::uint32_t key, direct_region r);
+  void revoke_direct(std::uint32_t key) noexcept;
+  bool lookup_direct(std::uint32_t key, std::uint32_t pd_id, map_answer& out) noexcept;
 
  private:
+  result<void> revocation_page_locked();
   detail::key_table keys_;
   std::unique_ptr<shm::engine> engine_;
   std::atomic<std::uint32_t> qpn_{1};
   std::atomic<std::uint32_t> pd_id_{1};
   bool cma_;
+  bool direct_;
+  std::mutex direct_mu_;
+  std::unordered_map<std::uint32_t, direct_region> regions_;  // allocated, by key
+  int rev_fd_ = -1;  // the revocation page: revocation_words 8-byte words
+  std::uint64_t rev_ino_ = 0;
+  std::atomic<std::uint64_t>* rev_ = nullptr;
+  std::uint64_t next_gen_ = 1;
 };
 
 class shm_pd final : public detail::pd_impl {
  public:
   shm_pd(std::shared_ptr<shm_device> dev, std::uint32_t id) : dev_(std::move(dev)), id_(id) {}
   result<std::shared_ptr<detail::mr_impl>> register_memory(std::span<std::byte> buf,
+                                                           access rights) override;
+  result<std::shared_ptr<detail::mr_impl>> allocate_memory(std::size_t len,
                                                            access rights) override;
   result<std::shared_ptr<detail::qp_impl>> create_qp(const qp_init_attr& attr) override;
   shm_device& dev() noexcept { return *dev_; }
@@ -102,12 +135,17 @@ class shm_pd final : public detail::pd_impl {
 class shm_mr final : public detail::mr_impl {
  public:
   shm_mr(std::shared_ptr<shm_pd> pd, std::span<std::byte> buf, access rights, std::uint32_t key);
-  ~shm_mr() override { deregister(); }
+  // An allocated region: owns the memfd and its mapping (map_len bytes).
+  shm_mr(std::shared_ptr<shm_pd> pd, std::span<std::byte> buf, access rights, std::uint32_t key,
+         int memfd, std::size_t map_len);
+  ~shm_mr() override;
   void deregister() noexcept override;
 
  private:
   std::shared_ptr<shm_pd> pd_;
   std::atomic<bool> live_{true};
+  int memfd_ = -1;
+  std::size_t map_len_ = 0;
 };
 
 std::vector<device_info> list_devices();

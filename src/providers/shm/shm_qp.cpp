@@ -6,9 +6,12 @@
 #include "core/log.hpp"
 #include "providers/shm/shm_device.hpp"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -25,6 +28,8 @@ namespace {
 // below it two memcpys through a slot beat a system call.
 constexpr std::uint64_t cma_min = 32 * 1024;
 constexpr int max_rx_batch = 64;
+// Peer regions one QP keeps mapped (or remembers as unmappable) at most.
+constexpr std::size_t max_peer_maps = 4096;
 
 bool is_send_op(wr_opcode op) {
   return op == wr_opcode::send || op == wr_opcode::send_with_imm || op == wr_opcode::send_with_inv;
@@ -170,6 +175,14 @@ status shm_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcep
       w.byte_len = w.op == wr_opcode::rdma_read ? static_cast<std::uint32_t>(total)
                    : is_atomic_op(w.op)         ? 8u
                                                 : 0u;
+      // Direct mapping: with nothing outstanding (completions stay in posting
+      // order) a mapped peer region is served right here, the SQ slot unused.
+      if (!pmaps_.empty() && sq_head_ == sq_tail_ && w.status == wc_status::success &&
+          try_direct_locked(w, idx)) {
+        w.done = true;
+        push_send_wc(w);
+        continue;
+      }
       ++sq_tail_;
     }
     if (bad && rc != errc::ok) *bad = i;
@@ -348,6 +361,18 @@ bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
     m.cmp = w.cmp_add;
     m.swap = w.swap;
     put(m);
+  }
+  // The first one-sided request to a region also asks whether we may map it.
+  if (direct_ok_ && free_slots > 0 &&
+      (w.op == wr_opcode::rdma_read || w.op == wr_opcode::rdma_write || is_atomic_op(w.op)) &&
+      pmaps_.size() < max_peer_maps && pmaps_.find(w.rkey) == pmaps_.end()) {
+    msg_header m{};
+    m.op = msg_op::map_req;
+    m.flags = msg_flag::first | msg_flag::last;
+    m.rkey = w.rkey;
+    m.id = pos;
+    put(m);
+    pmaps_.emplace(w.rkey, peer_map{});
   }
   w.pos_end = tx_head_;
   return true;
@@ -618,6 +643,8 @@ shm_qp::exec shm_qp::run_request(const msg_header& m, const std::byte* payload) 
       return rx_read(m, payload);
     case msg_op::atomic:
       return rx_atomic(m);
+    case msg_op::map_req:
+      return rx_map(m);
     default:
       break;
   }
@@ -918,6 +945,156 @@ shm_qp::exec shm_qp::rx_atomic(const msg_header& m) noexcept {
   return exec::done;
 }
 
+shm_qp::exec shm_qp::rx_map(const msg_header& m) noexcept {
+  if (!resp_space(1)) return exec::blocked;
+  map_answer a;
+  dev_->lookup_direct(m.rkey, pd_->id(), a);  // a.ok = 0 when not mappable
+  msg_header r{};
+  r.op = msg_op::map_resp;
+  r.flags = msg_flag::last;
+  r.len = sizeof a;
+  r.rkey = m.rkey;
+  r.id = m.id;
+  std::byte* s = seg_.slot(ring_resp(seg_.side), rsp_head_);
+  std::memcpy(s, &r, sizeof r);
+  std::memcpy(s + slot_header, &a, sizeof a);
+  ++rsp_head_;
+  return exec::done;
+}
+
+// ------------------------------------------------------------ direct mapping ----
+std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot) noexcept {
+  if (pidfd_ < 0) {
+    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, peer_pid_, 0));
+    if (pidfd_ < 0) return nullptr;
+  }
+  // The same permission as cross-memory attach (PTRACE_MODE_ATTACH).
+  const int f = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd_, fd, 0));
+  if (f < 0) return nullptr;
+  struct stat st {};
+  // Only the file the peer named, sealed against shrinking, and large enough:
+  // then no access inside [0, len) can fault.
+  const int seals = ::fcntl(f, F_GET_SEALS);
+  const bool good = ::fstat(f, &st) == 0 && S_ISREG(st.st_mode) &&
+                    static_cast<std::uint64_t>(st.st_ino) == ino &&
+                    static_cast<std::uint64_t>(st.st_size) >= len && seals >= 0 &&
+                    (seals & F_SEAL_SHRINK) != 0;
+  void* p = good ? ::mmap(nullptr, len, prot, MAP_SHARED, f, 0) : MAP_FAILED;
+  ::close(f);
+  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+}
+
+void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) noexcept {
+  map_answer a;
+  std::memcpy(&a, payload, sizeof a);  // copied once: the peer may rewrite the slot
+  auto it = pmaps_.find(rkey);
+  if (it == pmaps_.end() || it->second.state != peer_map::st::pending) return;
+  peer_map& pm = it->second;
+  pm.state = peer_map::st::none;
+  if (a.ok != 1 || a.word >= revocation_words || a.gen == 0 || a.len == 0 || a.len > a.map_len ||
+      a.map_len > dev_->attr().max_mr_size || a.base + a.len < a.base)
+    return;
+  if (peer_rev_ == nullptr) {
+    std::byte* r = map_peer_memfd(a.rev_fd, a.rev_ino, std::size_t(revocation_words) * 8, PROT_READ);
+    if (r == nullptr) {
+      direct_ok_ = false;  // no permission after all: stop asking
+      if (detail::log_enabled(detail::log_level::info))
+        detail::log_line(detail::log_level::info,
+                         dev_->attr().name + " QP " + std::to_string(qpn_) +
+                             ": cannot map the revocation page of " + attr_.peer_address + " (" +
+                             std::strerror(errno) + "); direct mapping off for this connection");
+      return;
+    }
+    peer_rev_ = reinterpret_cast<const std::atomic<std::uint64_t>*>(r);
+    peer_rev_ino_ = a.rev_ino;
+  } else if (a.rev_ino != peer_rev_ino_) {
+    return;
+  }
+  const access rights = static_cast<access>(a.rights);
+  // A key without remote_write/remote_atomic is mapped read-only.
+  const bool writable = has(rights, access::remote_write) || has(rights, access::remote_atomic);
+  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, writable ? PROT_READ | PROT_WRITE : PROT_READ);
+  if (p == nullptr) return;
+  if (peer_rev_[a.word].load(std::memory_order_seq_cst) != a.gen) {  // revoked meanwhile
+    ::munmap(p, a.map_len);
+    pmaps_.erase(it);
+    return;
+  }
+  pm.state = peer_map::st::mapped;
+  pm.ptr = p;
+  pm.map_len = a.map_len;
+  pm.base = a.base;
+  pm.len = a.len;
+  pm.gen = a.gen;
+  pm.rights = rights;
+  pm.word = a.word;
+}
+
+bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
+  const bool atomic = is_atomic_op(w.op);
+  if (!(w.op == wr_opcode::rdma_read || w.op == wr_opcode::rdma_write || atomic)) return false;
+  if (w.len == 0) return false;  // zero-length requests keep the engine's semantics
+  auto it = pmaps_.find(w.rkey);
+  if (it == pmaps_.end() || it->second.state != peer_map::st::mapped) return false;
+  peer_map& pm = it->second;
+  // Revoked (deregistered, or the slot reused): forget the mapping; the request
+  // goes to the peer's engine, which refuses the dead key.
+  if (peer_rev_[pm.word].load(std::memory_order_seq_cst) != pm.gen) {
+    ::munmap(pm.ptr, pm.map_len);
+    pmaps_.erase(it);
+    return false;
+  }
+  const access need = w.op == wr_opcode::rdma_read    ? access::remote_read
+                      : w.op == wr_opcode::rdma_write ? access::remote_write
+                                                      : access::remote_atomic;
+  const std::uint64_t len = atomic ? 8 : w.len;
+  // Out of bounds or without the right: the engine refuses it (rem_access_err).
+  if (!has(pm.rights, need) || w.remote_addr < pm.base || w.remote_addr - pm.base > pm.len ||
+      len > pm.len - (w.remote_addr - pm.base))
+    return false;
+  std::byte* p = pm.ptr + (w.remote_addr - pm.base);
+  const sge* sg = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+  if (w.op == wr_opcode::rdma_write) {
+    gather_locked(w, idx, 0, p, w.len);
+    c_tx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
+  } else if (w.op == wr_opcode::rdma_read) {
+    std::uint64_t off = 0;
+    for (std::uint32_t k = 0; k < w.nsge; ++k) {
+      if (sg[k].length) std::memcpy(reinterpret_cast<void*>(sg[k].addr), p + off, sg[k].length);
+      off += sg[k].length;
+    }
+    c_rx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
+  } else {
+    // Address-free lock-free atomics on the shared pages: atomic against the
+    // peer's engine, its owner and every other process mapping them.
+    std::atomic_ref<std::uint64_t> t(*reinterpret_cast<std::uint64_t*>(p));
+    std::uint64_t orig;
+    if (w.op == wr_opcode::atomic_fetch_and_add) {
+      orig = t.fetch_add(w.cmp_add);
+    } else {
+      orig = w.cmp_add;
+      t.compare_exchange_strong(orig, w.swap);
+    }
+    std::memcpy(reinterpret_cast<void*>(sg[0].addr), &orig, 8);
+  }
+  c_direct_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void shm_qp::unmap_peer_locked() noexcept {
+  for (auto& [key, pm] : pmaps_)
+    if (pm.state == peer_map::st::mapped) ::munmap(pm.ptr, pm.map_len);
+  pmaps_.clear();
+  if (peer_rev_ != nullptr) {
+    ::munmap(const_cast<std::atomic<std::uint64_t>*>(peer_rev_), std::size_t(revocation_words) * 8);
+    peer_rev_ = nullptr;
+  }
+  if (pidfd_ >= 0) {
+    ::close(pidfd_);
+    pidfd_ = -1;
+  }
+}
+
 int shm_qp::rx_responses() noexcept {
   ring_ctl& in = resp_in();
   const std::uint64_t h = in.head.load(std::memory_order_seq_cst);
@@ -932,6 +1109,16 @@ int shm_qp::rx_responses() noexcept {
     const std::byte* s = seg_.slot(ring, rsp_tail_);
     msg_header m;
     std::memcpy(&m, s, sizeof m);
+    if (m.op == msg_op::map_resp) {
+      if (m.len != sizeof(map_answer)) {
+        bad = true;
+        break;
+      }
+      on_map_answer_locked(m.rkey, s + slot_header);
+      ++rsp_tail_;
+      ++n;
+      continue;
+    }
     if (m.id < sq_head_ || m.id >= sq_next_ || m.len > slot_payload) {
       bad = true;
       break;
@@ -993,6 +1180,8 @@ void shm_qp::disconnect() noexcept {
   if (state() == qp_state::rts) enter_error(wc_status::wr_flush_err);
   if (attached_.exchange(false)) dev_->eng().detach(this, sock_);
   std::lock_guard lk(tx_mu_);
+  unmap_peer_locked();
+  direct_ok_ = false;
   if (sock_ >= 0) {
     ::close(sock_);
     sock_ = -1;
@@ -1049,6 +1238,7 @@ qp_counters shm_qp::counters() const noexcept {
   c.reads_served = c_reads_.load();
   c.writes_placed = c_writes_.load();
   c.atomics_served = c_atomics_.load();
+  c.direct_ops = c_direct_.load();
   return c;
 }
 
@@ -1062,7 +1252,11 @@ void shm_qp::start(conn_setup&& s) {
     peer_pid_ = s.peer_pid;
     cma_tx_ = s.cma_tx;
     cma_rx_ = s.cma_rx;
+    // Direct mapping takes the peer's memfds with pidfd_getfd: the permission
+    // our cross-memory-attach probe of the peer just proved.
+    direct_ok_ = cma_rx_ && dev_->direct_enabled();
     attr_ = std::move(s.attr);
+    attr_.direct_mapping = direct_ok_;
     tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
     connected_ = true;
     state_.store(qp_state::rts, std::memory_order_seq_cst);
@@ -1073,7 +1267,9 @@ void shm_qp::start(conn_setup&& s) {
                          attr_.local_address + " <-> " + attr_.peer_address + " (shm, " +
                          std::to_string(ring_slots) + " x " + std::to_string(slot_size) +
                          "-byte slots per ring, bulk data path " + attr_.data_path +
-                         ", serving the peer by " + (cma_rx_ ? "cma" : "staging") + ")");
+                         ", serving the peer by " + (cma_rx_ ? "cma" : "staging") +
+                         ", direct mapping of the peer's allocated regions " +
+                         (direct_ok_ ? "on" : "off") + ")");
   attached_.store(true);
   dev_->eng().attach(this, sock_);
 }

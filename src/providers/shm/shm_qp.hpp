@@ -24,6 +24,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace conveyor::shm {
@@ -92,6 +93,15 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
     std::uint64_t len;
   };
   enum class exec { done, blocked, failed };
+  // A peer region this side may map (direct mapping, docs/SHM.md).
+  struct peer_map {
+    enum class st : std::uint8_t { pending, mapped, none } state = st::pending;
+    std::byte* ptr = nullptr;
+    std::size_t map_len = 0;
+    std::uint64_t base = 0, len = 0, gen = 0;
+    access rights = access::none;
+    std::uint32_t word = 0;
+  };
 
   // send side (tx_mu_)
   status validate_send(const send_wr& wr) const noexcept;
@@ -104,6 +114,11 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   void flush_locked(wc_status first) noexcept;
   void push_send_wc(const swqe& w) noexcept;
   bool check_peer_error_locked() noexcept;
+  // direct mapping (tx_mu_)
+  bool try_direct_locked(swqe& w, std::uint32_t idx) noexcept;  // served it now
+  void on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) noexcept;
+  std::byte* map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot) noexcept;
+  void unmap_peer_locked() noexcept;
 
   // receive side (engine)
   int rx_requests() noexcept;
@@ -114,6 +129,7 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   exec rx_write(const msg_header& m, const std::byte* payload) noexcept;
   exec rx_read(const msg_header& m, const std::byte* payload) noexcept;
   exec rx_atomic(const msg_header& m) noexcept;
+  exec rx_map(const msg_header& m) noexcept;
   bool take_recv(rwqe& out, sge* sges) noexcept;
   void complete_recv(const rwqe& r, wc_status st, wc_opcode op, std::uint64_t len, bool imm,
                      std::uint32_t imm_data, bool inv, std::uint32_t inv_key) noexcept;
@@ -161,6 +177,13 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   std::uint64_t tx_head_ = 0;    // our request ring's head (we produce it)
   std::uint64_t seen_tail_ = 0;  // the peer's consumer tail last retired against
 
+  // direct mapping of the peer's allocated regions (tx_mu_)
+  bool direct_ok_ = false;  // we may map: our probe reached the peer, neither side opted out
+  int pidfd_ = -1;
+  const std::atomic<std::uint64_t>* peer_rev_ = nullptr;  // the peer's revocation page
+  std::uint64_t peer_rev_ino_ = 0;
+  std::unordered_map<std::uint32_t, peer_map> pmaps_;
+
   // RQ (rq_mu_)
   std::mutex rq_mu_;
   std::vector<rwqe> rq_;
@@ -180,7 +203,7 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
 
   // counters
   std::atomic<std::uint64_t> c_tx_bytes_{0}, c_rx_bytes_{0}, c_tx_msgs_{0}, c_rx_msgs_{0},
-      c_reads_{0}, c_writes_{0}, c_atomics_{0}, c_bells_{0};
+      c_reads_{0}, c_writes_{0}, c_atomics_{0}, c_bells_{0}, c_direct_{0};
 };
 
 }  // namespace conveyor::shm

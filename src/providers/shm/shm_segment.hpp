@@ -23,7 +23,7 @@
 namespace conveyor::shm {
 
 inline constexpr std::uint32_t seg_magic = 0x43565348;  // "CVSH"
-inline constexpr std::uint32_t seg_version = 1;
+inline constexpr std::uint32_t seg_version = 2;  // 2: map_req/map_resp
 inline constexpr std::uint32_t ring_slots = 256;  // per ring, power of two
 inline constexpr std::uint32_t slot_size = 8192;  // header + payload
 inline constexpr std::uint32_t slot_header = 64;
@@ -46,6 +46,8 @@ enum class msg_op : std::uint8_t {
   atomic,       // fetch-add / compare-swap
   read_resp,    // staged READ data (resp ring)
   atomic_resp,  // atomic original value (resp ring)
+  map_req,      // may I map the region of rkey? (no work request of its own)
+  map_resp,     // the answer: a map_answer in the payload (resp ring)
 };
 
 namespace msg_flag {
@@ -68,6 +70,24 @@ struct msg_header {
   std::uint64_t cmp, swap;  // atomics: compare/add, swap; atomic_resp: cmp = original
 };
 static_assert(sizeof(msg_header) <= slot_header);
+
+// Direct mapping (docs/SHM.md): the target's answer to map_req. The region is
+// a sealed memfd of the target; the initiator takes it with pidfd_getfd (the
+// same ptrace permission cross-memory attach needs), checks the inode and the
+// seals, maps it (read-only for a key without remote_write/remote_atomic) and
+// from then on serves its own READ/WRITE/atomics to it, as long as word `word`
+// of the target's revocation page (also a sealed memfd) still holds `gen`.
+struct map_answer {
+  std::uint32_t ok;  // 0: not mappable (registered, not allocated memory; other PD; dead key)
+  std::uint32_t rights;
+  std::int32_t fd, rev_fd;  // descriptors in the target process
+  std::uint64_t ino, rev_ino;
+  std::uint64_t base, len, map_len;  // the region's address (as peers name it) and size
+  std::uint64_t gen;                 // the registration's generation (never 0)
+  std::uint32_t word;                // its revocation word
+  std::uint32_t pad;
+};
+inline constexpr std::uint32_t revocation_words = 65536;  // one per key-table slot
 
 struct iov_pair {
   std::uint64_t addr, len;
