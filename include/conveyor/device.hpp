@@ -46,7 +46,7 @@ enum class device_event_type : std::uint8_t {
   port_down,     // a port's link went down: connections through it fail
   qp_error,      // a QP failed outside a completion (fatal, invalid request, access error): it is in ERROR
   cq_error,      // a CQ overflowed: its poll/wait return cq_overflow
-  device_fatal,  // the device failed: nothing created from it works any more
+  device_fatal,  // the device failed or was removed: nothing created from it works any more; close it all
   other,         // an address, LID or P_Key change, ...: see the description
 };
 std::string_view to_string(device_event_type t) noexcept;

@@ -100,6 +100,14 @@ TEST(verbs_events, device_fatal_is_device_fatal_and_fails_every_qp) {
   EXPECT_EQ(r.level, level::error);
 }
 
+TEST(verbs_events, a_removed_device_is_device_fatal_naming_it) {
+  const auto e = cvy::verbs::device_removed_event("rxe0");
+  EXPECT_EQ(e.type, device_event_type::device_fatal);
+  EXPECT_EQ(e.qp_num, 0u);
+  EXPECT_TRUE(names(e.description, "device rxe0")) << e.description;
+  EXPECT_TRUE(names(e.description, "removed")) << e.description;
+}
+
 TEST(verbs_events, informational_qp_and_srq_events_are_other_and_change_nothing) {
   for (auto t : {IBV_EVENT_COMM_EST, IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG, IBV_EVENT_PATH_MIG_ERR,
                  IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED, IBV_EVENT_WQ_FATAL}) {

@@ -268,6 +268,8 @@ class verbs_device final : public detail::device_impl {
     for (std::uint8_t p = 1; p <= dattr_.phys_port_cnt; ++p) attr_.ports.push_back(describe_port(p));
     if (const char* g = std::getenv("CONVEYOR_VERBS_GID_INDEX"); g != nullptr && *g != '\0')
       gid_override_ = std::atoi(g);
+    dev_path_ = ctx_->device->dev_path;
+    if (::access(dev_path_.c_str(), F_OK) != 0) dev_path_.clear();  // (no sysfs here: nothing to watch)
     set_nonblock(ctx_->async_fd);
     async_thread_ = std::thread([this] { async_loop(); });
   }
@@ -275,6 +277,18 @@ class verbs_device final : public detail::device_impl {
     stop_ = true;
     if (async_thread_.joinable()) async_thread_.join();
     ibv_close_device(ctx_);
+    // librdmacm keeps a context of its own per device it has used and closes
+    // that of a removed device only when it rescans the device list (and the
+    // device's last cm_id is gone); the kernel's removal waits for it (rxe and
+    // siw cannot disassociate), so rescan. librdmacm 44 skips the rescan when
+    // no device is left at all: the last device's removal then ends only
+    // with the process.
+    if (fatal_ && !dev_path_.empty() && ::access(dev_path_.c_str(), F_OK) != 0) {
+      int n = -1;
+      if (ibv_context** l = rdma_get_devices(&n)) rdma_free_devices(l);
+      log(detail::log_level::info, "device " + ibdev_ + " closed after its removal (" + std::to_string(n) +
+                                       " RDMA devices left)");
+    }
   }
 
   result<std::shared_ptr<detail::pd_impl>> alloc_pd() override;
@@ -352,6 +366,8 @@ class verbs_device final : public detail::device_impl {
   std::uint8_t port_ = 1;
   int gid_override_ = -1;
   std::atomic<bool> stop_{false};
+  bool fatal_ = false;    // device_fatal was delivered (async thread only)
+  std::string dev_path_;  // the uverbs node in sysfs: gone once the device is removed
   std::thread async_thread_;
   std::mutex qps_mu_;
   std::unordered_map<std::uint32_t, verbs_qp*> qps_;
@@ -964,7 +980,20 @@ void verbs_device::async_loop() {
   };
   while (!stop_) {
     pollfd p{ctx_->async_fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
+    if (::poll(&p, 1, 100) <= 0) {
+      // A removed device whose driver cannot disassociate (rxe, siw) reports
+      // nothing on this fd; its uverbs node vanishing is the sign.
+      if (!fatal_ && !dev_path_.empty() && ::access(dev_path_.c_str(), F_OK) != 0 && errno == ENOENT) {
+        fatal_ = true;
+        const auto e = device_removed_event(ibdev_);
+        const auto failed = fail_qps(0, "the device was removed");
+        log(detail::log_level::error, e.description);
+        for (const auto& x : failed) log(detail::log_level::warn, x.description);
+        deliver(e);
+        for (const auto& x : failed) deliver(x);
+      }
+      continue;
+    }
     ibv_async_event ev{};
     while (ibv_get_async_event(ctx_, &ev) == 0) {
       async_event_fields f{.type = ev.event_type, .ibdev = ibdev_, .device_port = port_};
@@ -1013,7 +1042,10 @@ void verbs_device::async_loop() {
           if (options().fail_qps_on_port_down)
             failed = fail_qps(f.event_port, "port " + std::to_string(f.event_port) + " went down");
           break;
-        case async_effect::device_fatal: failed = fail_qps(0, "the device failed"); break;
+        case async_effect::device_fatal:
+          fatal_ = true;  // (the removal check then stays quiet)
+          failed = fail_qps(0, "the device failed");
+          break;
         case async_effect::none: break;
       }
       ibv_ack_async_event(&ev);

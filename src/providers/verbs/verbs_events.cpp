@@ -69,6 +69,15 @@ device_event qp_failed_event(std::string_view qp_where, std::uint8_t port, std::
                                                        : " (QP moved to ERROR; outstanding requests flush)")};
 }
 
+device_event device_removed_event(std::string_view ibdev) {
+  return device_event{.type = device_event_type::device_fatal,
+                      .port = 0,
+                      .qp_num = 0,
+                      .description = "device " + std::string(ibdev) +
+                                     ": removed (every QP moved to ERROR; the kernel completes the removal "
+                                     "once every object of the device is closed)"};
+}
+
 bool deliver_event(const std::function<void(const device_event&)>& cb, const device_event& e) noexcept {
   if (!cb) return true;
   try {

@@ -52,6 +52,13 @@ async_translation translate_async_event(const async_event_fields& f);
 device_event qp_failed_event(std::string_view qp_where, std::uint8_t port, std::uint32_t qp_num,
                              std::string_view cause, bool already_in_error = false);
 
+// The device_fatal event for a device whose kernel device went away (its
+// uverbs node vanished: `rdma link delete`, hot unplug) without a
+// DEVICE_FATAL event: drivers without disassociate support (rxe, siw) send
+// none, and the kernel finishes removing the device only once the
+// application has closed every object of it.
+device_event device_removed_event(std::string_view ibdev);
+
 // Hands `e` to `cb` when set. A callback that throws never ends the caller's
 // thread: returns false then (the caller logs it), true otherwise.
 bool deliver_event(const std::function<void(const device_event&)>& cb, const device_event& e) noexcept;
