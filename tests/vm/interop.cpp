@@ -9,6 +9,7 @@
 //   conveyor_vm_interop --list
 //   conveyor_vm_interop --port-events verbs:rxe0 veth0
 //   conveyor_vm_interop --port-down verbs:rxe0 veth0 10.11.0.1
+//   conveyor_vm_interop --device-removal verbs:rxe0 10.11.0.1
 //
 // Scenarios: (1) data: WRITE 256 KiB, READ it back (a multi-segment READ
 // response), zero-length WRITE/READ/SEND, SEND of several sizes, solicited
@@ -29,7 +30,9 @@
 // naming device, port, QP and peer, and that posting then says qp_in_error;
 // the link comes back up (port_active) before it ends. It then measures what
 // the kernel device does by itself (fail_qps_on_port_down = false) and prints
-// it without judging it.
+// it without judging it. --device-removal does the same but removes the
+// device (`rdma link delete`) instead: device_fatal and a qp_error per QP,
+// every request completed, then closing every object lets the removal end.
 #include <conveyor/conveyor.hpp>
 
 #include <net/if.h>
@@ -522,17 +525,22 @@ struct event_log {
   }
 };
 
+// What cuts the connection: the link going down (with the provider's policy,
+// checked, or without it, only measured) or the device being removed.
+enum class cut { port_down, port_down_kernel_alone, removal };
+
 // One connection on `dev_name` (both QPs on one device), requests in flight,
-// the link taken down under them. enforce: the device option
-// fail_qps_on_port_down is on and everything is checked; otherwise the
-// kernel's own behaviour is measured and printed.
-void port_down_once(const std::string& dev_name, const std::string& netdev, const std::string& ip, bool enforce) {
-  const char* label = enforce ? "conveyor" : "kernel alone";
+// then the cut. Everything is checked except for port_down_kernel_alone,
+// which prints what the kernel device does by itself.
+void port_down_once(const std::string& dev_name, const std::string& netdev, const std::string& ip, cut how) {
+  const bool enforce = how != cut::port_down_kernel_alone;
+  const char* label = how == cut::port_down ? "conveyor" : how == cut::removal ? "removal" : "kernel alone";
+  const char* what = how == cut::removal ? "device removal" : "link down";
   const int before = failures;
   event_log ev;
   cvy::device_options o;
   o.on_event = [&](const cvy::device_event& e) { ev.add(e); };
-  o.fail_qps_on_port_down = enforce;
+  o.fail_qps_on_port_down = how != cut::port_down_kernel_alone;
   auto d = cvy::device::open(dev_name, o);
   if (!d) {
     std::printf("interop: FAIL open %s: %s\n", dev_name.c_str(), d.error().to_string().c_str());
@@ -561,9 +569,11 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
     CHECK(cqp.post_recv(bmr.slice(i * 4096, 4096), 1000 + i) == cvy::errc::ok, "client post_recv");
     CHECK(sqp.post_recv(bmr.slice((n_recv + i) * 4096, 4096), 2000 + i) == cvy::errc::ok, "server post_recv");
   }
-  auto lis = cvy::listener::bind(dev, ip + ":0");
-  if (!lis) {
-    std::printf("interop: FAIL bind: %s\n", lis.error().to_string().c_str());
+  std::optional<cvy::listener> lis;
+  if (auto l = cvy::listener::bind(dev, ip + ":0"); l) {
+    lis = std::move(*l);
+  } else {
+    std::printf("interop: FAIL bind: %s\n", l.error().to_string().c_str());
     ++failures;
     return;
   }
@@ -606,7 +616,19 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
   }
   CHECK(cqp.post_send(wrs) == cvy::errc::ok, "post %zu READ/WRITEs", n_ops);
   const auto t_down = steady::now();
-  CHECK(set_link(netdev, false), "taking %s down failed", netdev.c_str());
+  // `rdma link delete` returns only once every object of the device is
+  // closed (rxe cannot disassociate a user context): on its own thread.
+  std::atomic<bool> rm_done{false};
+  std::atomic<int> rm_rc{-1};
+  std::thread rm;
+  if (how == cut::removal) {
+    rm = std::thread([&] {
+      rm_rc = std::system(("rdma link delete " + ibdev).c_str());
+      rm_done = true;
+    });
+  } else {
+    CHECK(set_link(netdev, false), "taking %s down failed", netdev.c_str());
+  }
   // Every completion of both CQs, time-stamped, until all are in or the bound.
   struct done {
     double at_ms;
@@ -656,27 +678,28 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
   for (const auto& x : sends) ok_sends += x.wc.status == cvy::wc_status::success;
   std::string h;
   for (const auto& [k, v] : hist) h += " " + k + "=" + std::to_string(v);
-  std::printf("interop: [%s] after link down (%.0f ms watched): %zu/%zu READ/WRITEs completed (%zu success), "
-              "receives %zu/%zu client %zu/%zu server, the last %.1f ms after link down; statuses:%s\n",
-              label, waited, sends.size(), n_ops, ok_sends, crecv.size(), n_recv, srecv.size(), n_recv, last_ms,
-              h.c_str());
+  std::printf("interop: [%s] after %s (%.0f ms watched): %zu/%zu READ/WRITEs completed (%zu success), "
+              "receives %zu/%zu client %zu/%zu server, the last %.1f ms after %s; statuses:%s\n",
+              label, what, waited, sends.size(), n_ops, ok_sends, crecv.size(), n_recv, srecv.size(), n_recv, last_ms,
+              what, h.c_str());
   if (first_err)
-    std::printf("interop: [%s] first error completion %.1f ms after link down: wr_id %llu %s (vendor_err 0x%x)\n",
-                label, first_err->at_ms, static_cast<unsigned long long>(first_err->wc.wr_id),
+    std::printf("interop: [%s] first error completion %.1f ms after %s: wr_id %llu %s (vendor_err 0x%x)\n",
+                label, first_err->at_ms, what, static_cast<unsigned long long>(first_err->wc.wr_id),
                 st(first_err->wc.status).c_str(), first_err->wc.vendor_err);
   else
-    std::printf("interop: [%s] no error completion within %.0f ms of link down\n", label, waited);
-  auto down = ev.wait([](const cvy::device_event& e) { return e.type == cvy::device_event_type::port_down; },
-                      enforce ? 20s : 1s);
+    std::printf("interop: [%s] no error completion within %.0f ms of %s\n", label, waited, what);
+  const auto want = how == cut::removal ? cvy::device_event_type::device_fatal : cvy::device_event_type::port_down;
+  const std::string want_name(cvy::to_string(want));
+  auto down = ev.wait([&](const cvy::device_event& e) { return e.type == want; }, enforce ? 20s : 1s);
   if (down)
-    std::printf("interop: [%s] port_down event %.1f ms after link down: %s\n", label, ms_since(t_down, down->first),
-                down->second.description.c_str());
+    std::printf("interop: [%s] %s event %.1f ms after %s: %s\n", label, want_name.c_str(),
+                ms_since(t_down, down->first), what, down->second.description.c_str());
   for (auto* q : {&cqp, &sqp}) {
     const auto num = q->qp_num();
     auto e = ev.wait([&](const cvy::device_event& x) { return x.type == cvy::device_event_type::qp_error && x.qp_num == num; },
                      enforce ? 5s : 0ms);
     if (e)
-      std::printf("interop: [%s] qp_error event %.1f ms after link down: %s\n", label, ms_since(t_down, e->first),
+      std::printf("interop: [%s] qp_error event %.1f ms after %s: %s\n", label, ms_since(t_down, e->first), what,
                   e->second.description.c_str());
     if (enforce) {
       CHECK(e.has_value(), "no qp_error event for QP %u", num);
@@ -691,10 +714,10 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
     std::printf("interop: [%s] QP %u state %s\n", label, num, std::string(cvy::to_string(q->state())).c_str());
   }
   if (enforce) {
-    CHECK(down.has_value(), "no port_down event within 20 s");
+    CHECK(down.has_value(), "no %s event within 20 s", want_name.c_str());
     if (down) {
-      CHECK(down->second.port == 1, "port_down names port %u", unsigned{down->second.port});
-      CHECK(down->second.description.find(ibdev) != std::string::npos, "port_down does not name %s: %s",
+      if (how == cut::port_down) CHECK(down->second.port == 1, "port_down names port %u", unsigned{down->second.port});
+      CHECK(down->second.description.find(ibdev) != std::string::npos, "%s does not name %s: %s", want_name.c_str(),
             ibdev.c_str(), down->second.description.c_str());
     }
     CHECK(sends.size() == n_ops, "only %zu of %zu READ/WRITEs completed within 30 s", sends.size(), n_ops);
@@ -721,8 +744,41 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
     std::array<cvy::sge, 1> g{lmr.slice(0, 8)};
     const auto p = cqp.post_send({.wr_id = 99, .opcode = cvy::wr_opcode::rdma_write, .sg_list = g,
                                   .remote_addr = peer.addr, .rkey = peer.rkey});
-    CHECK(p == cvy::errc::qp_in_error, "post after the port went down: %s, expected qp_in_error",
+    CHECK(p == cvy::errc::qp_in_error, "post after the %s: %s, expected qp_in_error", what,
           std::string(cvy::to_string(p)).c_str());
+  }
+  if (how == cut::removal) {
+    // Closing every object lets the kernel finish the removal.
+    const auto t_close = steady::now();
+    cqp = cvy::queue_pair{};
+    sqp = cvy::queue_pair{};
+    lmr = cvy::memory_region{};
+    rmr = cvy::memory_region{};
+    bmr = cvy::memory_region{};
+    ccq = cvy::completion_queue{};
+    scq = cvy::completion_queue{};
+    pd = cvy::protection_domain{};
+    lis.reset();
+    *d = cvy::device{};
+    for (int i = 0; i < 300 && !rm_done; ++i) {
+      std::this_thread::sleep_for(100ms);
+      if (i == 50) {  // (what still holds the device, if anything)
+        std::printf("interop: [%s] after 5 s, open RDMA files:\n", label);
+        std::fflush(stdout);
+        (void)std::system(("ls -l /proc/" + std::to_string(::getpid()) + "/fd | grep -i 'infiniband\\|rdma'").c_str());
+      }
+    }
+    CHECK(rm_done, "rdma link delete %s did not return within 30 s of closing the device", ibdev.c_str());
+    if (rm_done) {
+      rm.join();
+      CHECK(rm_rc == 0, "rdma link delete %s: status %d", ibdev.c_str(), rm_rc.load());
+      std::printf("interop: [%s] objects closed; rdma link delete returned %.0f ms later\n", label,
+                  ms_since(t_close, steady::now()));
+    } else {
+      rm.detach();  // (blocked in the kernel; it ends with this process)
+    }
+    std::printf("interop: %s %s: %s\n", label, dev_name.c_str(), failures == before ? "PASS" : "FAIL");
+    return;
   }
   // The link comes back for what runs next.
   CHECK(set_link(netdev, true), "taking %s up failed", netdev.c_str());
@@ -737,8 +793,8 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
 }
 
 int port_down(const std::string& dev_name, const std::string& netdev, const std::string& ip) {
-  port_down_once(dev_name, netdev, ip, true);
-  port_down_once(dev_name, netdev, ip, false);
+  port_down_once(dev_name, netdev, ip, cut::port_down);
+  port_down_once(dev_name, netdev, ip, cut::port_down_kernel_alone);
   std::printf("interop: port down %s: %s (%d failure(s))\n", dev_name.c_str(), failures == 0 ? "PASS" : "FAIL",
               failures);
   return failures == 0 ? 0 : 1;
@@ -757,6 +813,9 @@ int main(int argc, char** argv) {
     else if (a == "--crc") c.crc = next() != "0";
     else if (a == "--port-down" && i + 3 < argc) {
       return port_down(argv[i + 1], argv[i + 2], argv[i + 3]);
+    } else if (a == "--device-removal" && i + 2 < argc) {
+      port_down_once(argv[i + 1], "", argv[i + 2], cut::removal);
+      return failures == 0 ? 0 : 1;
     } else if (a == "--port-events" && i + 2 < argc) {
       const std::string d = argv[i + 1], n = argv[i + 2];
       return port_events(d, n);
@@ -767,7 +826,7 @@ int main(int argc, char** argv) {
                     d.reason.c_str());
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list | --port-events DEV NETDEV | --port-down DEV NETDEV IP\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list | --port-events DEV NETDEV | --port-down DEV NETDEV IP | --device-removal DEV IP\n", argv[0]);
       return 2;
     }
   }
