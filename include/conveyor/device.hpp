@@ -46,7 +46,7 @@ enum class device_event_type : std::uint8_t {
   port_down,     // a port's link went down: connections through it fail
   qp_error,      // a QP failed outside a completion (fatal, invalid request, access error): it is in ERROR
   cq_error,      // a CQ overflowed: its poll/wait return cq_overflow
-  device_fatal,  // the device failed: nothing created from it works any more
+  device_fatal,  // the device failed or was removed: nothing created from it works any more; close it all
   other,         // an address, LID or P_Key change, ...: see the description
 };
 std::string_view to_string(device_event_type t) noexcept;
@@ -77,6 +77,16 @@ struct device_options {
   // next event waits. It must not destroy the device or its objects. Empty:
   // events are only logged.
   std::function<void(const device_event&)> on_event;
+  // verbs: when a port goes down (port_down), move every connected QP on it to
+  // ERROR at once, so each outstanding request completes (wr_flush_err) and
+  // new posts return qp_in_error, with one qp_error event per QP naming its
+  // device, port, number and peer (a QP the device had already failed gets
+  // one too). Left to itself, rxe fails a requester whose packets no longer
+  // route but leaves the responder's QP in RTS with its receives outstanding
+  // for ever, and a NIC fails a QP only after its transport retries: false
+  // leaves it to the device (a link that comes back soon enough then keeps
+  // the connections). soft and shm ignore it.
+  bool fail_qps_on_port_down = true;
 };
 
 // One port of a device: where it is reachable and whether its link is up.

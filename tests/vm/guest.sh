@@ -101,9 +101,19 @@ if [[ " $STEPS " == *" rxe "* ]]; then
   part interop && interop verbs-rxe0-pair verbs:rxe0 verbs:rxe0 1
   part perf && perf rxe0
   part demo && demo_pair rxe0
-  # Last on this device: the port goes down and up again.
+  # Last on this device: the port goes down under a connection with requests
+  # in flight (all must complete, flushed), then down and up with none.
+  part events && step portdown-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --port-down verbs:rxe0 veth0 10.11.0.1
   part events && step events-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --port-events verbs:rxe0 veth0
-  rdma link delete rxe0
+  # The device removed under a connection (this deletes rxe0; siw refuses
+  # `rdma link delete`). rxe1 keeps another device present: librdmacm 44
+  # releases a removed device's context only while some device is left.
+  if part events; then
+    rdma link add rxe1 type rxe netdev veth1
+    step removal-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --device-removal verbs:rxe0 10.11.0.1
+    rdma link delete rxe1
+  fi
+  rdma link show rxe0 > /dev/null 2>&1 && rdma link delete rxe0
 fi
 
 if [[ " $STEPS " == *" siw "* ]]; then
@@ -121,7 +131,9 @@ if [[ " $STEPS " == *" siw "* ]]; then
     interop "interop-soft-to-siw-crc$crc" verbs:siw0 soft "$crc"
     interop "interop-siw-to-soft-crc$crc" soft verbs:siw0 "$crc"
   done
-  # Last on this device: the port goes down and up again.
+  # Last on this device: the port goes down under a connection with requests
+  # in flight (all must complete, flushed), then down and up with none.
+  part events && step portdown-siw0 "$BUILD/tests/vm/conveyor_vm_interop" --port-down verbs:siw0 veth0 10.11.0.1
   part events && step events-siw0 "$BUILD/tests/vm/conveyor_vm_interop" --port-events verbs:siw0 veth0
 fi
 if [[ " $STEPS " == *" siw "* ]] && part interop; then

@@ -16,6 +16,8 @@
 // every user-visible call bounded.
 #include "providers/verbs/verbs_provider.hpp"
 
+#include "providers/verbs/verbs_events.hpp"
+
 #include "core/log.hpp"
 
 #include <arpa/inet.h>
@@ -266,6 +268,8 @@ class verbs_device final : public detail::device_impl {
     for (std::uint8_t p = 1; p <= dattr_.phys_port_cnt; ++p) attr_.ports.push_back(describe_port(p));
     if (const char* g = std::getenv("CONVEYOR_VERBS_GID_INDEX"); g != nullptr && *g != '\0')
       gid_override_ = std::atoi(g);
+    dev_path_ = ctx_->device->dev_path;
+    if (::access(dev_path_.c_str(), F_OK) != 0) dev_path_.clear();  // (no sysfs here: nothing to watch)
     set_nonblock(ctx_->async_fd);
     async_thread_ = std::thread([this] { async_loop(); });
   }
@@ -273,6 +277,18 @@ class verbs_device final : public detail::device_impl {
     stop_ = true;
     if (async_thread_.joinable()) async_thread_.join();
     ibv_close_device(ctx_);
+    // librdmacm keeps a context of its own per device it has used and closes
+    // that of a removed device only when it rescans the device list (and the
+    // device's last cm_id is gone); the kernel's removal waits for it (rxe and
+    // siw cannot disassociate), so rescan. librdmacm 44 skips the rescan when
+    // no device is left at all: the last device's removal then ends only
+    // with the process.
+    if (fatal_ && !dev_path_.empty() && ::access(dev_path_.c_str(), F_OK) != 0) {
+      int n = -1;
+      if (ibv_context** l = rdma_get_devices(&n)) rdma_free_devices(l);
+      log(detail::log_level::info, "device " + ibdev_ + " closed after its removal (" + std::to_string(n) +
+                                       " RDMA devices left)");
+    }
   }
 
   result<std::shared_ptr<detail::pd_impl>> alloc_pd() override;
@@ -299,6 +315,11 @@ class verbs_device final : public detail::device_impl {
   }
   void qp_failed(std::uint32_t qpn) noexcept;
   void cq_failed(const void* cq) noexcept;
+  // Moves to ERROR every QP of this device that is connected through `port`
+  // (0: every QP, connected or not) and not in ERROR yet; returns one qp_error
+  // event per such QP, those already in ERROR included, for the caller to
+  // deliver outside the lock.
+  std::vector<device_event> fail_qps(std::uint8_t port, std::string_view cause) noexcept;
   std::string where() const { return "device " + ibdev_ + " port " + std::to_string(port_); }
 
   // A port as device_attr reports it: state, link layer, active MTU in bytes
@@ -345,6 +366,8 @@ class verbs_device final : public detail::device_impl {
   std::uint8_t port_ = 1;
   int gid_override_ = -1;
   std::atomic<bool> stop_{false};
+  bool fatal_ = false;    // device_fatal was delivered (async thread only)
+  std::string dev_path_;  // the uverbs node in sysfs: gone once the device is removed
   std::thread async_thread_;
   std::mutex qps_mu_;
   std::unordered_map<std::uint32_t, verbs_qp*> qps_;
@@ -877,9 +900,20 @@ class verbs_qp final : public detail::qp_impl {
   verbs_pd& pd() noexcept { return *pd_; }
   ibv_qp* ibv() const noexcept { return qp_; }
   void mark_error() noexcept { state_ = qp_state::error; }
-  void async_error(const char* what) noexcept {
+  // Established (finish() ran): from then on peer_ and the port do not change,
+  // so the device's event thread may read them.
+  bool connected() const noexcept { return connected_.load(std::memory_order_acquire); }
+  // The port the connection runs on (rdma_cm resolved it); the device's port
+  // before the QP is connected.
+  std::uint8_t port() const noexcept {
+    return connected() && conn_port_ != 0 ? conn_port_ : pd_->dev().port();
+  }
+  // Moves the QP to ERROR for a cause outside it (its port went down, the
+  // device failed): every outstanding request completes with wr_flush_err.
+  // (The caller logs it, with the event it delivers.)
+  void fail() noexcept {
     state_ = qp_state::error;
-    log(detail::log_level::warn, where() + ": async event " + what + " (QP moved to ERROR)");
+    move_to_error(qp_);
   }
 
  private:
@@ -903,6 +937,8 @@ class verbs_qp final : public detail::qp_impl {
   std::shared_ptr<conn_state> conn_;
   qp_connection_attr cattr_;
   std::string peer_;
+  std::atomic<bool> connected_{false};
+  std::uint8_t conn_port_ = 0;  // written before connected_ is set
 };
 
 void verbs_device::qp_failed(std::uint32_t qpn) noexcept {
@@ -920,67 +956,107 @@ void verbs_device::cq_failed(const void* cq) noexcept {
   }
 }
 
-void verbs_device::async_loop() {
-  // Hands an event to the user's callback (never lets it end this thread).
-  auto deliver = [this](device_event_type type, std::uint8_t port, std::uint32_t qpn, std::string what) {
-    const auto& cb = options().on_event;
-    if (!cb) return;
-    try {
-      cb(device_event{.type = type, .port = port, .qp_num = qpn, .description = std::move(what)});
-    } catch (...) {
-      log(detail::log_level::error, "device " + ibdev_ + ": the on_event callback threw; the event is dropped");
+std::vector<device_event> verbs_device::fail_qps(std::uint8_t port, std::string_view cause) noexcept {
+  std::vector<device_event> out;
+  try {
+    std::lock_guard lk(qps_mu_);  // a QP leaves the table before it is destroyed
+    for (auto& [n, q] : qps_) {
+      if (port != 0 && (!q->connected() || q->port() != port)) continue;
+      const bool already = q->state() == qp_state::error;
+      if (!already) q->fail();
+      out.push_back(qp_failed_event(q->connected() ? q->where() : where() + " QP " + std::to_string(n),
+                                    q->port(), n, cause, already));
     }
+  } catch (...) {  // (allocation failure) the QPs failed so far stay failed
+  }
+  return out;
+}
+
+void verbs_device::async_loop() {
+  const auto& cb = options().on_event;
+  auto deliver = [&](const device_event& e) {
+    if (!deliver_event(cb, e))
+      log(detail::log_level::error, "device " + ibdev_ + ": the on_event callback threw; the event is dropped");
   };
   while (!stop_) {
     pollfd p{ctx_->async_fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
+    if (::poll(&p, 1, 100) <= 0) {
+      // A removed device whose driver cannot disassociate (rxe, siw) reports
+      // nothing on this fd; its uverbs node vanishing is the sign.
+      if (!fatal_ && !dev_path_.empty() && ::access(dev_path_.c_str(), F_OK) != 0 && errno == ENOENT) {
+        fatal_ = true;
+        const auto e = device_removed_event(ibdev_);
+        const auto failed = fail_qps(0, "the device was removed");
+        log(detail::log_level::error, e.description);
+        for (const auto& x : failed) log(detail::log_level::warn, x.description);
+        deliver(e);
+        for (const auto& x : failed) deliver(x);
+      }
+      continue;
+    }
     ibv_async_event ev{};
     while (ibv_get_async_event(ctx_, &ev) == 0) {
-      const char* name = ibv_event_type_str(ev.event_type);
+      async_event_fields f{.type = ev.event_type, .ibdev = ibdev_, .device_port = port_};
+      verbs_qp* q = nullptr;
+      verbs_cq* c = nullptr;
+      std::string qp_where;
       switch (ev.event_type) {
         case IBV_EVENT_QP_FATAL:
         case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR: {
-          const std::uint32_t qpn = ev.element.qp->qp_num;
-          std::string what = where() + " QP " + std::to_string(qpn) + ": async event " + name;
-          if (auto* q = static_cast<verbs_qp*>(ev.element.qp->qp_context)) {
-            q->async_error(name);
-            what = q->where() + ": async event " + name + " (QP moved to ERROR)";
+        case IBV_EVENT_QP_ACCESS_ERR:
+        case IBV_EVENT_COMM_EST:
+        case IBV_EVENT_SQ_DRAINED:
+        case IBV_EVENT_PATH_MIG:
+        case IBV_EVENT_PATH_MIG_ERR:
+        case IBV_EVENT_QP_LAST_WQE_REACHED:
+          f.qp_num = ev.element.qp->qp_num;
+          q = static_cast<verbs_qp*>(ev.element.qp->qp_context);
+          if (q != nullptr) {
+            qp_where = q->connected() ? q->where() : where() + " QP " + std::to_string(f.qp_num);
+            f.qp_where = qp_where;
           }
-          deliver(device_event_type::qp_error, port_, qpn, std::move(what));
           break;
-        }
-        case IBV_EVENT_CQ_ERR:
-          log(detail::log_level::warn, where() + ": async event " + name + " (CQ overflow; polls report cq_overflow)");
-          if (auto* c = static_cast<verbs_cq*>(ev.element.cq->cq_context)) {
-            c->mark_error();
-            cq_failed(c);
-          }
-          deliver(device_event_type::cq_error, port_, 0,
-                  where() + ": async event " + name + " (CQ overflow; polls report cq_overflow)");
-          break;
+        case IBV_EVENT_CQ_ERR: c = static_cast<verbs_cq*>(ev.element.cq->cq_context); break;
         case IBV_EVENT_PORT_ACTIVE:
         case IBV_EVENT_PORT_ERR:
         case IBV_EVENT_LID_CHANGE:
-        case IBV_EVENT_GID_CHANGE: {
-          const auto port = static_cast<std::uint8_t>(ev.element.port_num);
-          const std::string what = "device " + ibdev_ + " port " + std::to_string(port) + ": async event " + name;
-          log(ev.event_type == IBV_EVENT_PORT_ERR ? detail::log_level::warn : detail::log_level::info, what);
-          deliver(ev.event_type == IBV_EVENT_PORT_ERR      ? device_event_type::port_down
-                  : ev.event_type == IBV_EVENT_PORT_ACTIVE ? device_event_type::port_active
-                                                           : device_event_type::other,
-                  port, 0, what);
+        case IBV_EVENT_PKEY_CHANGE:
+        case IBV_EVENT_GID_CHANGE:
+        case IBV_EVENT_SM_CHANGE:
+        case IBV_EVENT_CLIENT_REREGISTER: f.event_port = static_cast<std::uint8_t>(ev.element.port_num); break;
+        default: break;
+      }
+      auto t = translate_async_event(f);
+      std::vector<device_event> failed;
+      switch (t.effect) {
+        case async_effect::fail_qp:
+          if (q != nullptr) q->mark_error();
           break;
-        }
-        case IBV_EVENT_DEVICE_FATAL:
-          log(detail::log_level::error, "device " + ibdev_ + ": async event " + name);
-          deliver(device_event_type::device_fatal, 0, 0, "device " + ibdev_ + ": async event " + name);
+        case async_effect::fail_cq:
+          if (c != nullptr) {
+            c->mark_error();
+            cq_failed(c);
+          }
           break;
-        default:
-          log(detail::log_level::debug, "device " + ibdev_ + ": async event " + name);
-          deliver(device_event_type::other, 0, 0, "device " + ibdev_ + ": async event " + name);
+        case async_effect::port_down:
+          if (options().fail_qps_on_port_down)
+            failed = fail_qps(f.event_port, "port " + std::to_string(f.event_port) + " went down");
+          break;
+        case async_effect::device_fatal:
+          fatal_ = true;  // (the removal check then stays quiet)
+          failed = fail_qps(0, "the device failed");
+          break;
+        case async_effect::none: break;
       }
       ibv_ack_async_event(&ev);
+      if (!failed.empty())
+        t.event.description += " (" + std::to_string(failed.size()) + " QP" + (failed.size() == 1 ? "" : "s") +
+                               " on it: qp_error events follow)";
+      log(t.level, t.event.description);
+      for (const auto& e : failed) log(detail::log_level::warn, e.description);
+      // The port's (or device's) event first, then one per QP it failed.
+      deliver(t.event);
+      for (const auto& e : failed) deliver(e);
     }
   }
 }
@@ -1183,7 +1259,9 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
   conn_->ch = ch;
   conn_->qp = qp_;
   conn_->where = where();
+  conn_port_ = id->port_num;
   state_ = qp_state::rts;
+  connected_.store(true, std::memory_order_release);
   watch(conn_);
 }
 
