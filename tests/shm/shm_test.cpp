@@ -267,6 +267,10 @@ class shm_direct : public shm_only {
     EXPECT_TRUE(mr.has_value()) << (mr ? "" : mr.error().to_string());
     if (!mr) return {};
     fill_pattern(std::span<std::byte>(mr->data(), n), seed);
+    // The target's engine may touch the region only after this thread's writes
+    // (TSan cannot follow the order through the shared rings in one process;
+    // the target's receive queue lock carries it).
+    EXPECT_TRUE(sync_target(op_timeout(64)));
     return std::move(*mr);
   }
   // READs 8 bytes of `r` until the initiator serves them through its mapping
@@ -306,6 +310,7 @@ TEST_P(shm_direct, allocated_regions_are_served_by_the_initiator_without_the_tar
   std::uint64_t a = 41, b = 0x1234;
   std::memcpy(region.data() + 8192, &a, 8);
   std::memcpy(region.data() + 8200, &b, 8);
+  ASSERT_TRUE(sync_target(op_timeout(64)));
   CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 4096), region.remote().slice(100, 4096), 1));
   ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(4096)));
   CVT_ASSERT_POST_OK(init.qp.post_fetch_add(res->sge(0, 8), region.remote().slice(8192, 8), 1, 2));
@@ -557,6 +562,7 @@ TEST_P(parity, allocate_memory_gives_zeroed_registered_memory_that_moves_bytes) 
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(region->data()) % 4096, 0u);
   EXPECT_TRUE(std::all_of(region->data(), region->data() + 10000,
                           [](std::byte b) { return b == std::byte{0}; }));
+  ASSERT_TRUE(sync_target(op_timeout(64)));  // our reads before the engine's writes
   auto src = make_region(init.pd, 10000, access::local_write, 0x6a00);
   CVT_ASSERT_OK(src);
   auto back = make_region(init.pd, 10000, access::local_write, 0);
