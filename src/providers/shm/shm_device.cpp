@@ -365,7 +365,8 @@ result<std::shared_ptr<detail::mr_impl>> shm_pd::allocate_memory(std::size_t len
   std::uint64_t ino = 0;
   const int fd = sealed_memfd("conveyor-mr", map_len, &ino);
   void* p =
-      fd < 0 ? MAP_FAILED : ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      fd < 0 ? MAP_FAILED
+             : ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     const std::string why = std::strerror(errno);
     if (fd >= 0) ::close(fd);

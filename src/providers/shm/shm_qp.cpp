@@ -963,7 +963,8 @@ shm_qp::exec shm_qp::rx_map(const msg_header& m) noexcept {
 }
 
 // ------------------------------------------------------------ direct mapping ----
-std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot) noexcept {
+std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot,
+                                  bool populate) noexcept {
   if (pidfd_ < 0) {
     pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, peer_pid_, 0));
     if (pidfd_ < 0) return nullptr;
@@ -979,7 +980,10 @@ std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, in
                     static_cast<std::uint64_t>(st.st_ino) == ino &&
                     static_cast<std::uint64_t>(st.st_size) >= len && seals >= 0 &&
                     (seals & F_SEAL_SHRINK) != 0;
-  void* p = good ? ::mmap(nullptr, len, prot, MAP_SHARED, f, 0) : MAP_FAILED;
+  // Populated at once (the pages exist: the owner populated them), so the
+  // data path takes no page-table faults.
+  void* p = good ? ::mmap(nullptr, len, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), f, 0)
+                 : MAP_FAILED;
   ::close(f);
   return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
 }
@@ -995,7 +999,8 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
       a.map_len > dev_->attr().max_mr_size || a.base + a.len < a.base)
     return;
   if (peer_rev_ == nullptr) {
-    std::byte* r = map_peer_memfd(a.rev_fd, a.rev_ino, std::size_t(revocation_words) * 8, PROT_READ);
+    std::byte* r =
+        map_peer_memfd(a.rev_fd, a.rev_ino, std::size_t(revocation_words) * 8, PROT_READ, false);
     if (r == nullptr) {
       direct_ok_ = false;  // no permission after all: stop asking
       if (detail::log_enabled(detail::log_level::info))
@@ -1013,7 +1018,7 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
   const access rights = static_cast<access>(a.rights);
   // A key without remote_write/remote_atomic is mapped read-only.
   const bool writable = has(rights, access::remote_write) || has(rights, access::remote_atomic);
-  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, writable ? PROT_READ | PROT_WRITE : PROT_READ);
+  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, writable ? PROT_READ | PROT_WRITE : PROT_READ, true);
   if (p == nullptr) return;
   if (peer_rev_[a.word].load(std::memory_order_seq_cst) != a.gen) {  // revoked meanwhile
     ::munmap(p, a.map_len);

@@ -117,7 +117,8 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   // direct mapping (tx_mu_)
   bool try_direct_locked(swqe& w, std::uint32_t idx) noexcept;  // served it now
   void on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) noexcept;
-  std::byte* map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot) noexcept;
+  std::byte* map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot,
+                            bool populate) noexcept;
   void unmap_peer_locked() noexcept;
 
   // receive side (engine)
