@@ -4,6 +4,7 @@
 #include "providers/shm/shm_qp.hpp"
 
 #include "core/log.hpp"
+#include "core/remote_atomic.hpp"
 #include "providers/shm/shm_device.hpp"
 
 #include <fcntl.h>
@@ -924,15 +925,9 @@ shm_qp::exec shm_qp::rx_atomic(const msg_header& m) noexcept {
     return exec::failed;
   }
   // Atomic against every other accessor of the region: this engine, the owner's
-  // threads, and any process mapping the same memory.
-  std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(p));
-  std::uint64_t orig;
-  if (m.flags & msg_flag::fetch_add) {
-    orig = target.fetch_add(m.cmp);
-  } else {
-    orig = m.cmp;
-    target.compare_exchange_strong(orig, m.swap);
-  }
+  // threads, direct-mapped peers and any process mapping the same memory.
+  const std::uint64_t orig =
+      detail::remote_atomic(p, (m.flags & msg_flag::fetch_add) != 0, m.cmp, m.swap);
   g.release();
   msg_header r{};
   r.op = msg_op::atomic_resp;
@@ -1070,16 +1065,10 @@ bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
     }
     c_rx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
   } else {
-    // Address-free lock-free atomics on the shared pages: atomic against the
-    // peer's engine, its owner and every other process mapping them.
-    std::atomic_ref<std::uint64_t> t(*reinterpret_cast<std::uint64_t*>(p));
-    std::uint64_t orig;
-    if (w.op == wr_opcode::atomic_fetch_and_add) {
-      orig = t.fetch_add(w.cmp_add);
-    } else {
-      orig = w.cmp_add;
-      t.compare_exchange_strong(orig, w.swap);
-    }
+    // On the shared pages: atomic against the peer's engine, its owner and
+    // every other process mapping them.
+    const std::uint64_t orig =
+        detail::remote_atomic(p, w.op == wr_opcode::atomic_fetch_and_add, w.cmp_add, w.swap);
     std::memcpy(reinterpret_cast<void*>(sg[0].addr), &orig, 8);
   }
   c_direct_.fetch_add(1, std::memory_order_relaxed);

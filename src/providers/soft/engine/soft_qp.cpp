@@ -3,6 +3,7 @@
 #include "providers/soft/engine/soft_qp.hpp"
 
 #include "core/log.hpp"
+#include "core/remote_atomic.hpp"
 #include "providers/soft/soft_device.hpp"
 
 #include <sys/epoll.h>
@@ -1217,14 +1218,10 @@ void soft_qp::handle_atomic_request(const atomic_request& a) noexcept {
                          false}, wc_status::success);
     return;
   }
-  std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(p));
-  std::uint64_t orig;
-  if (a.kind == atomic_kind::fetch_add) {
-    orig = target.fetch_add(a.add_swap);
-  } else {
-    orig = a.compare;
-    target.compare_exchange_strong(orig, a.add_swap);
-  }
+  const std::uint64_t orig = detail::remote_atomic(p, a.kind == atomic_kind::fetch_add,
+                                                   a.kind == atomic_kind::fetch_add ? a.add_swap
+                                                                                    : a.compare,
+                                                   a.add_swap);
   g.release();
   c_atomics_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lk(tx_mu_);
