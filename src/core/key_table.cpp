@@ -33,7 +33,7 @@ result<std::uint32_t> key_table::add(std::byte* base, std::size_t len, access ri
 }
 
 void key_table::remove(std::uint32_t key) noexcept {
-  const std::uint32_t idx = key >> 16;
+  const std::uint32_t idx = slot_of(key);
   if (idx == 0 || idx > capacity) return;
   slot& s = slots_[idx];
   std::uint32_t expect = key;
@@ -64,7 +64,7 @@ void key_table::guard::release() noexcept {
 key_check key_table::acquire(std::uint32_t key, std::uint32_t pd_id, std::uint64_t addr,
                              std::uint64_t len, access need, guard& g, std::byte** ptr) noexcept {
   g.release();
-  const std::uint32_t idx = key >> 16;
+  const std::uint32_t idx = slot_of(key);
   if (idx == 0 || idx > capacity) return key_check::invalid_key;
   slot& s = slots_[idx];
   if (s.key.load(std::memory_order_seq_cst) != key) return key_check::invalid_key;

@@ -32,6 +32,8 @@ class key_table {
   result<std::uint32_t> add(std::byte* base, std::size_t len, access rights, std::uint32_t pd_id);
   // Revokes `key`; returns once no access holds it.
   void remove(std::uint32_t key) noexcept;
+  // The slot a key names (< capacity + 1): stable for the key's lifetime.
+  static constexpr std::uint32_t slot_of(std::uint32_t key) noexcept { return key >> 16; }
 
   struct slot;
   // RAII hold on a live key for one step of an access.

@@ -380,6 +380,7 @@ TEST_P(shm_direct, deregistration_revokes_a_mapping_in_use_and_later_access_fail
   ASSERT_TRUE(region);
   ASSERT_TRUE(map_it(region.remote()));
   const auto remote = region.remote();
+  const auto d0 = init.qp.counters().direct_ops;
   auto src = make_region(init.pd, 64 * KiB, access::local_write, 0x6800);
   CVT_ASSERT_OK(src);
   // WRITEs stream in while the owner deregisters (and so frees) the region:
@@ -410,6 +411,9 @@ TEST_P(shm_direct, deregistration_revokes_a_mapping_in_use_and_later_access_fail
   owner.join();
   EXPECT_TRUE(failed) << "WRITEs to a deregistered region kept succeeding";
   EXPECT_GE(ok_count, 10);
+  // At least the ten before the owner started went through the mapping (one
+  // racing the revocation may reach the engine while the key is still live).
+  EXPECT_GE(init.qp.counters().direct_ops - d0, 10u) << "the stream did not use the mapping";
   EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
 }
 

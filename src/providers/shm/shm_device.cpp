@@ -279,7 +279,7 @@ result<void> shm_device::publish_direct(std::uint32_t key, direct_region r) {
   std::lock_guard lk(direct_mu_);
   if (auto ok = revocation_page_locked(); !ok) return ok;
   r.gen = next_gen_++;
-  rev_[key >> 16].store(r.gen, std::memory_order_seq_cst);
+  rev_[detail::key_table::slot_of(key)].store(r.gen, std::memory_order_seq_cst);
   regions_[key] = r;
   return {};
 }
@@ -289,7 +289,7 @@ void shm_device::revoke_direct(std::uint32_t key) noexcept {
   if (regions_.erase(key) == 0) return;
   // A peer checks this word before each access: from now on it fails over to
   // the engine, which refuses the dead key.
-  rev_[key >> 16].store(0, std::memory_order_seq_cst);
+  rev_[detail::key_table::slot_of(key)].store(0, std::memory_order_seq_cst);
 }
 
 bool shm_device::lookup_direct(std::uint32_t key, std::uint32_t pd_id, map_answer& out) noexcept {
@@ -309,7 +309,7 @@ bool shm_device::lookup_direct(std::uint32_t key, std::uint32_t pd_id, map_answe
   out.len = r.len;
   out.map_len = r.map_len;
   out.gen = r.gen;
-  out.word = key >> 16;
+  out.word = detail::key_table::slot_of(key);
   return true;
 }
 
@@ -384,14 +384,13 @@ result<std::shared_ptr<detail::mr_impl>> shm_pd::allocate_memory(std::size_t len
   // From here the region owns fd and mapping (its destructor releases both).
   auto mr = std::make_shared<shm_mr>(std::move(self), std::span<std::byte>(base, len), rights,
                                      *key, fd, map_len);
-  direct_region d;
-  d.fd = fd;
-  d.ino = ino;
-  d.base = reinterpret_cast<std::uint64_t>(base);
-  d.len = len;
-  d.map_len = map_len;
-  d.rights = rights;
-  d.pd_id = id_;
+  const direct_region d{.fd = fd,
+                        .ino = ino,
+                        .base = reinterpret_cast<std::uint64_t>(base),
+                        .len = len,
+                        .map_len = map_len,
+                        .rights = rights,
+                        .pd_id = id_};
   if (auto ok = dev_->publish_direct(*key, d); !ok) return std::unexpected(ok.error());
   return std::shared_ptr<detail::mr_impl>(std::move(mr));
 }

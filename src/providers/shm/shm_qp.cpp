@@ -1013,7 +1013,8 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
   const access rights = static_cast<access>(a.rights);
   // A key without remote_write/remote_atomic is mapped read-only.
   const bool writable = has(rights, access::remote_write) || has(rights, access::remote_atomic);
-  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, writable ? PROT_READ | PROT_WRITE : PROT_READ, true);
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, prot, true);
   if (p == nullptr) return;
   if (peer_rev_[a.word].load(std::memory_order_seq_cst) != a.gen) {  // revoked meanwhile
     ::munmap(p, a.map_len);

@@ -87,7 +87,7 @@ struct map_answer {
   std::uint32_t word;                // its revocation word
   std::uint32_t pad;
 };
-inline constexpr std::uint32_t revocation_words = 65536;  // one per key-table slot
+inline constexpr std::uint32_t revocation_words = 65536;  // one per key-table slot (slot_of)
 
 struct iov_pair {
   std::uint64_t addr, len;
