@@ -1,0 +1,37 @@
+// conveyor::kv::server_loop — the server's one thread. Everything that touches
+// the store runs on it: RESP clients on TCP, RDMA write RPCs (their CQ's fd),
+// active expiry, AOF fsync and reclamation timers. Other threads (the RDMA
+// acceptor) hand work over with post().
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+namespace conveyor::kv {
+
+class server_loop {
+ public:
+  server_loop();   // throws std::system_error if epoll/eventfd cannot be created
+  ~server_loop();
+  server_loop(const server_loop&) = delete;
+  server_loop& operator=(const server_loop&) = delete;
+
+  // Calls `on_ready(events)` on the loop thread whenever `fd` is ready for `events`
+  // (EPOLLIN/EPOLLOUT...). modify_fd changes the events; remove_fd stops watching.
+  void add_fd(int fd, unsigned events, std::function<void(unsigned events)> on_ready);
+  void modify_fd(int fd, unsigned events);
+  void remove_fd(int fd);
+  // Runs `fn` on the loop thread every `period` (first after one period).
+  void every(std::chrono::milliseconds period, std::function<void()> fn);
+  // Thread-safe: runs `fn` on the loop thread soon.
+  void post(std::function<void()> fn);
+  // Runs until stop() (thread-safe); returns after the current callback.
+  void run();
+  void stop();
+
+ private:
+  struct state;
+  state* s_;
+};
+
+}  // namespace conveyor::kv

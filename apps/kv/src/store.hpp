@@ -1,0 +1,95 @@
+// conveyor::kv::store — the data of conveyor-kv: a hash index and the items it
+// points to, both in memory registered with Conveyor and exported read-only to
+// RDMA clients, who look keys up with one-sided READs (docs/KV.md: layout and
+// the consistency argument).
+//
+// Thread safety: one writer. Every member function is called from the server's
+// loop thread only (server_loop). Remote readers read the registered memory
+// concurrently at any time; the store publishes each change so that a reader
+// sees either the old item or the new one, and detects (version + checksum)
+// anything else.
+#pragma once
+
+#include <conveyor/conveyor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace conveyor::kv {
+
+// Milliseconds since the Unix epoch (CLOCK_REALTIME), the unit of expiry times.
+using time_ms = std::int64_t;
+time_ms now_ms() noexcept;
+
+enum class eviction_policy { noeviction, allkeys_lru };
+
+struct store_options {
+  std::size_t index_buckets = 1u << 18;        // rounded up to a power of two
+  std::size_t data_bytes = 256u << 20;         // registered item memory
+  std::size_t maxmemory = 0;                   // 0: data_bytes is the only limit
+  eviction_policy policy = eviction_policy::noeviction;
+  std::size_t max_key = 512u << 10;            // longest key accepted
+  std::size_t max_value = 64u << 20;           // longest value accepted (<= data_bytes)
+};
+
+enum class put_cond { always, if_absent /*NX*/, if_present /*XX*/ };
+
+struct put_options {
+  put_cond cond = put_cond::always;
+  std::optional<time_ms> expire_at;  // absolute; nullopt: no TTL unless keep_ttl
+  bool keep_ttl = false;             // SET ... KEEPTTL (and APPEND/INCR keep the TTL)
+};
+
+enum class put_status { stored, not_stored /*NX/XX said no*/, out_of_memory /*noeviction and full*/, too_large };
+
+struct store_stats {
+  std::uint64_t keys = 0, expires = 0;     // live keys, keys with a TTL
+  std::uint64_t used_bytes = 0, capacity_bytes = 0;
+  std::uint64_t evicted = 0, expired = 0;  // totals
+  std::uint64_t retired_pending = 0;       // items waiting for reclamation (epochs)
+};
+
+class store {
+ public:
+  // Registers the index and the data memory with `pd` (remote_read only for the
+  // peer keys; the store writes locally).
+  static result<std::unique_ptr<store>> create(protection_domain& pd, const store_options& opts);
+  virtual ~store() = default;
+
+  // The value of a live key (an expired key is removed here: lazy expiry).
+  // The view stays valid until the next non-const call.
+  virtual std::optional<std::string_view> get(std::string_view key, time_ms now) = 0;
+  virtual put_status put(std::string_view key, std::string_view value, const put_options& opts,
+                         time_ms now) = 0;
+  virtual bool erase(std::string_view key, time_ms now) = 0;
+  virtual bool contains(std::string_view key, time_ms now) = 0;
+  // nullopt: no such key; a value of -1: the key has no TTL; otherwise the absolute expiry.
+  virtual std::optional<time_ms> expiry(std::string_view key, time_ms now) = 0;
+  // Sets (or, with nullopt, removes) a live key's TTL; false if the key does not exist.
+  virtual bool set_expiry(std::string_view key, std::optional<time_ms> at, time_ms now) = 0;
+  virtual std::size_t size() const = 0;
+  virtual void clear() = 0;
+  // Cursor iteration as Redis SCAN: calls `fn` for keys of about `count` buckets and
+  // returns the next cursor (0 when done). Keys present for the whole scan are
+  // reported at least once.
+  virtual std::uint64_t scan(std::uint64_t cursor, std::size_t count,
+                             const std::function<void(std::string_view key)>& fn) = 0;
+  // Active expiry: removes up to `budget` expired keys; returns how many.
+  virtual std::size_t expire_some(time_ms now, std::size_t budget) = 0;
+  // Reclaims retired items that no reader can still be reading (epochs; docs/KV.md).
+  virtual void reclaim(time_ms now) = 0;
+  virtual store_stats stats() const = 0;
+
+  // What an RDMA client needs to find keys: the exported regions and the layout
+  // parameters (the generation changes when the table moves). Opaque bytes that
+  // rdma_server sends in its accept private data and client decodes.
+  virtual std::vector<std::byte> describe() const = 0;
+};
+
+}  // namespace conveyor::kv
