@@ -45,6 +45,25 @@ void key_table::remove(std::uint32_t key) noexcept {
   free_.push_back(idx);
 }
 
+key_check key_table::invalidate_remote(std::uint32_t key, std::uint32_t pd_id) noexcept {
+  const std::uint32_t idx = slot_of(key);
+  if (idx == 0 || idx > capacity) return key_check::invalid_key;
+  slot& s = slots_[idx];
+  // Hold the slot while its fields are read, as acquire does: a concurrent
+  // deregistration cannot recycle it under us.
+  if (s.key.load(std::memory_order_seq_cst) != key) return key_check::invalid_key;
+  s.inflight.fetch_add(1, std::memory_order_seq_cst);
+  key_check rc = key_check::ok;
+  if (s.key.load(std::memory_order_seq_cst) != key) rc = key_check::invalid_key;
+  else if (s.pd_id != pd_id) rc = key_check::wrong_pd;
+  else if (!has(s.rights, access::remote_read) && !has(s.rights, access::remote_write) &&
+           !has(s.rights, access::remote_atomic))
+    rc = key_check::no_access;
+  s.inflight.fetch_sub(1, std::memory_order_seq_cst);
+  if (rc == key_check::ok) remove(key);  // a racing deregistration makes this a no-op
+  return rc;
+}
+
 key_table::guard& key_table::guard::operator=(guard&& o) noexcept {
   if (this != &o) {
     release();

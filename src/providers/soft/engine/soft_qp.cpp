@@ -53,6 +53,7 @@ wc_opcode wc_of(wr_opcode op) {
 wc_status status_of_terminate(const terminate_msg& t) {
   if (t.layer == term_layer::rdmap) {
     if (t.etype == term::rdmap_remote_prot) return wc_status::rem_access_err;
+    if (t.ecode == term::rdmap_cannot_invalidate) return wc_status::rem_inv_req_err;
     if (t.ecode == term::rdmap_unexpected_op) return wc_status::rem_inv_req_err;
     return wc_status::rem_op_err;
   }
@@ -1092,16 +1093,22 @@ bool soft_qp::rx_message_done() noexcept {
         rx_has_pending_imm_ = false;
       }
       if (h_.opcode == rdmap_op::send_inv || h_.opcode == rdmap_op::send_se_inv) {
+        // RFC 5040 6.10: only a key of this QP's protection domain whose region
+        // the peer could have been given (some remote right) is invalidated.
+        // Anything else costs the peer the connection: one guess, not a sweep.
+        const key_check kc = dev_->keys().invalidate_remote(h_.inv_stag, pd_->id());
+        if (kc != key_check::ok) {
+          wc.status = wc_status::rem_inv_req_err;
+          rx_msg_off_ = 0;
+          rcq_->push(wc);
+          protocol_violation(term_layer::rdmap,
+                             kc == key_check::invalid_key ? term::rdmap_remote_op
+                                                          : term::rdmap_remote_prot,
+                             term::rdmap_cannot_invalidate, wc_status::success);
+          return false;
+        }
         wc.with_inv = true;
         wc.invalidated_rkey = h_.inv_stag;
-        detail::key_table::guard g;
-        std::byte* p;
-        // Only a key of this QP's protection domain may be invalidated.
-        if (dev_->keys().acquire(h_.inv_stag, pd_->id(), 0, 0, access::none, g, &p) !=
-                key_check::invalid_key) {
-          g.release();
-          dev_->keys().remove(h_.inv_stag);
-        }
       }
       rx_msg_off_ = 0;
       ++rx_msn_[qn::send];

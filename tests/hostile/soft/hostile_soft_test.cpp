@@ -1,0 +1,322 @@
+// Hostile peers against the soft provider (and the shm cases of the same
+// findings): scripted raw peers speak MPA/DDP/RDMAP over TCP and lie in it.
+// Every case checks that the target survives, that no byte of its memory
+// outside the regions the peer was entitled to changed (canary gaps around
+// every region), that the peer got the right Terminate (or error status), and
+// that a legitimate client is served right after on the same device.
+#include "protocol/raw_peer.hpp"
+
+#include <conveyor/conveyor.hpp>
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <future>
+#include <thread>
+
+using namespace conveyor;
+using namespace conveyor::wire;
+using namespace std::chrono_literals;
+using cvp::raw_peer;
+
+namespace {
+
+constexpr std::byte canary{0xC5};
+constexpr std::size_t gap = 4096;
+
+// One allocation holding every region, each with a canary gap before and after.
+struct arena {
+  std::vector<std::byte> mem;
+  std::size_t used = gap;
+  explicit arena(std::size_t size) : mem(size, canary) {}
+  std::span<std::byte> carve(std::size_t len) {
+    auto s = std::span(mem).subspan(used, len);
+    used += len + gap;
+    return s;
+  }
+  // True if every byte outside `allowed` still holds the canary.
+  bool untouched_except(std::initializer_list<std::span<std::byte>> allowed) const {
+    for (std::size_t i = 0; i < mem.size(); ++i) {
+      bool inside = false;
+      for (auto s : allowed)
+        if (mem.data() + i >= s.data() && mem.data() + i < s.data() + s.size()) inside = true;
+      if (!inside && mem[i] != canary) {
+        ADD_FAILURE() << "byte " << i << " outside the entitled regions changed";
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+// A target: QP on PD A; regions: `a` (every right, PD A), `local` (local
+// write only, PD A), `b` (every right, PD B).
+struct target {
+  device dev;
+  protection_domain pd_a, pd_b;
+  completion_queue cq;
+  queue_pair qp;
+  arena mem{4 * 1024 * 1024};
+  std::span<std::byte> a_buf, local_buf, b_buf, recv_buf;
+  memory_region a, local, b, recv;
+  listener lis;
+
+  explicit target(std::string_view provider = "soft", std::uint32_t max_dest_rd_atomic = 16) {
+    device_options o;
+    o.request_crc = false;
+    dev = device::open(provider, o).value();
+    pd_a = dev.alloc_pd().value();
+    pd_b = dev.alloc_pd().value();
+    cq = dev.create_cq({.depth = 1024}).value();
+    qp = pd_a.create_qp({.send_cq = &cq, .recv_cq = &cq, .max_dest_rd_atomic = max_dest_rd_atomic})
+             .value();
+    const conveyor::access all = conveyor::access::local_write | conveyor::access::remote_write |
+                                 conveyor::access::remote_read | conveyor::access::remote_atomic;
+    a_buf = mem.carve(1024 * 1024);
+    local_buf = mem.carve(64 * 1024);
+    b_buf = mem.carve(64 * 1024);
+    recv_buf = mem.carve(4096);
+    a = pd_a.register_memory(a_buf, all).value();
+    local = pd_a.register_memory(local_buf, conveyor::access::local_write).value();
+    b = pd_b.register_memory(b_buf, all).value();
+    recv = pd_a.register_memory(recv_buf, conveyor::access::local_write).value();
+    static int serial = 0;
+    const std::string where = provider == "shm" ? "@cvt-hostile-" + std::to_string(::getpid()) +
+                                                      "-" + std::to_string(++serial)
+                                                : std::string("127.0.0.1:0");
+    lis = listener::bind(dev, where).value();
+    addr = provider == "shm" ? where : "127.0.0.1:" + std::to_string(lis.port());
+  }
+  std::string addr;
+  std::future<result<connection_info>> accept_async(queue_pair& q) {
+    return std::async(std::launch::async, [this, &q] {
+      auto req = lis.accept(5s);
+      if (!req) return result<connection_info>(std::unexpected(req.error()));
+      return req->accept(q, {});
+    });
+  }
+  bool wait_error() {
+    for (int i = 0; i < 500 && qp.state() != qp_state::error; ++i)
+      std::this_thread::sleep_for(10ms);
+    return qp.state() == qp_state::error;
+  }
+};
+
+// A legitimate Conveyor client connects to a fresh QP of `pd` on the target
+// and WRITEs then READs back `region` (a remote right region of that PD).
+void legit_client_is_served(target& t, protection_domain& pd, const memory_region& region,
+                            std::string_view provider = "soft") {
+  queue_pair tq = pd.create_qp({.send_cq = &t.cq, .recv_cq = &t.cq}).value();
+  auto fut = t.accept_async(tq);
+  device cdev = device::open(provider).value();
+  auto cpd = cdev.alloc_pd().value();
+  auto ccq = cdev.create_cq({.depth = 64}).value();
+  auto cqp = cpd.create_qp({.send_cq = &ccq, .recv_cq = &ccq}).value();
+  std::vector<std::byte> out(256), in(256);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = std::byte(i * 7 + 1);
+  auto mo = cpd.register_memory(std::span(out), conveyor::access::local_write).value();
+  auto mi = cpd.register_memory(std::span(in), conveyor::access::local_write).value();
+  auto info = conveyor::connect(cqp, t.addr, {});
+  ASSERT_TRUE(info.has_value()) << info.error().to_string();
+  ASSERT_TRUE(fut.get().has_value());
+  const remote_region r = region.remote().slice(128, 256);
+  ASSERT_EQ(cqp.post_write(mo.as_sge(), r, 1), errc::ok);
+  auto w1 = ccq.wait_one(5s);
+  ASSERT_TRUE(w1.has_value());
+  EXPECT_EQ(w1->status, wc_status::success);
+  ASSERT_EQ(cqp.post_read(mi.as_sge(), r, 2), errc::ok);
+  auto w2 = ccq.wait_one(5s);
+  ASSERT_TRUE(w2.has_value());
+  EXPECT_EQ(w2->status, wc_status::success);
+  EXPECT_EQ(in, out) << "the legitimate client's READ did not return its WRITE";
+}
+
+// Connects a raw peer (MPA v2, Write RTR; `ext` offers RFC 7306) to t.qp.
+raw_peer connect_raw(target& t, std::future<result<connection_info>>& fut, std::uint16_t ord = 4,
+                     bool ext = false, int rcvbuf = 0, mpa_frame* reply = nullptr) {
+  fut = t.accept_async(t.qp);
+  raw_peer p = raw_peer::connect_to(t.lis.port(), rcvbuf);
+  mpa_frame f;
+  f.flags = ext ? mpa_flag::ext_offer : 0;
+  f.revision = 2;
+  f.v2 = mpa_v2_words{4, ord, true, false, true, false};
+  if (!p.send_all(encode_mpa(f))) return raw_peer(-1);
+  auto rep = p.read_mpa(true);
+  if (!rep) return raw_peer(-1);
+  if (reply) *reply = *rep;
+  p.set_crc(rep->crc());
+  std::vector<std::byte> rtr(fpdu_size(ddp::tagged_hdr));
+  write_tagged_header(rtr.data(), rdmap_op::write, true, 1, 0, 0);
+  finish_fpdu(rtr, p.crc());
+  p.send_all(rtr);
+  return p;
+}
+
+std::optional<terminate_msg> read_until_terminate(raw_peer& p) {
+  for (int i = 0; i < 1000000; ++i) {
+    auto f = p.read_fpdu();
+    if (!f) return std::nullopt;
+    auto h = parse_fpdu_header(*f);
+    if (!h) return std::nullopt;
+    if (h->opcode == rdmap_op::terminate)
+      if (auto t = decode_terminate(
+              std::span(*f).subspan(untagged_header_size, h->header_len - untagged_header_size)))
+        return *t;
+  }
+  return std::nullopt;
+}
+
+std::uint64_t addr_of(std::span<std::byte> s) {
+  return reinterpret_cast<std::uint64_t>(s.data());
+}
+
+// The raw peer sends one Send with Invalidate naming `key` into the posted receive.
+std::optional<terminate_msg> send_with_invalidate(target& t, raw_peer& p, std::uint32_t key) {
+  EXPECT_EQ(t.qp.post_recv(t.recv.slice(0, 64), 77), errc::ok);
+  const std::string s = "invalidate this";
+  auto payload = std::as_bytes(std::span(s.data(), s.size()));
+  EXPECT_TRUE(
+      p.send_all(encode_untagged(rdmap_op::send_inv, true, qn::send, 1, 0, key, payload, p.crc())));
+  return read_until_terminate(p);
+}
+
+}  // namespace
+
+// ---- finding 3: Send with Invalidate -----------------------------------------
+
+TEST(soft_send_invalidate, a_key_of_another_protection_domain_is_refused_and_survives) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut);
+  ASSERT_GE(p.fd(), 0);
+  ASSERT_TRUE(fut.get().has_value());
+  auto term = send_with_invalidate(t, p, t.b.rkey());
+  ASSERT_TRUE(term.has_value()) << "no Terminate";
+  EXPECT_EQ(term->layer, term_layer::rdmap);
+  EXPECT_EQ(term->etype, term::rdmap_remote_prot);
+  EXPECT_EQ(term->ecode, term::rdmap_cannot_invalidate);
+  auto wc = t.cq.wait_one(5s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_EQ(wc->wr_id, 77u);
+  EXPECT_EQ(wc->status, wc_status::rem_inv_req_err);
+  EXPECT_FALSE(wc->with_inv);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+  // PD B's region still works for a client of PD B, and PD A serves clients too.
+  legit_client_is_served(t, t.pd_b, t.b);
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
+TEST(soft_send_invalidate, a_local_only_region_is_refused_and_survives) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut);
+  ASSERT_TRUE(fut.get().has_value());
+  auto term = send_with_invalidate(t, p, t.local.lkey());
+  ASSERT_TRUE(term.has_value()) << "no Terminate";
+  EXPECT_EQ(term->etype, term::rdmap_remote_prot);
+  EXPECT_EQ(term->ecode, term::rdmap_cannot_invalidate);
+  auto wc = t.cq.wait_one(5s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_EQ(wc->status, wc_status::rem_inv_req_err);
+  EXPECT_TRUE(t.wait_error());
+  // The local key still works: a receive on it is accepted.
+  queue_pair q2 = t.pd_a.create_qp({.send_cq = &t.cq, .recv_cq = &t.cq}).value();
+  EXPECT_EQ(q2.post_recv(t.local.slice(0, 64), 1), errc::ok);
+  EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
+TEST(soft_send_invalidate, an_unknown_key_costs_the_connection) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut);
+  ASSERT_TRUE(fut.get().has_value());
+  auto term = send_with_invalidate(t, p, t.a.rkey() ^ 0x5A5Au);
+  ASSERT_TRUE(term.has_value()) << "a wrong key was silently ignored (free key-space sweep)";
+  EXPECT_EQ(term->layer, term_layer::rdmap);
+  EXPECT_EQ(term->etype, term::rdmap_remote_op);
+  EXPECT_EQ(term->ecode, term::rdmap_cannot_invalidate);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(p.sees_eof(5s));
+  EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
+TEST(soft_send_invalidate, an_own_remote_key_is_invalidated) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut);
+  ASSERT_TRUE(fut.get().has_value());
+  ASSERT_EQ(t.qp.post_recv(t.recv.slice(0, 64), 77), errc::ok);
+  auto payload = std::vector<std::byte>(8, std::byte{1});
+  ASSERT_TRUE(p.send_all(
+      encode_untagged(rdmap_op::send_inv, true, qn::send, 1, 0, t.a.rkey(), payload, p.crc())));
+  auto wc = t.cq.wait_one(5s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_EQ(wc->status, wc_status::success);
+  EXPECT_TRUE(wc->with_inv);
+  EXPECT_EQ(wc->invalidated_rkey, t.a.rkey());
+  // The key is dead now: a WRITE to it is refused.
+  std::vector<std::byte> data(16, std::byte{0xEE});
+  ASSERT_TRUE(p.send_all(
+      encode_tagged(rdmap_op::write, true, t.a.rkey(), addr_of(t.a_buf), data, p.crc())));
+  auto term = read_until_terminate(p);
+  ASSERT_TRUE(term.has_value());
+  EXPECT_EQ(term->layer, term_layer::ddp);
+  EXPECT_EQ(term->ecode, term::ddp_t_inv_stag);
+  EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+  legit_client_is_served(t, t.pd_b, t.b);
+}
+
+// The shm equivalent: a Conveyor initiator may name any key; the target must
+// refuse every key it may not invalidate, fail the request and the QP.
+TEST(shm_send_invalidate, keys_of_another_pd_or_local_only_or_unknown_are_refused) {
+  struct bad_key {
+    const char* what;
+    std::uint32_t (*key)(target&);
+  };
+  const bad_key cases[] = {
+      {"other PD", [](target& t) { return t.b.rkey(); }},
+      {"local only", [](target& t) { return t.local.lkey(); }},
+      {"unknown", [](target& t) { return t.a.rkey() ^ 0x5A5Au; }},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    target t("shm");
+    auto fut = t.accept_async(t.qp);
+    device cdev = device::open("shm").value();
+    auto cpd = cdev.alloc_pd().value();
+    auto ccq = cdev.create_cq({.depth = 64}).value();
+    auto cqp = cpd.create_qp({.send_cq = &ccq, .recv_cq = &ccq}).value();
+    std::vector<std::byte> msg(32, std::byte{3});
+    auto mm = cpd.register_memory(std::span(msg), conveyor::access::local_write).value();
+    ASSERT_TRUE(conveyor::connect(cqp, t.addr, {}).has_value());
+    ASSERT_TRUE(fut.get().has_value());
+    ASSERT_EQ(t.qp.post_recv(t.recv.slice(0, 64), 77), errc::ok);
+    const sge s = mm.as_sge();
+    send_wr wr{.wr_id = 5,
+               .opcode = wr_opcode::send_with_inv,
+               .flags = send_flags::signaled,
+               .sg_list = std::span(&s, 1),
+               .invalidate_rkey = c.key(t)};
+    ASSERT_EQ(cqp.post_send(wr), errc::ok);
+    auto iw = ccq.wait_one(5s);
+    ASSERT_TRUE(iw.has_value());
+    EXPECT_EQ(iw->wr_id, 5u);
+    EXPECT_EQ(iw->status, wc_status::rem_inv_req_err);
+    auto tw = t.cq.wait_one(5s);
+    ASSERT_TRUE(tw.has_value());
+    EXPECT_EQ(tw->wr_id, 77u);
+    EXPECT_EQ(tw->status, wc_status::rem_inv_req_err);
+    EXPECT_TRUE(t.wait_error());
+    EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+    legit_client_is_served(t, t.pd_b, t.b, "shm");
+    legit_client_is_served(t, t.pd_a, t.a, "shm");
+    // The local-only key still works locally.
+    queue_pair q2 = t.pd_a.create_qp({.send_cq = &t.cq, .recv_cq = &t.cq}).value();
+    EXPECT_EQ(q2.post_recv(t.local.slice(0, 64), 1), errc::ok);
+  }
+}
