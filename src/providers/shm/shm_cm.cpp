@@ -412,7 +412,8 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   hs_msg rep;
   rep.kind = hs_kind::accept;
   rep.qpn = sq->qp_num();
-  const std::uint32_t ird = std::clamp<std::uint32_t>(req_.ord, 1, 128);
+  // The responder's IRD: the initiator's ORD, never more than its own limit.
+  const std::uint32_t ird = std::clamp<std::uint32_t>(std::min(sq->want_ird(), req_.ord), 1, 128);
   const std::uint32_t ord = std::clamp<std::uint32_t>(std::min(sq->want_ord(), req_.ird), 1, 128);
   rep.ird = ird;
   rep.ord = ord;
@@ -565,7 +566,7 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   cs.attr.local_address = endpoint_name(::getpid(), qpn_);
   cs.attr.peer_address = peer;
   cs.attr.ord = std::clamp<std::uint32_t>(std::min(want_ord_, rep.ird), 1, 128);
-  cs.attr.ird = std::clamp<std::uint32_t>(std::max(want_ird_, rep.ord), 1, 128);
+  cs.attr.ird = std::clamp<std::uint32_t>(std::min(want_ird_, rep.ord), 1, 128);
   cs.attr.mss = slot_payload;
   cs.attr.max_fpdu = slot_payload;
   cs.attr.extensions = true;

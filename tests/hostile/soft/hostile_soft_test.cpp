@@ -58,7 +58,7 @@ struct target {
   protection_domain pd_a, pd_b;
   completion_queue cq;
   queue_pair qp;
-  arena mem{4 * 1024 * 1024};
+  arena mem{12 * 1024 * 1024};
   std::span<std::byte> a_buf, local_buf, b_buf, recv_buf;
   memory_region a, local, b, recv;
   listener lis;
@@ -74,7 +74,7 @@ struct target {
              .value();
     const conveyor::access all = conveyor::access::local_write | conveyor::access::remote_write |
                                  conveyor::access::remote_read | conveyor::access::remote_atomic;
-    a_buf = mem.carve(1024 * 1024);
+    a_buf = mem.carve(8 * 1024 * 1024);
     local_buf = mem.carve(64 * 1024);
     b_buf = mem.carve(64 * 1024);
     recv_buf = mem.carve(4096);
@@ -319,4 +319,48 @@ TEST(shm_send_invalidate, keys_of_another_pd_or_local_only_or_unknown_are_refuse
     queue_pair q2 = t.pd_a.create_qp({.send_cq = &t.cq, .recv_cq = &t.cq}).value();
     EXPECT_EQ(q2.post_recv(t.local.slice(0, 64), 1), errc::ok);
   }
+}
+
+// ---- finding 8: the responder's IRD is min(its max_dest_rd_atomic, the initiator's ORD)
+
+TEST(soft_ird, the_responder_ird_never_exceeds_its_max_dest_rd_atomic) {
+  target t("soft", /*max_dest_rd_atomic=*/2);
+  std::future<result<connection_info>> fut;
+  mpa_frame rep;
+  // The initiator asks for ORD 16, does not read, and sends 3 large READs.
+  raw_peer p = connect_raw(t, fut, /*ord=*/16, false, /*rcvbuf=*/4096, &rep);
+  ASSERT_GE(p.fd(), 0);
+  auto info = fut.get();
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->attr.ird, 2u) << "connection info reports the negotiated IRD";
+  ASSERT_TRUE(rep.v2.has_value());
+  EXPECT_EQ(rep.v2->ird, 2u) << "the MPA reply advertises the negotiated IRD";
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    read_request rr{0x77, 0, static_cast<std::uint32_t>(t.a_buf.size()), t.a.rkey(),
+                    addr_of(t.a_buf)};
+    ASSERT_TRUE(p.send_all(encode_read_request(rr, 1 + i, p.crc())));
+  }
+  std::this_thread::sleep_for(200ms);
+  auto term = read_until_terminate(p);
+  ASSERT_TRUE(term.has_value()) << "a third READ was accepted with IRD 2";
+  EXPECT_EQ(term->layer, term_layer::rdmap);
+  EXPECT_EQ(term->etype, term::rdmap_remote_op);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(t.mem.untouched_except({}));
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
+TEST(shm_ird, the_responder_ird_never_exceeds_its_max_dest_rd_atomic) {
+  target t("shm", /*max_dest_rd_atomic=*/2);
+  auto fut = t.accept_async(t.qp);
+  device cdev = device::open("shm").value();
+  auto cpd = cdev.alloc_pd().value();
+  auto ccq = cdev.create_cq({.depth = 64}).value();
+  auto cqp = cpd.create_qp({.send_cq = &ccq, .recv_cq = &ccq, .max_rd_atomic = 16}).value();
+  auto info = conveyor::connect(cqp, t.addr, {});
+  ASSERT_TRUE(info.has_value());
+  auto tinfo = fut.get();
+  ASSERT_TRUE(tinfo.has_value());
+  EXPECT_EQ(tinfo->attr.ird, 2u);
+  EXPECT_EQ(info->attr.ord, 2u) << "the initiator's ORD follows the responder's IRD";
 }

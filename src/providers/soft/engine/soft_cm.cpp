@@ -176,8 +176,9 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
   bool read_rtr = false;
   if (req_.v2) {
     mpa_v2_words w;
-    // Our IRD absorbs the initiator's ORD; our ORD stays within its IRD.
-    cp.ird = std::clamp<std::uint32_t>(req_.v2->ord, 1, 128);
+    // Our IRD: the initiator's ORD, never more than this QP's own
+    // max_dest_rd_atomic; our ORD stays within its IRD.
+    cp.ird = std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ird(), req_.v2->ord), 1, 128);
     cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ord(), req_.v2->ird), 1, 128);
     w.ird = static_cast<std::uint16_t>(cp.ird);
     w.ord = static_cast<std::uint16_t>(cp.ord);
@@ -293,7 +294,9 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
   std::string rtr = "none";
   if (rep->v2) {
     cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(want_ord_, rep->v2->ird), 1, 128);
-    cp.ird = std::clamp<std::uint32_t>(std::max<std::uint32_t>(want_ird_, rep->v2->ord), 1, 128);
+    // The responder's ORD is at most the IRD we offered; a larger one is not
+    // honoured (our IRD never exceeds this QP's max_dest_rd_atomic).
+    cp.ird = std::clamp<std::uint32_t>(std::min<std::uint32_t>(want_ird_, rep->v2->ord), 1, 128);
     if (rep->v2->peer2peer) {
       std::byte f[control_fpdu_max];
       std::size_t n;
