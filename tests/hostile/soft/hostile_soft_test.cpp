@@ -364,3 +364,69 @@ TEST(shm_ird, the_responder_ird_never_exceeds_its_max_dest_rd_atomic) {
   EXPECT_EQ(tinfo->attr.ird, 2u);
   EXPECT_EQ(info->attr.ord, 2u) << "the initiator's ORD follows the responder's IRD";
 }
+
+// ---- finding 4: atomics count against IRD like READs (RFC 7306) ---------------
+
+TEST(soft_atomic_ird, an_atomic_beyond_the_ird_gets_the_read_terminate_and_is_not_executed) {
+  target t;
+  std::future<result<connection_info>> fut;
+  // ORD 1 makes the target's IRD 1; a small window and no reading keep the
+  // first (large) READ's response queued.
+  raw_peer p = connect_raw(t, fut, /*ord=*/1, /*ext=*/true, /*rcvbuf=*/4096);
+  ASSERT_GE(p.fd(), 0);
+  auto info = fut.get();
+  ASSERT_TRUE(info.has_value());
+  ASSERT_TRUE(info->attr.extensions);
+  ASSERT_EQ(info->attr.ird, 1u);
+  read_request rr{0x77, 0, static_cast<std::uint32_t>(t.a_buf.size()), t.a.rkey(),
+                  addr_of(t.a_buf)};
+  ASSERT_TRUE(p.send_all(encode_read_request(rr, 1, p.crc())));
+  std::this_thread::sleep_for(100ms);
+  atomic_request a;
+  a.kind = atomic_kind::fetch_add;
+  a.request_id = 1;
+  a.stag = t.a.rkey();
+  a.to = addr_of(t.a_buf) + 64;
+  a.add_swap = 0x1111;
+  ASSERT_TRUE(p.send_all(encode_atomic_request(a, 1, p.crc())));
+  auto term = read_until_terminate(p);
+  ASSERT_TRUE(term.has_value()) << "the atomic bypassed the IRD";
+  EXPECT_EQ(term->layer, term_layer::rdmap);
+  EXPECT_EQ(term->etype, term::rdmap_remote_op);
+  EXPECT_EQ(term->ecode, term::rdmap_catastrophic_stream);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(t.mem.untouched_except({})) << "the refused atomic was executed";
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
+TEST(soft_atomic_ird, a_flood_of_atomics_from_a_peer_that_never_reads_is_bounded) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut, /*ord=*/4, /*ext=*/true, /*rcvbuf=*/4096);
+  ASSERT_GE(p.fd(), 0);
+  ASSERT_TRUE(fut.get().has_value());
+  // 400k requests: far more responses than the socket buffers hold.
+  std::vector<std::byte> burst;
+  std::uint32_t msn = 1;
+  bool sent_all = true;
+  for (int round = 0; round < 100 && sent_all; ++round) {
+    burst.clear();
+    for (int i = 0; i < 4000; ++i, ++msn) {
+      atomic_request a;
+      a.request_id = msn;
+      a.stag = t.a.rkey();
+      a.to = addr_of(t.a_buf) + 8 * (msn % 1024);
+      a.add_swap = 1;
+      auto f = encode_atomic_request(a, msn, p.crc());
+      burst.insert(burst.end(), f.begin(), f.end());
+    }
+    sent_all = p.send_all(burst);  // fails once the target stops reading
+  }
+  auto term = read_until_terminate(p);
+  ASSERT_TRUE(term.has_value()) << "no Terminate: the target queued every response";
+  EXPECT_EQ(term->etype, term::rdmap_remote_op);
+  EXPECT_EQ(term->ecode, term::rdmap_catastrophic_stream);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(t.mem.untouched_except({t.a_buf.subspan(0, 8 * 1024)}));
+  legit_client_is_served(t, t.pd_a, t.a);
+}

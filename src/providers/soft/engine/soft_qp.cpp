@@ -1215,6 +1215,16 @@ void soft_qp::handle_read_request(const read_request& rr) noexcept {
 }
 
 void soft_qp::handle_atomic_request(const atomic_request& a) noexcept {
+  bool full;
+  {
+    std::lock_guard lk(tx_mu_);
+    full = irq_.size() >= cp_.ird;
+  }
+  if (full) {  // RFC 7306: atomics share the IRD with READs; refused before executing
+    fail_with_terminate({term_layer::rdmap, term::rdmap_remote_op, term::rdmap_catastrophic_stream,
+                         {}, {}, 0, false}, wc_status::success);
+    return;
+  }
   detail::key_table::guard g;
   std::byte* p = nullptr;
   const key_check kc =
