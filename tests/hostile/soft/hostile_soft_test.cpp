@@ -422,11 +422,77 @@ TEST(soft_atomic_ird, a_flood_of_atomics_from_a_peer_that_never_reads_is_bounded
     }
     sent_all = p.send_all(burst);  // fails once the target stops reading
   }
-  auto term = read_until_terminate(p);
-  ASSERT_TRUE(term.has_value()) << "no Terminate: the target queued every response";
-  EXPECT_EQ(term->etype, term::rdmap_remote_op);
-  EXPECT_EQ(term->ecode, term::rdmap_catastrophic_stream);
+  const std::uint64_t sent = msn - 1;
+  // The target refuses the request that finds its IRD full. Its Terminate
+  // sits behind the responses this peer never read, so the peer may only see
+  // the connection reset once the target's linger is over; either way the
+  // stream ends long before every request is answered.
+  std::uint64_t responses = 0;
+  std::optional<terminate_msg> term;
+  auto last = std::chrono::steady_clock::now();
+  for (;;) {
+    auto f = p.read_fpdu();
+    if (!f) break;
+    last = std::chrono::steady_clock::now();
+    auto h = parse_fpdu_header(*f);
+    ASSERT_TRUE(h.has_value());
+    if (h->opcode == rdmap_op::atomic_response) ++responses;
+    if (h->opcode == rdmap_op::terminate) {
+      term = decode_terminate(
+                 std::span(*f).subspan(untagged_header_size, h->header_len - untagged_header_size))
+                 .value();
+      break;
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - last, 4s)
+      << "the stream did not end: the target kept answering";
+  EXPECT_LT(responses, sent) << "every one of " << sent << " atomics was answered";
+  if (term) {
+    EXPECT_EQ(term->etype, term::rdmap_remote_op);
+    EXPECT_EQ(term->ecode, term::rdmap_catastrophic_stream);
+  }
   EXPECT_TRUE(t.wait_error());
   EXPECT_TRUE(t.mem.untouched_except({t.a_buf.subspan(0, 8 * 1024)}));
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
+// ---- finding 7: after a Terminate the target stops reading, lingers, closes ---
+
+TEST(soft_terminate_linger, junk_after_a_terminate_is_not_read_and_the_socket_closes) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut);
+  ASSERT_GE(p.fd(), 0);
+  ASSERT_TRUE(fut.get().has_value());
+  std::vector<std::byte> data(64, std::byte{0xEE});
+  ASSERT_TRUE(p.send_all(encode_tagged(rdmap_op::write, true, t.a.rkey() ^ 0x00010000u,
+                                       addr_of(t.a_buf), data, p.crc())));
+  auto term = read_until_terminate(p);
+  ASSERT_TRUE(term.has_value());
+  ASSERT_TRUE(t.wait_error());
+  const std::uint64_t rx_before = t.qp.counters().rx_bytes;
+  // Flood junk; the application never destroys or disconnects the QP.
+  std::vector<std::byte> junk(64 * 1024, std::byte{0x42});
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t accepted = 0;
+  bool closed = false;
+  while (std::chrono::steady_clock::now() - start < 8s) {
+    const ssize_t n = ::send(p.fd(), junk.data(), junk.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      accepted += static_cast<std::uint64_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      std::this_thread::sleep_for(1ms);
+    } else {
+      closed = true;  // EPIPE / ECONNRESET: the target closed its socket
+      break;
+    }
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(closed) << "the target kept the socket open (accepted " << accepted << " bytes)";
+  EXPECT_LT(took, 5s) << "linger longer than its bound";
+  EXPECT_LT(t.qp.counters().rx_bytes - rx_before, 1u << 20)
+      << "the target kept reading and discarding after its Terminate";
+  EXPECT_LT(accepted, 64u << 20) << "TCP took far more than its buffers hold";
+  EXPECT_TRUE(t.mem.untouched_except({}));
   legit_client_is_served(t, t.pd_a, t.a);
 }

@@ -45,11 +45,18 @@ void engine::attach(soft_qp* qp, int fd) noexcept {
   ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
-void engine::want_write(soft_qp* qp, int fd, bool on) noexcept {
+void engine::set_interest(soft_qp* qp, int fd, bool read, bool write) noexcept {
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0u);
+  ev.events = (read ? EPOLLIN | EPOLLRDHUP : 0u) | (write ? EPOLLOUT : 0u);
   ev.data.ptr = qp;
   ::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void engine::watch(soft_qp* qp, int fd) noexcept {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = qp;
+  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
 void engine::quiesce(soft_qp* qp) noexcept {

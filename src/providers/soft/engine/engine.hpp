@@ -35,7 +35,14 @@ class engine final : public detail::progress_source {
   // Returns once no thread is handling an event of `qp` (e.g. detaching it).
   void quiesce(soft_qp* qp) noexcept;
   // Asks for EPOLLOUT on fd (the QP has bytes the socket would not take).
-  void want_write(soft_qp* qp, int fd, bool on) noexcept;
+  void want_write(soft_qp* qp, int fd, bool on) noexcept { set_interest(qp, fd, true, on); }
+  // The socket's events: EPOLLIN/EPOLLRDHUP when `read`, EPOLLOUT when `write`
+  // (EPOLLHUP and EPOLLERR always). A QP that stopped reading drops `read`.
+  void set_interest(soft_qp* qp, int fd, bool read, bool write) noexcept;
+  // Adds another descriptor of an attached QP (its linger timer): its
+  // readiness comes to the QP's on_events like the socket's. Closing the
+  // descriptor removes it.
+  void watch(soft_qp* qp, int fd) noexcept;
 
   // Called by application threads polling a CQ of this device. In thread mode
   // it also tells the engine thread that an application is progressing the

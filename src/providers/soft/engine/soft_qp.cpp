@@ -8,6 +8,7 @@
 
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -577,7 +578,7 @@ void soft_qp::tx_progress_locked() noexcept {
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         if (!want_write_) {
           want_write_ = true;
-          if (attached_.load()) dev_->eng().want_write(this, fd_, true);
+          if (attached_.load()) dev_->eng().set_interest(this, fd_, !rx_stopped_.load(), true);
         }
         return;
       }
@@ -588,7 +589,7 @@ void soft_qp::tx_progress_locked() noexcept {
   }
   if (want_write_) {
     want_write_ = false;
-    if (attached_.load()) dev_->eng().want_write(this, fd_, false);
+    if (attached_.load()) dev_->eng().set_interest(this, fd_, !rx_stopped_.load(), false);
   }
 }
 
@@ -630,9 +631,59 @@ void soft_qp::on_events(std::uint32_t events) noexcept {
     std::lock_guard lk(tx_mu_);
     tx_progress_locked();
   }
-  if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR)) rx_progress();
+  if (rx_stopped_.load()) linger_step(events);
+  else if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR)) rx_progress();
   // Called by the progressing thread itself, so detach does not wait.
-  if (rx_eof_.load() && attached_.exchange(false)) dev_->eng().detach(this, fd_);
+  if (rx_eof_.load() && attached_.exchange(false)) {
+    dev_->eng().detach(this, fd_);
+    // Detached here, so no other thread uses the descriptor any more.
+    if (rx_stopped_.load()) close_socket();
+  }
+}
+
+void soft_qp::stop_reading_locked() noexcept {
+  if (rx_stopped_.load()) return;
+  rx_beg_ = rx_end_ = 0;
+  rx_guard_.release();
+  if (!rx_eof_.load()) {
+    linger_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (linger_fd_ < 0) {
+      rx_eof_.store(true);  // no timer: close at once
+    } else {
+      itimerspec its{};
+      const auto ns = std::chrono::nanoseconds(linger_time).count();
+      its.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+      its.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+      ::timerfd_settime(linger_fd_, 0, &its, nullptr);
+      if (attached_.load()) dev_->eng().watch(this, linger_fd_);
+    }
+  }
+  rx_stopped_.store(true);
+  std::lock_guard lk(tx_mu_);
+  if (attached_.load() && fd_ >= 0) dev_->eng().set_interest(this, fd_, false, want_write_);
+}
+
+void soft_qp::linger_step(std::uint32_t events) noexcept {
+  std::lock_guard lk(rx_mu_);
+  bool done = (events & (EPOLLHUP | EPOLLERR)) != 0;  // the peer hung up: nothing left to wait for
+  std::uint64_t expirations = 0;
+  if (linger_fd_ >= 0 && ::read(linger_fd_, &expirations, sizeof expirations) ==
+                             static_cast<ssize_t>(sizeof expirations))
+    done = true;  // linger_time is over
+  if (done) rx_eof_.store(true);
+}
+
+void soft_qp::close_socket() noexcept {
+  std::lock_guard rl(rx_mu_);
+  std::lock_guard lk(tx_mu_);
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (linger_fd_ >= 0) {
+    ::close(linger_fd_);
+    linger_fd_ = -1;
+  }
 }
 
 bool soft_qp::poll_inbound() noexcept {
@@ -682,9 +733,9 @@ void soft_qp::rx_progress() noexcept {
   rx_reads_ = 0;
   for (;;) {
     if (state() == qp_state::error) {
-      // Discard until the peer closes (it has seen our Terminate or vice versa).
-      rx_beg_ = rx_end_ = 0;
-      while (rx_fill(rxbuf_size)) rx_beg_ = rx_end_ = 0;
+      // Nothing more is read (a peer cannot feed us junk after our Terminate);
+      // the socket closes after the linger.
+      stop_reading_locked();
       return;
     }
     bool go = false;
@@ -693,7 +744,10 @@ void soft_qp::rx_progress() noexcept {
       case rx_phase::payload: go = rx_payload(); break;
       case rx_phase::trailer: go = rx_trailer(); break;
     }
-    if (!go) return;
+    if (!go) {
+      if (state() == qp_state::error) stop_reading_locked();
+      return;
+    }
   }
 }
 
@@ -1365,12 +1419,7 @@ void soft_qp::disconnect() noexcept {
   // The engine may be detaching the socket itself (peer closed): let it finish
   // before the descriptor is closed and can be reused.
   dev_->eng().quiesce(this);
-  std::lock_guard rl(rx_mu_);
-  std::lock_guard lk(tx_mu_);
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
+  close_socket();
 }
 
 result<void> soft_qp::modify(qp_state target) {

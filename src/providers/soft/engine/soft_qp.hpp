@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -68,6 +69,8 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   // sent_read_rtr: we (initiator) sent a zero-length Read RTR and await its response.
   void start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr, bool sent_read_rtr);
   soft_pd& pd() noexcept { return *pd_; }
+  // How long a QP in ERROR keeps its socket for the Terminate to leave.
+  static constexpr std::chrono::milliseconds linger_time{1000};
   std::uint32_t want_ird() const noexcept { return want_ird_; }
   std::uint32_t want_ord() const noexcept { return want_ord_; }
 
@@ -157,6 +160,13 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   bool rx_trailer() noexcept;
   bool rx_message_done() noexcept;
   bool rx_fill(std::size_t want) noexcept;  // read more into staging; false on EAGAIN/EOF
+  // In ERROR the QP reads no more (a peer cannot make it accept and discard
+  // bytes forever): the socket leaves epoll's read set, and the socket is
+  // closed once the peer hangs up or linger_time has passed, time for our
+  // Terminate and FIN to leave. rx_mu_ held.
+  void stop_reading_locked() noexcept;
+  void linger_step(std::uint32_t events) noexcept;
+  void close_socket() noexcept;  // after the engine detached it
   int plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int max) noexcept;
   void handle_read_request(const wire::read_request& rr) noexcept;
   void handle_atomic_request(const wire::atomic_request& a) noexcept;
@@ -241,6 +251,8 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   bool rx_drained_ = false;          // a read this round came back short
   int rx_reads_ = 0;                 // socket reads this round
   std::atomic<bool> rx_eof_{false};  // the peer closed or the socket failed
+  std::atomic<bool> rx_stopped_{false};  // ERROR: not reading, lingering
+  int linger_fd_ = -1;               // timerfd of the linger deadline (rx_mu_)
   std::uint32_t rx_msn_[4] = {1, 1, 1, 1};
   std::uint64_t rx_msg_off_ = 0;     // untagged: bytes of the current message so far
   bool rx_in_send_ = false;
