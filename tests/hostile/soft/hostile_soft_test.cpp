@@ -496,3 +496,44 @@ TEST(soft_terminate_linger, junk_after_a_terminate_is_not_read_and_the_socket_cl
   EXPECT_TRUE(t.mem.untouched_except({}));
   legit_client_is_served(t, t.pd_a, t.a);
 }
+
+// ---- finding 9: a flush racing the completion of a SEND -----------------------
+
+// The application moves the QP to ERROR while the peer's SENDs are being
+// placed: every receive completes exactly once (success or flush), never twice.
+TEST(soft_flush_race, a_receive_completes_once_when_a_flush_races_its_send) {
+  for (int iter = 0; iter < 15; ++iter) {
+    SCOPED_TRACE(iter);
+    target t;
+    std::future<result<connection_info>> fut;
+    raw_peer p = connect_raw(t, fut);
+    ASSERT_GE(p.fd(), 0);
+    ASSERT_TRUE(fut.get().has_value());
+    constexpr int n = 200;
+    for (int i = 0; i < n; ++i)
+      ASSERT_EQ(t.qp.post_recv(t.recv.slice(0, 4096), 1000 + i), errc::ok);
+    std::vector<std::byte> stream;
+    std::vector<std::byte> payload(2000, std::byte{0x33});
+    for (int i = 0; i < n; ++i) {
+      auto f = encode_untagged(rdmap_op::send, true, qn::send, 1 + i, 0, 0, payload, p.crc());
+      stream.insert(stream.end(), f.begin(), f.end());
+    }
+    std::thread flusher([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(50 * (iter % 10)));
+      (void)t.qp.modify(qp_state::error);
+    });
+    p.send_all(stream);
+    flusher.join();
+    std::vector<int> seen(n, 0);
+    for (;;) {
+      auto wc = t.cq.wait_one(100ms);
+      if (!wc) break;
+      ASSERT_GE(wc->wr_id, 1000u);
+      ASSERT_LT(wc->wr_id, 1000u + n);
+      ++seen[wc->wr_id - 1000];
+    }
+    for (int i = 0; i < n; ++i)
+      ASSERT_EQ(seen[i], 1) << "receive " << i << " completed " << seen[i] << " times";
+    EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+  }
+}

@@ -1133,7 +1133,10 @@ bool soft_qp::rx_message_done() noexcept {
       if (!h_.last) return true;
       work_completion wc;
       {
+        // A flush (modify to ERROR on another thread) may have completed the
+        // receive being filled since its header was checked.
         std::lock_guard lk(rq_mu_);
+        if (rq_head_ == rq_tail_) return false;
         const rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
         wc.wr_id = r.wr_id;
         ++rq_head_;
