@@ -85,7 +85,7 @@ soft_qp::soft_qp(std::shared_ptr<soft_pd> pd, std::shared_ptr<detail::sw_cq> scq
   arena_.reset(new std::byte[arena_size]);
   rxbuf_.reset(new std::byte[rxbuf_size]);
   marks_.reserve(max_iov);
-  batch_keys_.reserve(64);
+  batch_keys_.reserve(max_batch_keys);
 }
 
 soft_qp::~soft_qp() { disconnect(); }
@@ -428,7 +428,7 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
         term_pending_ = true;
         return false;
       }
-      if (batch_keys_.size() == batch_keys_.capacity()) return false;
+      if (batch_keys_.size() >= max_batch_keys) return false;
       v = {p, chunk};
       nv = 1;
       batch_keys_.push_back({r.src_stag, r.src_to + r.sent, chunk, 0});
@@ -548,8 +548,10 @@ void soft_qp::tx_progress_locked() noexcept {
   if (fd_ < 0 || term_sent_) return;
   for (;;) {
     if (iov_pos_ >= niov_ && !build_batch_locked()) break;
-    // Re-validate the keys of read responses still in the batch (revocation).
-    detail::key_table::guard guards[8];
+    // Re-validate the keys of read responses still in the batch (revocation)
+    // and hold every one across sendmsg: a deregistration waits for the bytes
+    // to be copied into the socket, so freed memory never reaches the wire.
+    detail::key_table::guard guards[max_batch_keys];
     std::size_t ng = 0;
     bool revoked = false;
     for (const auto& bk : batch_keys_) {
@@ -561,7 +563,7 @@ void soft_qp::tx_progress_locked() noexcept {
         revoked = true;
         break;
       }
-      if (ng < 8) guards[ng++] = std::move(g);
+      guards[ng++] = std::move(g);
     }
     if (revoked) {  // mid-FPDU: the stream cannot continue
       ::shutdown(fd_, SHUT_RDWR);

@@ -122,6 +122,9 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   // One sendmsg batch.
   static constexpr int max_iov = 512;
   static constexpr std::size_t arena_size = 32 * 1024;
+  // READ-response chunks one batch may carry; tx_progress_locked holds a
+  // guard on every one of them across sendmsg.
+  static constexpr std::size_t max_batch_keys = 64;
   struct mark {
     std::size_t end;
     enum kind_t : std::uint8_t { sq, resp, term } kind;
