@@ -781,14 +781,21 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
     ++rq_head_;
   }
   const bool inv = m.flags & msg_flag::with_inv;
-  if (inv && dev_->keys().invalidate_remote(m.imm, pd_->id()) != key_check::ok) {
+  if (inv) {
     // Only a key of this QP's protection domain whose region grants some
     // remote right is invalidated; anything else fails the request and the QP
-    // (the peer gets one guess per connection), as on soft.
-    complete_recv(rx_recv_, wc_status::rem_inv_req_err, wc_opcode::recv, m.total, false, 0, false,
-                  0);
-    fail_request(wc_status::rem_inv_req_err, wc_status::success);
-    return exec::failed;
+    // (the peer gets one guess per connection), with soft's statuses: a
+    // protection refusal (other PD, local only) is rem_access_err at the
+    // initiator, an unknown key rem_inv_req_err.
+    const key_check kc = dev_->keys().invalidate_remote(m.imm, pd_->id());
+    if (kc != key_check::ok) {
+      complete_recv(rx_recv_, wc_status::rem_inv_req_err, wc_opcode::recv, m.total, false, 0,
+                    false, 0);
+      fail_request(kc == key_check::invalid_key ? wc_status::rem_inv_req_err
+                                                : wc_status::rem_access_err,
+                   wc_status::success);
+      return exec::failed;
+    }
   }
   complete_recv(rx_recv_, wc_status::success, wc_opcode::recv, m.total,
                 (m.flags & msg_flag::with_imm) != 0, (m.flags & msg_flag::with_imm) ? m.imm : 0,

@@ -271,23 +271,26 @@ TEST(soft_send_invalidate, an_own_remote_key_is_invalidated) {
   legit_client_is_served(t, t.pd_b, t.b);
 }
 
-// The shm equivalent: a Conveyor initiator may name any key; the target must
-// refuse every key it may not invalidate, fail the request and the QP.
-TEST(shm_send_invalidate, keys_of_another_pd_or_local_only_or_unknown_are_refused) {
+// A Conveyor initiator may name any key: on both providers the target refuses
+// every key it may not invalidate, fails the request (the initiator's SEND
+// completes with the matching status) and the QP. shm has no Terminate; its
+// error response carries the same statuses.
+void conveyor_initiator_with_bad_invalidate_keys(const char* provider) {
   struct bad_key {
     const char* what;
     std::uint32_t (*key)(target&);
+    wc_status initiator;
   };
   const bad_key cases[] = {
-      {"other PD", [](target& t) { return t.b.rkey(); }},
-      {"local only", [](target& t) { return t.local.lkey(); }},
-      {"unknown", [](target& t) { return t.a.rkey() ^ 0x5A5Au; }},
+      {"other PD", [](target& t) { return t.b.rkey(); }, wc_status::rem_access_err},
+      {"local only", [](target& t) { return t.local.lkey(); }, wc_status::rem_access_err},
+      {"unknown", [](target& t) { return t.a.rkey() ^ 0x5A5Au; }, wc_status::rem_inv_req_err},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
-    target t("shm");
+    target t(provider);
     auto fut = t.accept_async(t.qp);
-    device cdev = device::open("shm").value();
+    device cdev = device::open(provider).value();
     auto cpd = cdev.alloc_pd().value();
     auto ccq = cdev.create_cq({.depth = 64}).value();
     auto cqp = cpd.create_qp({.send_cq = &ccq, .recv_cq = &ccq}).value();
@@ -306,19 +309,27 @@ TEST(shm_send_invalidate, keys_of_another_pd_or_local_only_or_unknown_are_refuse
     auto iw = ccq.wait_one(5s);
     ASSERT_TRUE(iw.has_value());
     EXPECT_EQ(iw->wr_id, 5u);
-    EXPECT_EQ(iw->status, wc_status::rem_inv_req_err);
+    EXPECT_EQ(iw->status, c.initiator);
     auto tw = t.cq.wait_one(5s);
     ASSERT_TRUE(tw.has_value());
     EXPECT_EQ(tw->wr_id, 77u);
     EXPECT_EQ(tw->status, wc_status::rem_inv_req_err);
     EXPECT_TRUE(t.wait_error());
     EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
-    legit_client_is_served(t, t.pd_b, t.b, "shm");
-    legit_client_is_served(t, t.pd_a, t.a, "shm");
+    legit_client_is_served(t, t.pd_b, t.b, provider);
+    legit_client_is_served(t, t.pd_a, t.a, provider);
     // The local-only key still works locally.
     queue_pair q2 = t.pd_a.create_qp({.send_cq = &t.cq, .recv_cq = &t.cq}).value();
     EXPECT_EQ(q2.post_recv(t.local.slice(0, 64), 1), errc::ok);
   }
+}
+
+TEST(shm_send_invalidate, keys_of_another_pd_or_local_only_or_unknown_are_refused) {
+  conveyor_initiator_with_bad_invalidate_keys("shm");
+}
+
+TEST(soft_send_invalidate, a_conveyor_initiator_gets_the_matching_status) {
+  conveyor_initiator_with_bad_invalidate_keys("soft");
 }
 
 // ---- finding 8: the responder's IRD is min(its max_dest_rd_atomic, the initiator's ORD)
