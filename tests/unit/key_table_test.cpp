@@ -104,3 +104,22 @@ TEST_F(fixture, remove_waits_for_an_access_in_progress) {
   t.join();
   EXPECT_TRUE(removed.load());
 }
+
+TEST_F(fixture, a_peer_invalidates_only_a_remote_key_of_its_own_protection_domain) {
+  auto remote = kt.add(buf.data(), 1024, access::local_write | access::remote_write, 1).value();
+  auto local = kt.add(buf.data() + 1024, 1024, access::local_write, 1).value();
+  auto other = kt.add(buf.data() + 2048, 1024, access::remote_read, 2).value();
+  key_table::guard g;
+  std::byte* p = nullptr;
+  EXPECT_EQ(kt.invalidate_remote(other, 1), key_check::wrong_pd);
+  EXPECT_EQ(kt.invalidate_remote(local, 1), key_check::no_access);
+  EXPECT_EQ(kt.invalidate_remote(remote ^ 0x5A5Au, 1), key_check::invalid_key);
+  EXPECT_EQ(kt.invalidate_remote(0, 1), key_check::invalid_key);
+  // The refused keys are untouched.
+  EXPECT_EQ(kt.acquire(other, 2, base() + 2048, 8, access::remote_read, g, &p), key_check::ok);
+  EXPECT_EQ(kt.acquire(local, 1, base() + 1024, 8, access::local_write, g, &p), key_check::ok);
+  g.release();
+  EXPECT_EQ(kt.invalidate_remote(remote, 1), key_check::ok);
+  EXPECT_EQ(kt.acquire(remote, 1, base(), 8, access::remote_write, g, &p), key_check::invalid_key);
+  EXPECT_EQ(kt.invalidate_remote(remote, 1), key_check::invalid_key) << "already invalidated";
+}
