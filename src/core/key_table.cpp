@@ -54,8 +54,10 @@ key_check key_table::invalidate_remote(std::uint32_t key, std::uint32_t pd_id) n
   if (s.key.load(std::memory_order_seq_cst) != key) return key_check::invalid_key;
   s.inflight.fetch_add(1, std::memory_order_seq_cst);
   key_check rc = key_check::ok;
-  if (s.key.load(std::memory_order_seq_cst) != key) rc = key_check::invalid_key;
-  else if (s.pd_id != pd_id) rc = key_check::wrong_pd;
+  if (s.key.load(std::memory_order_seq_cst) != key)
+    rc = key_check::invalid_key;
+  else if (s.pd_id != pd_id)
+    rc = key_check::wrong_pd;
   else if (!has(s.rights, access::remote_read) && !has(s.rights, access::remote_write) &&
            !has(s.rights, access::remote_atomic))
     rc = key_check::no_access;

@@ -789,11 +789,11 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
     // initiator, an unknown key rem_inv_req_err.
     const key_check kc = dev_->keys().invalidate_remote(m.imm, pd_->id());
     if (kc != key_check::ok) {
-      complete_recv(rx_recv_, wc_status::rem_inv_req_err, wc_opcode::recv, m.total, false, 0,
-                    false, 0);
-      fail_request(kc == key_check::invalid_key ? wc_status::rem_inv_req_err
-                                                : wc_status::rem_access_err,
-                   wc_status::success);
+      complete_recv(rx_recv_, wc_status::rem_inv_req_err, wc_opcode::recv, m.total, false, 0, false,
+                    0);
+      fail_request(
+          kc == key_check::invalid_key ? wc_status::rem_inv_req_err : wc_status::rem_access_err,
+          wc_status::success);
       return exec::failed;
     }
   }

@@ -178,7 +178,8 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
     mpa_v2_words w;
     // Our IRD: the initiator's ORD, never more than this QP's own
     // max_dest_rd_atomic; our ORD stays within its IRD.
-    cp.ird = std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ird(), req_.v2->ord), 1, 128);
+    cp.ird =
+        std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ird(), req_.v2->ord), 1, 128);
     cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ord(), req_.v2->ird), 1, 128);
     w.ird = static_cast<std::uint16_t>(cp.ird);
     w.ord = static_cast<std::uint16_t>(cp.ord);

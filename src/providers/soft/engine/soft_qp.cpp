@@ -633,8 +633,10 @@ void soft_qp::on_events(std::uint32_t events) noexcept {
     std::lock_guard lk(tx_mu_);
     tx_progress_locked();
   }
-  if (rx_stopped_.load()) linger_step(events);
-  else if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR)) rx_progress();
+  if (rx_stopped_.load())
+    linger_step(events);
+  else if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR))
+    rx_progress();
   // Called by the progressing thread itself, so detach does not wait.
   if (rx_eof_.load() && attached_.exchange(false)) {
     dev_->eng().detach(this, fd_);
@@ -1160,10 +1162,10 @@ bool soft_qp::rx_message_done() noexcept {
           wc.status = wc_status::rem_inv_req_err;
           rx_msg_off_ = 0;
           rcq_->push(wc);
-          protocol_violation(term_layer::rdmap,
-                             kc == key_check::invalid_key ? term::rdmap_remote_op
-                                                          : term::rdmap_remote_prot,
-                             term::rdmap_cannot_invalidate, wc_status::success);
+          protocol_violation(
+              term_layer::rdmap,
+              kc == key_check::invalid_key ? term::rdmap_remote_op : term::rdmap_remote_prot,
+              term::rdmap_cannot_invalidate, wc_status::success);
           return false;
         }
         wc.with_inv = true;
@@ -1280,8 +1282,14 @@ void soft_qp::handle_atomic_request(const atomic_request& a) noexcept {
     full = irq_.size() >= cp_.ird;
   }
   if (full) {  // RFC 7306: atomics share the IRD with READs; refused before executing
-    fail_with_terminate({term_layer::rdmap, term::rdmap_remote_op, term::rdmap_catastrophic_stream,
-                         {}, {}, 0, false}, wc_status::success);
+    fail_with_terminate({term_layer::rdmap,
+                         term::rdmap_remote_op,
+                         term::rdmap_catastrophic_stream,
+                         {},
+                         {},
+                         0,
+                         false},
+                        wc_status::success);
     return;
   }
   detail::key_table::guard g;

@@ -255,7 +255,7 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   int rx_reads_ = 0;                 // socket reads this round
   std::atomic<bool> rx_eof_{false};  // the peer closed or the socket failed
   std::atomic<bool> rx_stopped_{false};  // ERROR: not reading, lingering
-  int linger_fd_ = -1;               // timerfd of the linger deadline (rx_mu_)
+  int linger_fd_ = -1;                   // timerfd of the linger deadline (rx_mu_)
   std::uint32_t rx_msn_[4] = {1, 1, 1, 1};
   std::uint64_t rx_msg_off_ = 0;     // untagged: bytes of the current message so far
   bool rx_in_send_ = false;
