@@ -41,21 +41,6 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-constexpr std::uint32_t hs_magic = 0x43564853;  // "CVHS"
-enum class hs_kind : std::uint16_t { request = 1, accept = 2, reject = 3, ready = 4 };
-
-struct hs_msg {
-  std::uint32_t magic = hs_magic;
-  std::uint16_t version = seg_version;
-  hs_kind kind = hs_kind::request;
-  std::uint32_t qpn = 0;
-  std::uint32_t ird = 0, ord = 0;
-  std::uint64_t probe_addr = 0, probe_value = 0;
-  std::uint32_t cma_ok = 0;
-  std::uint32_t pd_len = 0;
-  std::uint8_t pd[256]{};
-};
-
 // A word whose address and value each side publishes so that the peer can
 // test whether cross-memory attach into this process works.
 std::uint64_t& probe_word() {
