@@ -13,6 +13,7 @@
 // bytes through the rings. The socket then stays open as doorbell and as the
 // liveness signal (EOF/HUP when the peer closes or dies).
 #include "providers/shm/shm_device.hpp"
+#include "providers/shm/shm_memfd.hpp"
 #include "providers/shm/shm_qp.hpp"
 
 #include "core/log.hpp"
@@ -344,9 +345,12 @@ result<std::unique_ptr<detail::conn_request_impl>> shm_listener::accept(
   if (req.kind != hs_kind::request || !seg_fd)
     return make_error(errc::protocol_error,
                       who + ": expected a request with the segment descriptor");
-  struct stat st {};
-  if (::fstat(seg_fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) != seg_size)
-    return make_error(errc::protocol_error, who + ": the segment has the wrong size");
+  // A segment the initiator could still shrink would fault (SIGBUS) in this
+  // process on the next access past its new end: only a sealed one is mapped.
+  if (!sealed_memfd_ok(seg_fd.get(), seg_size, true, 0))
+    return make_error(errc::protocol_error, who + ": the segment is not a " +
+                                                std::to_string(seg_size) +
+                                                "-byte memfd sealed against shrinking and growing");
   mapping m;
   m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd.get(), 0);
   if (m.p == MAP_FAILED)
@@ -476,10 +480,10 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   const auto deadline = clk::now() + opts.timeout;
 
   // The segment: anonymous memory with a descriptor, nothing in any filesystem.
-  fd_holder mfd(::memfd_create("conveyor-shm", MFD_CLOEXEC));
-  if (!mfd) return make_error(errc::resource_exhausted, where + ": memfd_create", errno);
-  if (::ftruncate(mfd.get(), static_cast<off_t>(seg_size)) != 0)
-    return make_error(errc::resource_exhausted, where + ": ftruncate of the segment", errno);
+  // Sealed against shrinking and growing: the target maps it only then.
+  fd_holder mfd(sealed_memfd("conveyor-shm", seg_size, nullptr));
+  if (!mfd)
+    return make_error(errc::resource_exhausted, where + ": sealed memfd of the segment", errno);
   mapping m;
   m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd.get(), 0);
   if (m.p == MAP_FAILED) return make_error(errc::resource_exhausted, where + ": mmap", errno);

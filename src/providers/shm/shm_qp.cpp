@@ -6,6 +6,7 @@
 #include "core/log.hpp"
 #include "core/remote_atomic.hpp"
 #include "providers/shm/shm_device.hpp"
+#include "providers/shm/shm_memfd.hpp"
 
 #include <fcntl.h>
 #include <sys/epoll.h>
@@ -967,14 +968,9 @@ std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, in
   // The same permission as cross-memory attach (PTRACE_MODE_ATTACH).
   const int f = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd_, fd, 0));
   if (f < 0) return nullptr;
-  struct stat st {};
-  // Only the file the peer named, sealed against shrinking, and large enough:
-  // then no access inside [0, len) can fault.
-  const int seals = ::fcntl(f, F_GET_SEALS);
-  const bool good = ::fstat(f, &st) == 0 && S_ISREG(st.st_mode) &&
-                    static_cast<std::uint64_t>(st.st_ino) == ino &&
-                    static_cast<std::uint64_t>(st.st_size) >= len && seals >= 0 &&
-                    (seals & F_SEAL_SHRINK) != 0;
+  // Only the file the peer named, sealed against shrinking and growing, and
+  // large enough: then no access inside [0, len) can fault.
+  const bool good = sealed_memfd_ok(f, len, false, ino);
   // Populated at once (the pages exist: the owner populated them), so the
   // data path takes no page-table faults.
   void* p = good ? ::mmap(nullptr, len, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), f, 0)

@@ -23,9 +23,9 @@
 namespace conveyor::shm {
 
 inline constexpr std::uint32_t seg_magic = 0x43565348;  // "CVSH"
-inline constexpr std::uint32_t seg_version = 2;  // 2: map_req/map_resp
-inline constexpr std::uint32_t ring_slots = 256;  // per ring, power of two
-inline constexpr std::uint32_t slot_size = 8192;  // header + payload
+inline constexpr std::uint32_t seg_version = 2;         // 2: map_req/map_resp
+inline constexpr std::uint32_t ring_slots = 256;        // per ring, power of two
+inline constexpr std::uint32_t slot_size = 8192;        // header + payload
 inline constexpr std::uint32_t slot_header = 64;
 inline constexpr std::uint32_t slot_payload = slot_size - slot_header;
 
