@@ -255,9 +255,16 @@ std::uint64_t shm_qp::gather_locked(const swqe& w, std::uint32_t idx, std::uint6
   return done;
 }
 
+std::uint64_t shm_qp::req_free_locked() const noexcept {
+  // The tail is the peer's word: whatever it says, never more than the ring
+  // (a lying peer only overwrites requests it claims to have read).
+  const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
+  const std::uint64_t used = t > tx_head_ ? 0 : tx_head_ - t;
+  return used >= ring_slots ? 0 : ring_slots - used;
+}
+
 bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
-  const std::uint64_t tail = req_out().tail.load(std::memory_order_seq_cst);
-  std::uint64_t free_slots = ring_slots - (tx_head_ - tail);
+  std::uint64_t free_slots = req_free_locked();
   const int ring = ring_req(seg_.side);
   auto put = [&](const msg_header& m) -> std::byte* {
     std::byte* p = seg_.slot(ring, tx_head_);
@@ -529,6 +536,12 @@ int shm_qp::progress() noexcept {
     if (state() == qp_state::rts) {
       if (check_peer_error_locked()) ++n;
       const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
+      if (t > tx_head_ || t < seen_tail_) {  // the peer claims what we never sent
+        state_.store(qp_state::error, std::memory_order_seq_cst);
+        flush_locked(wc_status::bad_resp_err);
+        if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+        return n + 1;
+      }
       if (t != seen_tail_) {
         seen_tail_ = t;
         ++n;
@@ -567,9 +580,22 @@ bool shm_qp::on_socket(std::uint32_t events) noexcept {
   return false;
 }
 
-bool shm_qp::resp_space(std::uint32_t n) const noexcept {
+bool shm_qp::resp_space(std::uint32_t n) noexcept {
+  // The peer's tail may only have consumed what we produced, and never fewer
+  // than a ring's worth behind: anything else is a lie that fails the QP.
   const std::uint64_t t = resp_out().tail.load(std::memory_order_seq_cst);
+  if (t > rsp_head_ || rsp_head_ - t > ring_slots) {
+    rsp_bad_ = true;
+    return false;
+  }
   return ring_slots - (rsp_head_ - t) >= n;
+}
+
+void shm_qp::reset_rx() noexcept {
+  rx_held_ = false;
+  rx_req_ = msg_header{};
+  rx_read_off_ = 0;
+  rx_in_send_ = false;
 }
 
 void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
@@ -593,7 +619,7 @@ void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
       ++rq_head_;
     }
   }
-  rx_in_send_ = false;
+  reset_rx();
   notify_peer();
   enter_error(wc_status::wr_flush_err);
 }
@@ -611,13 +637,29 @@ int shm_qp::rx_requests() noexcept {
   while (rx_tail_ != h && n < max_rx_batch && state() == qp_state::rts) {
     const std::byte* s = seg_.slot(ring, rx_tail_);
     msg_header m;
-    std::memcpy(&m, s, sizeof m);  // copied once: the peer may rewrite the slot
-    if (m.len > slot_payload) {
-      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
-      return n + 1;
+    if (rx_held_) {
+      m = rx_req_;  // resumed: the copy validated when it was first met
+    } else {
+      std::memcpy(&m, s, sizeof m);  // copied once: the peer may rewrite the slot
+      if (m.len > slot_payload) {
+        fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+        return n + 1;
+      }
     }
+    // A request that blocks has read what it needs of its payload before it
+    // blocks (nothing: READ staging, atomics and map requests use none).
     const exec r = run_request(m, s + slot_header);
-    if (r == exec::blocked) break;
+    if (r == exec::blocked) {
+      if (rsp_bad_) {
+        fail_request(wc_status::rem_op_err, wc_status::fatal_err);
+        return n + 1;
+      }
+      rx_req_ = m;
+      rx_held_ = true;
+      break;
+    }
+    rx_held_ = false;
+    rx_read_off_ = 0;
     ++n;
     if (r == exec::failed) break;
     ++rx_tail_;
@@ -909,7 +951,6 @@ shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noex
     ++rsp_head_;
     rx_read_off_ += chunk;
   } while (rx_read_off_ < m.total);
-  rx_read_off_ = 0;
   c_tx_bytes_.fetch_add(m.total, std::memory_order_relaxed);
   c_reads_.fetch_add(1, std::memory_order_relaxed);
   return exec::done;
@@ -1203,8 +1244,8 @@ result<void> shm_qp::modify(qp_state target) {
     sq_head_ = sq_next_ = sq_tail_ = 0;
     rq_head_ = rq_tail_ = 0;
     tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
-    rx_in_send_ = false;
-    rx_read_off_ = 0;
+    reset_rx();
+    rsp_bad_ = false;
     peer_gone_ = false;
     attr_ = {};
     state_.store(target);

@@ -136,7 +136,10 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
                      std::uint32_t imm_data, bool inv, std::uint32_t inv_key) noexcept;
   bool scatter_local(const sge* sges, std::uint32_t nsge, std::uint64_t off, const std::byte* src,
                      std::uint64_t len, access need) noexcept;
-  bool resp_space(std::uint32_t n) const noexcept;
+  bool resp_space(std::uint32_t n) noexcept;
+  std::uint64_t req_free_locked() const noexcept;  // our request ring's free slots
+
+  void reset_rx() noexcept;  // no receive-side state outlives the request it belongs to
 
   // errors and teardown
   void fail_request(wc_status remote, wc_status local) noexcept;  // refuse the current request
@@ -195,10 +198,18 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   std::uint64_t rx_tail_ = 0;   // the peer's request ring: next to execute
   std::uint64_t rsp_tail_ = 0;  // the peer's response ring: next to consume
   std::uint64_t rsp_head_ = 0;  // our response ring: next to fill
-  bool rx_in_send_ = false;     // a staged SEND is under way
+  // Every field the peer writes is copied out of the segment once, validated
+  // once, and only that copy is used until its request retires:
+  //  - a request that blocks (response ring full) is resumed from rx_req_, never
+  //    from its slot, which the peer may rewrite meanwhile; rx_read_off_ is the
+  //    progress of rx_req_ alone and is cleared with it;
+  bool rx_held_ = false;
+  msg_header rx_req_{};
+  std::uint64_t rx_read_off_ = 0;  // staged READ response bytes of rx_req_ already queued
+  bool rx_in_send_ = false;        // a staged SEND is under way
   rwqe rx_recv_{};
   sge rx_recv_sge_[16]{};
-  std::uint64_t rx_read_off_ = 0;   // staged READ response bytes already queued
+  bool rsp_bad_ = false;            // the peer moved our response ring's tail past what we produced
   std::atomic<bool> dirty_{false};  // we changed shared state: the peer may need a doorbell
   wc_status pending_local_ = wc_status::success;
 

@@ -442,4 +442,70 @@ TEST(shm_hostile, unsealed_segment_is_refused_and_shrinking_cannot_kill_the_targ
   EXPECT_EQ(t.finish(), "exit 0");
 }
 
+// Finding 2: a staged READ blocks on a full response ring; the peer rewrites
+// the request slot (a 16-byte READ at the region's end) before making room.
+// The target must go on with the request it validated: before the fix it
+// resumed with the stale progress offset on the rewritten slot and streamed
+// bytes from past the region (the guard after it).
+TEST(shm_hostile, read_resumed_after_a_full_response_ring_uses_the_validated_request) {
+  target_child t(2);
+  const auto r = parse_ready(t.line());
+  ASSERT_TRUE(r) << "target setup";
+  {
+    raw_peer p;
+    ASSERT_TRUE(p.connect(t.address(), true));
+    ASSERT_EQ(t.line().value_or(""), "connected");
+    shm::msg_header m{};
+    m.op = shm::msg_op::read;
+    m.flags = shm::msg_flag::first | shm::msg_flag::last;
+    m.rkey = r->rkey;
+    m.raddr = r->addr;
+    m.total = region_len;
+    p.put(0, m);
+    p.req().head.store(1);
+    std::uint64_t tail = 0, bytes = 0, leaked = 0, wrong = 0;
+    bool last = false, rewritten = false;
+    const auto end = clk::now() + 10s;
+    while (!last && clk::now() < end) {
+      if (!p.wait_for([&] { return p.resp().head.load() - tail == shm::ring_slots; }, 200ms) &&
+          p.resp().head.load() == tail)
+        continue;
+      if (!rewritten) {  // the ring is full and the READ half done: change the request
+        shm::msg_header x = m;
+        x.raddr = r->addr + region_len - 16;
+        x.total = 16;
+        p.put(0, x);
+        rewritten = true;
+      }
+      const std::uint64_t h = p.resp().head.load();
+      for (; tail < h && !last; ++tail) {
+        shm::msg_header rr;
+        std::memcpy(&rr, p.resp_slot(tail), sizeof rr);
+        const std::byte* d = p.resp_slot(tail) + shm::slot_header;
+        const std::size_t n = std::min<std::size_t>(rr.len, shm::slot_payload);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (d[i] == guard_byte && region_byte(rr.off + i) != guard_byte) ++leaked;
+          if (d[i] != region_byte(rr.off + i)) ++wrong;
+        }
+        bytes += n;
+        last = (rr.flags & shm::msg_flag::last) != 0;
+      }
+      p.resp().tail.store(tail);
+      p.bell();
+    }
+    EXPECT_TRUE(rewritten) << "the response ring never filled";
+    EXPECT_EQ(leaked, 0u) << "guard bytes from past the region reached the peer";
+    EXPECT_EQ(wrong, 0u);
+    EXPECT_TRUE(last);
+    EXPECT_EQ(bytes, region_len) << "the READ the target validated, whole";
+    EXPECT_TRUE(p.wait_for([&] { return p.req().tail.load() == 1; }));
+    EXPECT_EQ(p.req().err_status.load(), 0u);
+  }
+  const auto lines = t.until("canary");
+  ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
+  EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
+  expect_legit_served(t, *r, 1);
+  EXPECT_EQ(t.finish(), "exit 0");
+}
+
 }  // namespace
