@@ -596,6 +596,9 @@ void shm_qp::reset_rx() noexcept {
   rx_req_ = msg_header{};
   rx_read_off_ = 0;
   rx_in_send_ = false;
+  rx_send_total_ = rx_send_done_ = rx_send_id_ = 0;
+  rx_send_flags_ = 0;
+  rx_send_imm_ = 0;
 }
 
 void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
@@ -758,6 +761,7 @@ bool shm_qp::take_recv(rwqe& out, sge* sges) noexcept {
 }
 
 shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noexcept {
+  constexpr std::uint8_t msg_kind = msg_flag::with_imm | msg_flag::with_inv;
   if (m.flags & msg_flag::first) {
     if (rx_in_send_ || !take_recv(rx_recv_, rx_recv_sge_)) {
       fail_request(wc_status::rnr_retry_exc_err, wc_status::success);
@@ -767,10 +771,34 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
       fail_request(wc_status::rem_inv_req_err, wc_status::loc_len_err);
       return exec::failed;
     }
+    // A descriptor-served SEND is one slot; a staged one starts at offset 0.
+    if ((m.op == msg_op::send_cma && !(m.flags & msg_flag::last)) ||
+        (m.op == msg_op::send && m.off != 0)) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    // The message as its first slot describes it (checked against the posted
+    // receive just above): every later slot must agree, and the completion
+    // reports this total, not what a later slot claims.
     rx_in_send_ = true;
-  } else if (!rx_in_send_) {
+    rx_send_total_ = m.total;
+    rx_send_done_ = 0;
+    rx_send_id_ = m.id;
+    rx_send_flags_ = m.flags & msg_kind;
+    rx_send_imm_ = m.imm;
+  } else if (!rx_in_send_ || m.op != msg_op::send || m.total != rx_send_total_ ||
+             m.id != rx_send_id_ || (m.flags & msg_kind) != rx_send_flags_ ||
+             m.imm != rx_send_imm_) {
     fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
     return exec::failed;
+  }
+  if (m.op == msg_op::send) {
+    // Slots arrive in order and stay inside the message (hence inside the receive).
+    if (m.off != rx_send_done_ || m.len > rx_send_total_ - rx_send_done_ ||
+        ((m.flags & msg_flag::last) && rx_send_done_ + m.len != rx_send_total_)) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
   }
   if (m.op == msg_op::send_cma) {
     if (!cma_rx_) {
@@ -816,6 +844,7 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
     }
   }
   c_rx_bytes_.fetch_add(m.op == msg_op::send_cma ? m.total : m.len, std::memory_order_relaxed);
+  rx_send_done_ += m.op == msg_op::send_cma ? m.total : m.len;
   if (!(m.flags & msg_flag::last)) return exec::done;
   rx_in_send_ = false;
   {
@@ -834,7 +863,9 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
       dev_->keys().remove(m.imm);
     }
   }
-  complete_recv(rx_recv_, wc_status::success, wc_opcode::recv, m.total,
+  // m's flags and immediate equal the first slot's (checked above); the
+  // length is the first slot's total, which the posted receive holds.
+  complete_recv(rx_recv_, wc_status::success, wc_opcode::recv, rx_send_total_,
                 (m.flags & msg_flag::with_imm) != 0, (m.flags & msg_flag::with_imm) ? m.imm : 0,
                 inv, inv ? m.imm : 0);
   return exec::done;
@@ -843,6 +874,11 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
 shm_qp::exec shm_qp::rx_immediate(const msg_header& m) noexcept {
   rwqe r;
   sge s[16];
+  // The WRITE's length, reported as byte_len: no message is longer than 2^31 - 1.
+  if (m.total > 0x7FFFFFFFull) {
+    fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+    return exec::failed;
+  }
   if (!take_recv(r, s)) {
     fail_request(wc_status::rnr_retry_exc_err, wc_status::success);
     return exec::failed;
@@ -852,8 +888,8 @@ shm_qp::exec shm_qp::rx_immediate(const msg_header& m) noexcept {
     if (rq_head_ == rq_tail_) return exec::done;
     ++rq_head_;
   }
-  complete_recv(r, wc_status::success, wc_opcode::recv_rdma_with_imm, m.total & 0x7FFFFFFFu, true,
-                m.imm, false, 0);
+  complete_recv(r, wc_status::success, wc_opcode::recv_rdma_with_imm, m.total, true, m.imm, false,
+                0);
   return exec::done;
 }
 

@@ -203,10 +203,16 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   //  - a request that blocks (response ring full) is resumed from rx_req_, never
   //    from its slot, which the peer may rewrite meanwhile; rx_read_off_ is the
   //    progress of rx_req_ alone and is cleared with it;
+  //  - a SEND of several slots is held to its first slot's (validated) total,
+  //    id and immediate: rx_send_total_ bounds every later slot and is what the
+  //    receive completion reports.
   bool rx_held_ = false;
   msg_header rx_req_{};
   std::uint64_t rx_read_off_ = 0;  // staged READ response bytes of rx_req_ already queued
   bool rx_in_send_ = false;        // a staged SEND is under way
+  std::uint64_t rx_send_total_ = 0, rx_send_done_ = 0, rx_send_id_ = 0;
+  std::uint8_t rx_send_flags_ = 0;
+  std::uint32_t rx_send_imm_ = 0;
   rwqe rx_recv_{};
   sge rx_recv_sge_[16]{};
   bool rsp_bad_ = false;            // the peer moved our response ring's tail past what we produced

@@ -508,4 +508,48 @@ TEST(shm_hostile, read_resumed_after_a_full_response_ring_uses_the_validated_req
   EXPECT_EQ(t.finish(), "exit 0");
 }
 
+// Finding 6: a two-slot SEND whose last slot claims a 4 GiB total. Before the
+// fix the receive completed with byte_len 4294967295 for a 4 KiB buffer; now
+// the SEND is refused (rem_inv_req_err at the lying slot) and the QP fails.
+TEST(shm_hostile, multi_slot_send_with_inconsistent_total_is_refused) {
+  target_child t(2);
+  const auto r = parse_ready(t.line());
+  ASSERT_TRUE(r) << "target setup";
+  {
+    raw_peer p;
+    ASSERT_TRUE(p.connect(t.address(), true));
+    ASSERT_EQ(t.line().value_or(""), "connected");
+    std::byte payload[100];
+    std::memset(payload, 0x42, sizeof payload);
+    shm::msg_header m{};
+    m.op = shm::msg_op::send;
+    m.flags = shm::msg_flag::first;
+    m.len = 100;
+    m.total = 100;
+    p.put(0, m, payload, sizeof payload);
+    m.flags = shm::msg_flag::last;
+    m.len = 0;
+    m.off = 100;
+    m.total = 0xFFFFFFFFull;
+    p.put(1, m);
+    p.req().head.store(2);
+    EXPECT_TRUE(
+        p.wait_for([&] { return p.req().err_status.load() != 0 || p.req().tail.load() == 2; }));
+    EXPECT_EQ(p.req().err_status.load(),
+              static_cast<std::uint32_t>(wc_status::rem_inv_req_err) + 1);
+    EXPECT_EQ(p.req().err_pos.load(), 1u);
+    const auto lines = t.until("canary");
+    ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
+    for (const auto& l : lines) EXPECT_NE(l, "wc 100 0 4294967295") << joined(lines);
+    EXPECT_TRUE(contains(lines, "state error")) << joined(lines);
+    EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
+    bool recv_failed = false;
+    for (const auto& l : lines)
+      recv_failed |= l.rfind("wc 100 ", 0) == 0 && l.rfind("wc 100 0 ", 0) != 0;
+    EXPECT_TRUE(recv_failed) << "the receive completes in error: " << joined(lines);
+  }
+  expect_legit_served(t, *r, 1);
+  EXPECT_EQ(t.finish(), "exit 0");
+}
+
 }  // namespace
