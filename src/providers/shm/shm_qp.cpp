@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace conveyor::shm {
 
@@ -1258,6 +1259,7 @@ void shm_qp::disconnect() noexcept {
     ::munmap(seg_.base, seg_size);
     seg_ = seg_view{};
   }
+  release_peer_attach(std::exchange(attach_pid_, 0));
   connected_ = false;
 }
 
@@ -1318,6 +1320,7 @@ void shm_qp::start(conn_setup&& s) {
     seg_.base = static_cast<std::byte*>(s.map);
     seg_.side = s.side;
     peer_pid_ = s.peer_pid;
+    attach_pid_ = s.attach_pid;
     cma_tx_ = s.cma_tx;
     cma_rx_ = s.cma_rx;
     // Direct mapping takes the peer's memfds with pidfd_getfd: the permission

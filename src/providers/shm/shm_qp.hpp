@@ -32,14 +32,21 @@ namespace conveyor::shm {
 class shm_pd;
 class shm_device;
 
+// Yama ptrace scope (shm_cm.cpp): a connection's declaration of its peer as a
+// tracer ends with release_peer_attach; declared_ptracer() says what this
+// process has declared now (0 nothing, -1 any process, else a pid).
+void release_peer_attach(pid_t pid) noexcept;
+long declared_ptracer() noexcept;
+
 // What the connection manager hands a QP when the handshake is done.
 struct conn_setup {
   int sock = -1;        // connected Unix socket (owned from now on)
   void* map = nullptr;  // the mapped segment (owned)
   int side = 0;         // 0 initiator, 1 target
   pid_t peer_pid = 0;
-  bool cma_tx = false;  // the peer serves our bulk requests by cross-memory attach
-  bool cma_rx = false;  // we serve the peer's by cross-memory attach
+  pid_t attach_pid = 0;  // declared as our tracer for this connection (release_peer_attach)
+  bool cma_tx = false;   // the peer serves our bulk requests by cross-memory attach
+  bool cma_rx = false;   // we serve the peer's by cross-memory attach
   qp_connection_attr attr;
 };
 
@@ -164,6 +171,7 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   int sock_ = -1;
   seg_view seg_;
   pid_t peer_pid_ = 0;
+  pid_t attach_pid_ = 0;  // our ptrace declaration for the peer, released at disconnect
   bool cma_tx_ = false, cma_rx_ = false;
   std::atomic<bool> attached_{false};
   std::atomic<bool> peer_gone_{false};
