@@ -181,15 +181,15 @@ int main(int argc, char** argv) {
   // D 3 (local only), R 4 (receives); ops: 1 send, 3 write, 6 read, 7 atomic, 10 map_req.
   const auto shm_dir = root / "shm_peer";
   std::filesystem::create_directories(shm_dir);
-  constexpr std::uint32_t big = 3u << 20;
+  constexpr std::uint32_t big_a = 3u << 20;
   auto consume = [](shm_program& p) { p.step(4).put<std::uint8_t>(199).rounds(); };
-  shm_program read_a, full, send, write_a, atomic_a, two, read_b, map;
+  shm_program read_a, full, send_r, write_a, atomic_a, two, read_b, map;
   read_a.step(0).request(6, 3, 0, 0, 0, 0, 65536).rounds();
   consume(read_a);
-  full.step(0).request(6, 3, 0, 0, 0, 0, big).rounds();
-  full.step(3).request(6, 3, 0, 0, static_cast<std::int32_t>(big - 16), 0, 16).rounds();
+  full.step(0).request(6, 3, 0, 0, 0, 0, big_a).rounds();
+  full.step(3).request(6, 3, 0, 0, static_cast<std::int32_t>(big_a - 16), 0, 16).rounds();
   for (int i = 0; i < 4; ++i) consume(full);
-  send.step(0).request(1, 3, 100, 4, 0, 0, 100, 0, 0, 100).rounds();
+  send_r.step(0).request(1, 3, 100, 4, 0, 0, 100, 0, 0, 100).rounds();
   write_a.step(0).request(3, 3, 64, 0, 128, 0, 64, 0, 0, 64).rounds();
   atomic_a.step(0).request(7, 3 | 32, 0, 0, 8, 0, 8, 0, 5).rounds();
   two.step(2).put<std::uint8_t>(1).request(1, 1, 8128, 4, 0, 0, 9000, 0, 0, 64);
@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
   map.step(0).request(10, 3, 0, 0, 0, 0, 0).rounds();
   ok &= save(shm_dir, "read_a", read_a.b);
   ok &= save(shm_dir, "read_a_full_ring_rewrite", full.b);
-  ok &= save(shm_dir, "send", send.b);
+  ok &= save(shm_dir, "send", send_r.b);
   ok &= save(shm_dir, "write_a", write_a.b);
   ok &= save(shm_dir, "atomic_a", atomic_a.b);
   ok &= save(shm_dir, "send_two_slots", two.b);
