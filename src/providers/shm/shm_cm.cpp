@@ -57,8 +57,9 @@ namespace {
 class ptracer_registry {
  public:
   static ptracer_registry& get() {
-    static ptracer_registry r;
-    return r;
+    // Never destroyed: a QP outliving static destruction may still release.
+    static ptracer_registry* r = new ptracer_registry;
+    return *r;
   }
   void add(pid_t pid) {
     std::lock_guard lk(mu_);
