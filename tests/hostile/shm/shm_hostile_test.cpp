@@ -555,6 +555,51 @@ TEST(shm_hostile, multi_slot_send_with_inconsistent_total_is_refused) {
   EXPECT_EQ(t.finish(), "exit 0");
 }
 
+// Finding 2's rule for ring indices: a request head far past what was executed,
+// and a response tail past what the target produced, are lies that fail the
+// QP (rem_op_err in the refusal word), never a reason to touch memory.
+TEST(shm_hostile, lying_ring_indices_fail_the_qp) {
+  target_child t(3);
+  const auto r = parse_ready(t.line());
+  ASSERT_TRUE(r) << "target setup";
+  const auto rem_op = static_cast<std::uint32_t>(wc_status::rem_op_err) + 1;
+  {
+    raw_peer p;
+    ASSERT_TRUE(p.connect(t.address(), true));
+    ASSERT_EQ(t.line().value_or(""), "connected");
+    p.req().head.store(shm::ring_slots * 7 + 3);
+    EXPECT_TRUE(p.wait_for([&] { return p.req().err_status.load() != 0; }));
+    EXPECT_EQ(p.req().err_status.load(), rem_op);
+    const auto lines = t.until("canary");
+    ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
+    EXPECT_TRUE(contains(lines, "state error")) << joined(lines);
+    EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
+  }
+  {
+    raw_peer p;
+    ASSERT_TRUE(p.connect(t.address(), true));
+    ASSERT_EQ(t.line().value_or(""), "connected");
+    shm::msg_header m{};
+    m.op = shm::msg_op::read;
+    m.flags = shm::msg_flag::first | shm::msg_flag::last;
+    m.rkey = r->rkey;
+    m.raddr = r->addr;
+    m.total = region_len;
+    p.put(0, m);
+    p.resp().tail.store(1u << 20);  // "consumed" a million responses never sent
+    p.req().head.store(1);
+    EXPECT_TRUE(p.wait_for([&] { return p.req().err_status.load() != 0; }));
+    EXPECT_EQ(p.req().err_status.load(), rem_op);
+    EXPECT_LE(p.resp().head.load(), shm::ring_slots) << "the target wrote no more than a ring";
+    const auto lines = t.until("canary");
+    ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
+    EXPECT_TRUE(contains(lines, "state error")) << joined(lines);
+    EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
+  }
+  expect_legit_served(t, *r, 2);
+  EXPECT_EQ(t.finish(), "exit 0");
+}
+
 }  // namespace
 
 namespace {
