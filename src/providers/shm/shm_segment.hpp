@@ -1,5 +1,6 @@
 // The shm provider's shared segment: one memfd per connection, created by the
-// initiator and passed to the target over the Unix socket (SCM_RIGHTS), holding
+// initiator sealed against shrinking and growing (the target maps no other;
+// shm_memfd.hpp) and passed to the target over the Unix socket (SCM_RIGHTS), holding
 // four single-producer/single-consumer rings of fixed-size slots:
 //   req[s]  requests side s sends (SEND, WRITE, READ, atomic, immediate data)
 //   resp[s] responses side s sends (staged READ data, atomic results)
@@ -13,7 +14,9 @@
 // refuses (bad key, no receive) is named by err_pos/err_status instead.
 //
 // Nothing here is trusted by the consumer: indices are range-checked and every
-// slot header is copied out before use (the peer may change it under us).
+// slot header is copied out once, validated once, and only that copy is used
+// until the request retires (the peer may change the slot under us); docs/SHM.md,
+// "What a peer is trusted with".
 #pragma once
 
 #include <atomic>
