@@ -1,7 +1,8 @@
-// Writes the seed corpora under tests/fuzz/corpus/{fpdu,mpa}/ from the wire
+// Writes the seed corpora under tests/fuzz/corpus/{fpdu,mpa,shm_peer}/ from the wire
 // encoders: one valid example of every FPDU kind and MPA frame kind, plus a
 // few coalesced streams. The checked-in seeds were made with it:
 //   fuzz_make_seeds tests/fuzz/corpus
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +40,31 @@ bool save(const std::filesystem::path& dir, const std::string& name,
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
   return static_cast<bool>(f);
 }
+
+// fuzz_shm_peer's programs (its reader's format): one action byte, the
+// action's fields little-endian, then the engine rounds to run.
+struct shm_program {
+  std::vector<std::byte> b;
+  template <class T>
+  shm_program& put(T v) {
+    for (std::size_t i = 0; i < sizeof v; ++i)
+      b.push_back(std::byte(static_cast<unsigned char>(static_cast<std::uint64_t>(v) >> (8 * i))));
+    return *this;
+  }
+  // A request: op (msg_op value), flags, payload length, region index and
+  // offset of raddr, key index, total, slot offset, payload bytes.
+  shm_program& request(std::uint8_t op, std::uint8_t flags, std::uint16_t len, std::uint8_t area,
+                       std::int32_t off, std::uint8_t key, std::uint32_t total,
+                       std::uint16_t slot_off = 0, std::uint64_t cmp = 0, std::size_t payload = 0) {
+    put<std::uint8_t>(op - 1).put(flags).put<std::uint8_t>(0).put(len).put(area).put(off);
+    put(key).put(total).put(slot_off).put<std::uint8_t>(0).put<std::uint8_t>(0);
+    put(cmp).put<std::uint64_t>(0).put<std::uint8_t>(static_cast<std::uint8_t>(payload));
+    for (std::size_t i = 0; i < payload; ++i) put<std::uint8_t>(static_cast<std::uint8_t>(i));
+    return *this;
+  }
+  shm_program& step(std::uint8_t action) { return put(action); }
+  shm_program& rounds(std::uint8_t n = 3) { return put(n); }
+};
 
 }  // namespace
 
@@ -150,6 +176,36 @@ int main(int argc, char** argv) {
   ok &= save(mpa, "rep_reject", encode_mpa(reject));
   ok &= save(mpa, "req_v2_max_pd", encode_mpa(big));
   ok &= save(mpa, "req_then_fpdu", cat({encode_mpa(req), write_rtr}));
+
+  // ---- fuzz_shm_peer: A is area 0 (3 MiB), B 1 (read-only), C 2 (other PD),
+  // D 3 (local only), R 4 (receives); ops: 1 send, 3 write, 6 read, 7 atomic, 10 map_req.
+  const auto shm_dir = root / "shm_peer";
+  std::filesystem::create_directories(shm_dir);
+  constexpr std::uint32_t big_a = 3u << 20;
+  auto consume = [](shm_program& p) { p.step(4).put<std::uint8_t>(199).rounds(); };
+  shm_program read_a, full, send_r, write_a, atomic_a, two, read_b, map;
+  read_a.step(0).request(6, 3, 0, 0, 0, 0, 65536).rounds();
+  consume(read_a);
+  full.step(0).request(6, 3, 0, 0, 0, 0, big_a).rounds();
+  full.step(3).request(6, 3, 0, 0, static_cast<std::int32_t>(big_a - 16), 0, 16).rounds();
+  for (int i = 0; i < 4; ++i) consume(full);
+  send_r.step(0).request(1, 3, 100, 4, 0, 0, 100, 0, 0, 100).rounds();
+  write_a.step(0).request(3, 3, 64, 0, 128, 0, 64, 0, 0, 64).rounds();
+  atomic_a.step(0).request(7, 3 | 32, 0, 0, 8, 0, 8, 0, 5).rounds();
+  two.step(2).put<std::uint8_t>(1).request(1, 1, 8128, 4, 0, 0, 9000, 0, 0, 64);
+  two.request(1, 2, 872, 4, 0, 0, 9000, 8128, 0, 64).rounds();
+  read_b.step(0).request(6, 3, 0, 1, 0, 1, 65536).rounds();
+  read_b.step(3).request(6, 3, 0, 1, 65520, 1, 16).rounds();
+  consume(read_b);
+  map.step(0).request(10, 3, 0, 0, 0, 0, 0).rounds();
+  ok &= save(shm_dir, "read_a", read_a.b);
+  ok &= save(shm_dir, "read_a_full_ring_rewrite", full.b);
+  ok &= save(shm_dir, "send", send_r.b);
+  ok &= save(shm_dir, "write_a", write_a.b);
+  ok &= save(shm_dir, "atomic_a", atomic_a.b);
+  ok &= save(shm_dir, "send_two_slots", two.b);
+  ok &= save(shm_dir, "read_b_then_rewrite", read_b.b);
+  ok &= save(shm_dir, "map_req", map.b);
   if (!ok) {
     std::fprintf(stderr, "failed to write seeds under %s\n", argv[1]);
     return 1;

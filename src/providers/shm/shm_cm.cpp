@@ -13,6 +13,7 @@
 // bytes through the rings. The socket then stays open as doorbell and as the
 // liveness signal (EOF/HUP when the peer closes or dies).
 #include "providers/shm/shm_device.hpp"
+#include "providers/shm/shm_memfd.hpp"
 #include "providers/shm/shm_qp.hpp"
 
 #include "core/log.hpp"
@@ -32,6 +33,8 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <utility>
 
@@ -39,22 +42,103 @@ namespace conveyor::shm {
 
 using clk = std::chrono::steady_clock;
 
+// ------------------------------------------------------------ ptrace scope ----
+// A peer serves our bulk requests by cross-memory attach and maps our allocated
+// regions with pidfd_getfd: both need ptrace permission over this process.
+// Under Yama ptrace_scope 1 only ancestors and the one process named with
+// PR_SET_PTRACER may attach, and Yama keeps one pid per process: so while
+// exactly one peer needs it, that peer's pid is declared; while two or more
+// distinct peers do, no single pid can say it and PR_SET_PTRACER_ANY is the
+// narrowest there is (any process of our uid); when none does, nothing is.
+// Nothing is declared for a device with cross-memory attach off, nor for a
+// peer that reported it could not reach us. Other scopes: 0 needs nothing,
+// 2/3 cannot be helped (the probe fails and requests are staged).
 namespace {
+class ptracer_registry {
+ public:
+  static ptracer_registry& get() {
+    // Never destroyed: a QP outliving static destruction may still release.
+    static ptracer_registry* r = new ptracer_registry;
+    return *r;
+  }
+  void add(pid_t pid) {
+    std::lock_guard lk(mu_);
+    ++peers_[pid];
+    apply_locked();
+  }
+  void remove(pid_t pid) {
+    std::lock_guard lk(mu_);
+    auto it = peers_.find(pid);
+    if (it == peers_.end()) return;
+    if (--it->second == 0) peers_.erase(it);
+    apply_locked();
+  }
+  long declared() {
+    std::lock_guard lk(mu_);
+    return declared_;
+  }
 
-constexpr std::uint32_t hs_magic = 0x43564853;  // "CVHS"
-enum class hs_kind : std::uint16_t { request = 1, accept = 2, reject = 3, ready = 4 };
-
-struct hs_msg {
-  std::uint32_t magic = hs_magic;
-  std::uint16_t version = seg_version;
-  hs_kind kind = hs_kind::request;
-  std::uint32_t qpn = 0;
-  std::uint32_t ird = 0, ord = 0;
-  std::uint64_t probe_addr = 0, probe_value = 0;
-  std::uint32_t cma_ok = 0;
-  std::uint32_t pd_len = 0;
-  std::uint8_t pd[256]{};
+ private:
+  ptracer_registry() {
+    std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+    int scope = -1;
+    yama1_ = f >> scope && scope == 1;
+  }
+  void apply_locked() {
+    const long want = peers_.empty()       ? 0
+                      : peers_.size() == 1 ? static_cast<long>(peers_.begin()->first)
+                                           : -1;
+    if (want == declared_) return;
+    declared_ = want;
+    if (!yama1_) return;
+    const unsigned long arg = want == -1 ? PR_SET_PTRACER_ANY : static_cast<unsigned long>(want);
+    const int r = ::prctl(PR_SET_PTRACER, arg, 0, 0, 0);
+    if (detail::log_enabled(detail::log_level::info))
+      detail::log_line(detail::log_level::info,
+                       std::string("shm: Yama ptrace_scope 1: tracer for cross-memory attach ") +
+                           (want == 0    ? "cleared"
+                            : want == -1 ? "any process (more than one peer)"
+                                         : "pid " + std::to_string(want)) +
+                           (r == 0 ? "" : " (prctl failed)"));
+  }
+  std::mutex mu_;
+  std::map<pid_t, int> peers_;  // peers that may attach, and how many connections each
+  long declared_ = 0;           // 0 none, -1 any, else a pid
+  bool yama1_ = false;
 };
+
+// One connection's grant; released on failure unless handed to the QP.
+class attach_grant {
+ public:
+  attach_grant() = default;
+  attach_grant(const attach_grant&) = delete;
+  attach_grant& operator=(const attach_grant&) = delete;
+  ~attach_grant() { reset(); }
+  void grant(pid_t pid) {
+    reset();
+    if (pid <= 0) return;
+    ptracer_registry::get().add(pid);
+    pid_ = pid;
+  }
+  void reset() {
+    if (pid_ > 0) ptracer_registry::get().remove(pid_);
+    pid_ = 0;
+  }
+  pid_t release() { return std::exchange(pid_, 0); }
+
+ private:
+  pid_t pid_ = 0;
+};
+}  // namespace
+
+void release_peer_attach(pid_t pid) noexcept {
+  if (pid > 0) ptracer_registry::get().remove(pid);
+}
+long declared_ptracer() noexcept {
+  return ptracer_registry::get().declared();
+}
+
+namespace {
 
 // A word whose address and value each side publishes so that the peer can
 // test whether cross-memory attach into this process works.
@@ -64,25 +148,6 @@ std::uint64_t& probe_word() {
     return (std::uint64_t(rd()) << 32) | rd() | 1;
   }();
   return w;
-}
-
-// Under Yama ptrace_scope 1 only a declared tracer may attach: declare that any
-// process may (the peers are not known in advance). Scope 0 needs nothing;
-// scope 2/3 or another uid cannot be helped here, and the probe then fails.
-void allow_peer_attach() {
-  static const bool done = [] {
-    std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
-    int scope = -1;
-    if (f >> scope && scope == 1) {
-      const int r = ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-      if (detail::log_enabled(detail::log_level::info))
-        detail::log_line(detail::log_level::info,
-                         std::string("shm: Yama ptrace_scope 1: PR_SET_PTRACER_ANY ") +
-                             (r == 0 ? "set" : "failed") + " for cross-memory attach");
-    }
-    return true;
-  }();
-  (void)done;
 }
 
 bool probe_peer(pid_t pid, std::uint64_t addr, std::uint64_t value, int* err) {
@@ -359,9 +424,12 @@ result<std::unique_ptr<detail::conn_request_impl>> shm_listener::accept(
   if (req.kind != hs_kind::request || !seg_fd)
     return make_error(errc::protocol_error,
                       who + ": expected a request with the segment descriptor");
-  struct stat st {};
-  if (::fstat(seg_fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) != seg_size)
-    return make_error(errc::protocol_error, who + ": the segment has the wrong size");
+  // A segment the initiator could still shrink would fault (SIGBUS) in this
+  // process on the next access past its new end: only a sealed one is mapped.
+  if (!sealed_memfd_ok(seg_fd.get(), seg_size, true, 0))
+    return make_error(errc::protocol_error, who + ": the segment is not a " +
+                                                std::to_string(seg_size) +
+                                                "-byte memfd sealed against shrinking and growing");
   mapping m;
   m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd.get(), 0);
   if (m.p == MAP_FAILED)
@@ -405,7 +473,9 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
                                                   std::to_string(max_private_data) + " bytes");
   const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
   const auto deadline = clk::now() + hs;
-  allow_peer_attach();
+  // The initiator probes us once it has our accept: declare it first.
+  attach_grant grant;
+  if (dev_->cma_enabled()) grant.grant(pid_);
   int perr = 0;
   const bool reach =
       dev_->cma_enabled() && probe_peer(pid_, req_.probe_addr, req_.probe_value, &perr);
@@ -437,6 +507,8 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   conn_setup s;
   s.side = 1;
   s.peer_pid = pid_;
+  if (ready.cma_ok == 0) grant.reset();  // it cannot (or will not) reach us
+  s.attach_pid = grant.release();
   s.cma_tx = ready.cma_ok != 0 && dev_->cma_enabled();
   s.cma_rx = reach;
   s.attr.local_address = local_;
@@ -492,10 +564,10 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   const auto deadline = clk::now() + opts.timeout;
 
   // The segment: anonymous memory with a descriptor, nothing in any filesystem.
-  fd_holder mfd(::memfd_create("conveyor-shm", MFD_CLOEXEC));
-  if (!mfd) return make_error(errc::resource_exhausted, where + ": memfd_create", errno);
-  if (::ftruncate(mfd.get(), static_cast<off_t>(seg_size)) != 0)
-    return make_error(errc::resource_exhausted, where + ": ftruncate of the segment", errno);
+  // Sealed against shrinking and growing: the target maps it only then.
+  fd_holder mfd(sealed_memfd("conveyor-shm", seg_size, nullptr));
+  if (!mfd)
+    return make_error(errc::resource_exhausted, where + ": sealed memfd of the segment", errno);
   mapping m;
   m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd.get(), 0);
   if (m.p == MAP_FAILED) return make_error(errc::resource_exhausted, where + ": mmap", errno);
@@ -520,7 +592,10 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
       return make_error(errc::connection_refused, where + ": nothing listens at " + peer, errno);
     return make_error(errc::io_error, where, errno);
   }
-  allow_peer_attach();
+  // The target probes us when it has our request: declare it first (the
+  // listener's pid, the creator of the socket we reached).
+  attach_grant grant;
+  if (dev_->cma_enabled()) grant.grant(peer_pid_of(s.get()));
   hs_msg req;
   req.kind = hs_kind::request;
   req.qpn = qpn_;
@@ -561,6 +636,8 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   conn_setup cs;
   cs.side = 0;
   cs.peer_pid = pid;
+  if (rep.cma_ok == 0) grant.reset();  // it cannot (or will not) reach us
+  cs.attach_pid = grant.release();
   cs.cma_tx = rep.cma_ok != 0 && dev_->cma_enabled();
   cs.cma_rx = reach;
   cs.attr.local_address = endpoint_name(::getpid(), qpn_);

@@ -3,6 +3,7 @@
 #include "providers/shm/shm_device.hpp"
 
 #include "core/log.hpp"
+#include "providers/shm/shm_memfd.hpp"
 #include "providers/shm/shm_qp.hpp"
 
 #include <fcntl.h>
@@ -227,7 +228,8 @@ shm_device::shm_device(std::string name, const device_options& opts, bool cma, b
   attr_.send_with_invalidate = true;
   // One "port": this host, reached by abstract Unix socket names ("@name") or
   // socket paths; there is no network address to list.
-  attr_.ports.push_back({.num = 1, .state = "active", .link_layer = "unix", .mtu = 0, .addresses = {}});
+  attr_.ports.push_back(
+      {.num = 1, .state = "active", .link_layer = "unix", .mtu = 0, .addresses = {}});
   engine_ =
       std::make_unique<shm::engine>(opts.progress == progress_mode::thread, opts.engine_spin_us);
 }
@@ -236,26 +238,6 @@ shm_device::~shm_device() {
   if (rev_ != nullptr) ::munmap(rev_, std::size_t(revocation_words) * 8);
   if (rev_fd_ >= 0) ::close(rev_fd_);
 }
-
-namespace {
-// A sealed memfd of `len` bytes: it can neither shrink nor grow, so a peer that
-// checked its size may map it without risking SIGBUS.
-int sealed_memfd(const char* name, std::size_t len, std::uint64_t* ino) {
-  const int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return -1;
-  struct stat st {};
-  if (::ftruncate(fd, static_cast<off_t>(len)) != 0 ||
-      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      ::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    errno = e;
-    return -1;
-  }
-  *ino = st.st_ino;
-  return fd;
-}
-}  // namespace
 
 result<void> shm_device::revocation_page_locked() {
   if (rev_ != nullptr) return {};
@@ -352,13 +334,12 @@ result<std::shared_ptr<detail::mr_impl>> shm_pd::register_memory(std::span<std::
   return std::make_shared<shm_mr>(std::move(self), buf, rights, *key);
 }
 
-result<std::shared_ptr<detail::mr_impl>> shm_pd::allocate_memory(std::size_t len,
-                                                                 access rights) {
+result<std::shared_ptr<detail::mr_impl>> shm_pd::allocate_memory(std::size_t len, access rights) {
   const std::string where = "allocate_memory on " + dev_->attr().name;
   if (len == 0) return make_error(errc::invalid_argument, where + ": zero length");
   if (len > dev_->attr().max_mr_size)
-    return make_error(errc::invalid_argument, where + ": " + std::to_string(len) +
-                                                  " bytes exceeds max_mr_size");
+    return make_error(errc::invalid_argument,
+                      where + ": " + std::to_string(len) + " bytes exceeds max_mr_size");
   if (auto ok = check_rights(where, rights); !ok) return std::unexpected(ok.error());
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t map_len = (len + page - 1) / page * page;
@@ -382,8 +363,8 @@ result<std::shared_ptr<detail::mr_impl>> shm_pd::allocate_memory(std::size_t len
   }
   auto self = std::static_pointer_cast<shm_pd>(shared_from_this());
   // From here the region owns fd and mapping (its destructor releases both).
-  auto mr = std::make_shared<shm_mr>(std::move(self), std::span<std::byte>(base, len), rights,
-                                     *key, fd, map_len);
+  auto mr = std::make_shared<shm_mr>(std::move(self), std::span<std::byte>(base, len), rights, *key,
+                                     fd, map_len);
   const direct_region d{.fd = fd,
                         .ino = ino,
                         .base = reinterpret_cast<std::uint64_t>(base),

@@ -13,10 +13,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace conveyor::shm {
@@ -121,8 +121,7 @@ class shm_pd final : public detail::pd_impl {
   shm_pd(std::shared_ptr<shm_device> dev, std::uint32_t id) : dev_(std::move(dev)), id_(id) {}
   result<std::shared_ptr<detail::mr_impl>> register_memory(std::span<std::byte> buf,
                                                            access rights) override;
-  result<std::shared_ptr<detail::mr_impl>> allocate_memory(std::size_t len,
-                                                           access rights) override;
+  result<std::shared_ptr<detail::mr_impl>> allocate_memory(std::size_t len, access rights) override;
   result<std::shared_ptr<detail::qp_impl>> create_qp(const qp_init_attr& attr) override;
   shm_device& dev() noexcept { return *dev_; }
   std::uint32_t id() const noexcept { return id_; }

@@ -6,6 +6,7 @@
 #include "core/log.hpp"
 #include "core/remote_atomic.hpp"
 #include "providers/shm/shm_device.hpp"
+#include "providers/shm/shm_memfd.hpp"
 
 #include <fcntl.h>
 #include <sys/epoll.h>
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace conveyor::shm {
 
@@ -254,9 +256,16 @@ std::uint64_t shm_qp::gather_locked(const swqe& w, std::uint32_t idx, std::uint6
   return done;
 }
 
+std::uint64_t shm_qp::req_free_locked() const noexcept {
+  // The tail is the peer's word: whatever it says, never more than the ring
+  // (a lying peer only overwrites requests it claims to have read).
+  const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
+  const std::uint64_t used = t > tx_head_ ? 0 : tx_head_ - t;
+  return used >= ring_slots ? 0 : ring_slots - used;
+}
+
 bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
-  const std::uint64_t tail = req_out().tail.load(std::memory_order_seq_cst);
-  std::uint64_t free_slots = ring_slots - (tx_head_ - tail);
+  std::uint64_t free_slots = req_free_locked();
   const int ring = ring_req(seg_.side);
   auto put = [&](const msg_header& m) -> std::byte* {
     std::byte* p = seg_.slot(ring, tx_head_);
@@ -417,6 +426,7 @@ void shm_qp::push_send_wc(const swqe& w) noexcept {
 bool shm_qp::retire_locked() noexcept {
   if (seg_.hdr == nullptr) return false;
   const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
+  if (t > tx_head_) return false;  // a lie about requests never sent: progress fails the QP
   bool any = false;
   while (sq_head_ < sq_next_) {
     swqe& w = sq_[sq_head_ % caps_.max_send_wr];
@@ -528,6 +538,12 @@ int shm_qp::progress() noexcept {
     if (state() == qp_state::rts) {
       if (check_peer_error_locked()) ++n;
       const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
+      if (t > tx_head_ || t < seen_tail_) {  // the peer claims what we never sent
+        state_.store(qp_state::error, std::memory_order_seq_cst);
+        flush_locked(wc_status::bad_resp_err);
+        if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+        return n + 1;
+      }
       if (t != seen_tail_) {
         seen_tail_ = t;
         ++n;
@@ -566,9 +582,25 @@ bool shm_qp::on_socket(std::uint32_t events) noexcept {
   return false;
 }
 
-bool shm_qp::resp_space(std::uint32_t n) const noexcept {
+bool shm_qp::resp_space(std::uint32_t n) noexcept {
+  // The peer's tail may only have consumed what we produced, and never fewer
+  // than a ring's worth behind: anything else is a lie that fails the QP.
   const std::uint64_t t = resp_out().tail.load(std::memory_order_seq_cst);
+  if (t > rsp_head_ || rsp_head_ - t > ring_slots) {
+    rsp_bad_ = true;
+    return false;
+  }
   return ring_slots - (rsp_head_ - t) >= n;
+}
+
+void shm_qp::reset_rx() noexcept {
+  rx_held_ = false;
+  rx_req_ = msg_header{};
+  rx_read_off_ = 0;
+  rx_in_send_ = false;
+  rx_send_total_ = rx_send_done_ = rx_send_id_ = 0;
+  rx_send_flags_ = 0;
+  rx_send_imm_ = 0;
 }
 
 void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
@@ -592,7 +624,7 @@ void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
       ++rq_head_;
     }
   }
-  rx_in_send_ = false;
+  reset_rx();
   notify_peer();
   enter_error(wc_status::wr_flush_err);
 }
@@ -610,13 +642,29 @@ int shm_qp::rx_requests() noexcept {
   while (rx_tail_ != h && n < max_rx_batch && state() == qp_state::rts) {
     const std::byte* s = seg_.slot(ring, rx_tail_);
     msg_header m;
-    std::memcpy(&m, s, sizeof m);  // copied once: the peer may rewrite the slot
-    if (m.len > slot_payload) {
-      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
-      return n + 1;
+    if (rx_held_) {
+      m = rx_req_;  // resumed: the copy validated when it was first met
+    } else {
+      std::memcpy(&m, s, sizeof m);  // copied once: the peer may rewrite the slot
+      if (m.len > slot_payload) {
+        fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+        return n + 1;
+      }
     }
+    // A request that blocks has read what it needs of its payload before it
+    // blocks (nothing: READ staging, atomics and map requests use none).
     const exec r = run_request(m, s + slot_header);
-    if (r == exec::blocked) break;
+    if (r == exec::blocked) {
+      if (rsp_bad_) {
+        fail_request(wc_status::rem_op_err, wc_status::fatal_err);
+        return n + 1;
+      }
+      rx_req_ = m;
+      rx_held_ = true;
+      break;
+    }
+    rx_held_ = false;
+    rx_read_off_ = 0;
     ++n;
     if (r == exec::failed) break;
     ++rx_tail_;
@@ -715,6 +763,7 @@ bool shm_qp::take_recv(rwqe& out, sge* sges) noexcept {
 }
 
 shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noexcept {
+  constexpr std::uint8_t msg_kind = msg_flag::with_imm | msg_flag::with_inv;
   if (m.flags & msg_flag::first) {
     if (rx_in_send_ || !take_recv(rx_recv_, rx_recv_sge_)) {
       fail_request(wc_status::rnr_retry_exc_err, wc_status::success);
@@ -724,10 +773,34 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
       fail_request(wc_status::rem_inv_req_err, wc_status::loc_len_err);
       return exec::failed;
     }
+    // A descriptor-served SEND is one slot; a staged one starts at offset 0.
+    if ((m.op == msg_op::send_cma && !(m.flags & msg_flag::last)) ||
+        (m.op == msg_op::send && m.off != 0)) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
+    // The message as its first slot describes it (checked against the posted
+    // receive just above): every later slot must agree, and the completion
+    // reports this total, not what a later slot claims.
     rx_in_send_ = true;
-  } else if (!rx_in_send_) {
+    rx_send_total_ = m.total;
+    rx_send_done_ = 0;
+    rx_send_id_ = m.id;
+    rx_send_flags_ = m.flags & msg_kind;
+    rx_send_imm_ = m.imm;
+  } else if (!rx_in_send_ || m.op != msg_op::send || m.total != rx_send_total_ ||
+             m.id != rx_send_id_ || (m.flags & msg_kind) != rx_send_flags_ ||
+             m.imm != rx_send_imm_) {
     fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
     return exec::failed;
+  }
+  if (m.op == msg_op::send) {
+    // Slots arrive in order and stay inside the message (hence inside the receive).
+    if (m.off != rx_send_done_ || m.len > rx_send_total_ - rx_send_done_ ||
+        ((m.flags & msg_flag::last) && rx_send_done_ + m.len != rx_send_total_)) {
+      fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+      return exec::failed;
+    }
   }
   if (m.op == msg_op::send_cma) {
     if (!cma_rx_) {
@@ -773,6 +846,7 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
     }
   }
   c_rx_bytes_.fetch_add(m.op == msg_op::send_cma ? m.total : m.len, std::memory_order_relaxed);
+  rx_send_done_ += m.op == msg_op::send_cma ? m.total : m.len;
   if (!(m.flags & msg_flag::last)) return exec::done;
   rx_in_send_ = false;
   {
@@ -797,7 +871,9 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
       return exec::failed;
     }
   }
-  complete_recv(rx_recv_, wc_status::success, wc_opcode::recv, m.total,
+  // m's flags and immediate equal the first slot's (checked above); the
+  // length is the first slot's total, which the posted receive holds.
+  complete_recv(rx_recv_, wc_status::success, wc_opcode::recv, rx_send_total_,
                 (m.flags & msg_flag::with_imm) != 0, (m.flags & msg_flag::with_imm) ? m.imm : 0,
                 inv, inv ? m.imm : 0);
   return exec::done;
@@ -806,6 +882,11 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
 shm_qp::exec shm_qp::rx_immediate(const msg_header& m) noexcept {
   rwqe r;
   sge s[16];
+  // The WRITE's length, reported as byte_len: no message is longer than 2^31 - 1.
+  if (m.total > 0x7FFFFFFFull) {
+    fail_request(wc_status::rem_inv_req_err, wc_status::fatal_err);
+    return exec::failed;
+  }
   if (!take_recv(r, s)) {
     fail_request(wc_status::rnr_retry_exc_err, wc_status::success);
     return exec::failed;
@@ -815,8 +896,8 @@ shm_qp::exec shm_qp::rx_immediate(const msg_header& m) noexcept {
     if (rq_head_ == rq_tail_) return exec::done;
     ++rq_head_;
   }
-  complete_recv(r, wc_status::success, wc_opcode::recv_rdma_with_imm, m.total & 0x7FFFFFFFu, true,
-                m.imm, false, 0);
+  complete_recv(r, wc_status::success, wc_opcode::recv_rdma_with_imm, m.total, true, m.imm, false,
+                0);
   return exec::done;
 }
 
@@ -914,7 +995,6 @@ shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noex
     ++rsp_head_;
     rx_read_off_ += chunk;
   } while (rx_read_off_ < m.total);
-  rx_read_off_ = 0;
   c_tx_bytes_.fetch_add(m.total, std::memory_order_relaxed);
   c_reads_.fetch_add(1, std::memory_order_relaxed);
   return exec::done;
@@ -973,14 +1053,9 @@ std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, in
   // The same permission as cross-memory attach (PTRACE_MODE_ATTACH).
   const int f = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd_, fd, 0));
   if (f < 0) return nullptr;
-  struct stat st {};
-  // Only the file the peer named, sealed against shrinking, and large enough:
-  // then no access inside [0, len) can fault.
-  const int seals = ::fcntl(f, F_GET_SEALS);
-  const bool good = ::fstat(f, &st) == 0 && S_ISREG(st.st_mode) &&
-                    static_cast<std::uint64_t>(st.st_ino) == ino &&
-                    static_cast<std::uint64_t>(st.st_size) >= len && seals >= 0 &&
-                    (seals & F_SEAL_SHRINK) != 0;
+  // Only the file the peer named, sealed against shrinking and growing, and
+  // large enough: then no access inside [0, len) can fault.
+  const bool good = sealed_memfd_ok(f, len, false, ino);
   // Populated at once (the pages exist: the owner populated them), so the
   // data path takes no page-table faults.
   void* p = good ? ::mmap(nullptr, len, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), f, 0)
@@ -1191,6 +1266,7 @@ void shm_qp::disconnect() noexcept {
     ::munmap(seg_.base, seg_size);
     seg_ = seg_view{};
   }
+  release_peer_attach(std::exchange(attach_pid_, 0));
   connected_ = false;
 }
 
@@ -1213,8 +1289,8 @@ result<void> shm_qp::modify(qp_state target) {
     sq_head_ = sq_next_ = sq_tail_ = 0;
     rq_head_ = rq_tail_ = 0;
     tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
-    rx_in_send_ = false;
-    rx_read_off_ = 0;
+    reset_rx();
+    rsp_bad_ = false;
     peer_gone_ = false;
     attr_ = {};
     state_.store(target);
@@ -1251,6 +1327,7 @@ void shm_qp::start(conn_setup&& s) {
     seg_.base = static_cast<std::byte*>(s.map);
     seg_.side = s.side;
     peer_pid_ = s.peer_pid;
+    attach_pid_ = s.attach_pid;
     cma_tx_ = s.cma_tx;
     cma_rx_ = s.cma_rx;
     // Direct mapping takes the peer's memfds with pidfd_getfd: the permission

@@ -32,14 +32,21 @@ namespace conveyor::shm {
 class shm_pd;
 class shm_device;
 
+// Yama ptrace scope (shm_cm.cpp): a connection's declaration of its peer as a
+// tracer ends with release_peer_attach; declared_ptracer() says what this
+// process has declared now (0 nothing, -1 any process, else a pid).
+void release_peer_attach(pid_t pid) noexcept;
+long declared_ptracer() noexcept;
+
 // What the connection manager hands a QP when the handshake is done.
 struct conn_setup {
   int sock = -1;        // connected Unix socket (owned from now on)
   void* map = nullptr;  // the mapped segment (owned)
   int side = 0;         // 0 initiator, 1 target
   pid_t peer_pid = 0;
-  bool cma_tx = false;  // the peer serves our bulk requests by cross-memory attach
-  bool cma_rx = false;  // we serve the peer's by cross-memory attach
+  pid_t attach_pid = 0;  // declared as our tracer for this connection (release_peer_attach)
+  bool cma_tx = false;   // the peer serves our bulk requests by cross-memory attach
+  bool cma_rx = false;   // we serve the peer's by cross-memory attach
   qp_connection_attr attr;
 };
 
@@ -136,7 +143,10 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
                      std::uint32_t imm_data, bool inv, std::uint32_t inv_key) noexcept;
   bool scatter_local(const sge* sges, std::uint32_t nsge, std::uint64_t off, const std::byte* src,
                      std::uint64_t len, access need) noexcept;
-  bool resp_space(std::uint32_t n) const noexcept;
+  bool resp_space(std::uint32_t n) noexcept;
+  std::uint64_t req_free_locked() const noexcept;  // our request ring's free slots
+
+  void reset_rx() noexcept;  // no receive-side state outlives the request it belongs to
 
   // errors and teardown
   void fail_request(wc_status remote, wc_status local) noexcept;  // refuse the current request
@@ -161,6 +171,7 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   int sock_ = -1;
   seg_view seg_;
   pid_t peer_pid_ = 0;
+  pid_t attach_pid_ = 0;  // our ptrace declaration for the peer, released at disconnect
   bool cma_tx_ = false, cma_rx_ = false;
   std::atomic<bool> attached_{false};
   std::atomic<bool> peer_gone_{false};
@@ -195,10 +206,24 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   std::uint64_t rx_tail_ = 0;   // the peer's request ring: next to execute
   std::uint64_t rsp_tail_ = 0;  // the peer's response ring: next to consume
   std::uint64_t rsp_head_ = 0;  // our response ring: next to fill
-  bool rx_in_send_ = false;     // a staged SEND is under way
+  // Every field the peer writes is copied out of the segment once, validated
+  // once, and only that copy is used until its request retires:
+  //  - a request that blocks (response ring full) is resumed from rx_req_, never
+  //    from its slot, which the peer may rewrite meanwhile; rx_read_off_ is the
+  //    progress of rx_req_ alone and is cleared with it;
+  //  - a SEND of several slots is held to its first slot's (validated) total,
+  //    id and immediate: rx_send_total_ bounds every later slot and is what the
+  //    receive completion reports.
+  bool rx_held_ = false;
+  msg_header rx_req_{};
+  std::uint64_t rx_read_off_ = 0;  // staged READ response bytes of rx_req_ already queued
+  bool rx_in_send_ = false;        // a staged SEND is under way
+  std::uint64_t rx_send_total_ = 0, rx_send_done_ = 0, rx_send_id_ = 0;
+  std::uint8_t rx_send_flags_ = 0;
+  std::uint32_t rx_send_imm_ = 0;
   rwqe rx_recv_{};
   sge rx_recv_sge_[16]{};
-  std::uint64_t rx_read_off_ = 0;   // staged READ response bytes already queued
+  bool rsp_bad_ = false;            // the peer moved our response ring's tail past what we produced
   std::atomic<bool> dirty_{false};  // we changed shared state: the peer may need a doorbell
   wc_status pending_local_ = wc_status::success;
 

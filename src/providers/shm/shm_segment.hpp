@@ -1,5 +1,6 @@
 // The shm provider's shared segment: one memfd per connection, created by the
-// initiator and passed to the target over the Unix socket (SCM_RIGHTS), holding
+// initiator sealed against shrinking and growing (the target maps no other;
+// shm_memfd.hpp) and passed to the target over the Unix socket (SCM_RIGHTS), holding
 // four single-producer/single-consumer rings of fixed-size slots:
 //   req[s]  requests side s sends (SEND, WRITE, READ, atomic, immediate data)
 //   resp[s] responses side s sends (staged READ data, atomic results)
@@ -13,7 +14,9 @@
 // refuses (bad key, no receive) is named by err_pos/err_status instead.
 //
 // Nothing here is trusted by the consumer: indices are range-checked and every
-// slot header is copied out before use (the peer may change it under us).
+// slot header is copied out once, validated once, and only that copy is used
+// until the request retires (the peer may change the slot under us); docs/SHM.md,
+// "What a peer is trusted with".
 #pragma once
 
 #include <atomic>
@@ -23,9 +26,9 @@
 namespace conveyor::shm {
 
 inline constexpr std::uint32_t seg_magic = 0x43565348;  // "CVSH"
-inline constexpr std::uint32_t seg_version = 2;  // 2: map_req/map_resp
-inline constexpr std::uint32_t ring_slots = 256;  // per ring, power of two
-inline constexpr std::uint32_t slot_size = 8192;  // header + payload
+inline constexpr std::uint32_t seg_version = 2;         // 2: map_req/map_resp
+inline constexpr std::uint32_t ring_slots = 256;        // per ring, power of two
+inline constexpr std::uint32_t slot_size = 8192;        // header + payload
 inline constexpr std::uint32_t slot_header = 64;
 inline constexpr std::uint32_t slot_payload = slot_size - slot_header;
 
@@ -125,6 +128,23 @@ struct seg_view {
     return base + seg_data_off + std::size_t(ring) * ring_bytes +
            std::size_t(pos % ring_slots) * slot_size;
   }
+};
+
+// The handshake on the Unix socket (shm_cm.cpp): request (with the segment's
+// memfd), accept or reject, ready.
+inline constexpr std::uint32_t hs_magic = 0x43564853;  // "CVHS"
+enum class hs_kind : std::uint16_t { request = 1, accept = 2, reject = 3, ready = 4 };
+
+struct hs_msg {
+  std::uint32_t magic = hs_magic;
+  std::uint16_t version = seg_version;
+  hs_kind kind = hs_kind::request;
+  std::uint32_t qpn = 0;
+  std::uint32_t ird = 0, ord = 0;
+  std::uint64_t probe_addr = 0, probe_value = 0;
+  std::uint32_t cma_ok = 0;
+  std::uint32_t pd_len = 0;
+  std::uint8_t pd[256]{};
 };
 
 }  // namespace conveyor::shm
