@@ -6,10 +6,13 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
+#include <cstring>
 
 #include "providers/soft/wire/wire.hpp"
 
@@ -43,6 +46,27 @@ int start_connect(std::uint16_t port) {
   return fd;
 }
 
+int start_connect_unix(const std::string& address) {
+  // A Unix stream connect does not proceed in the background (EAGAIN when the
+  // backlog is full): connect blocking, bounded by a send timeout, then go
+  // non-blocking.
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, address.data(), std::min(address.size(), sizeof a.sun_path - 1));
+  if (!address.empty() && address[0] == '@') a.sun_path[0] = '\0';
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
+
 crowd::crowd(crowd_config c) : cfg_(c) {
   // A well-formed revision 2 request with 200 bytes of private data: 220 bytes,
   // complete only after 220 drip intervals.
@@ -53,6 +77,8 @@ crowd::crowd(crowd_config c) : cfg_(c) {
   f.v2 = conveyor::wire::mpa_v2_words{4, 4, true, true, false, false};
   f.private_data.assign(200, std::byte{'d'});
   request_ = conveyor::wire::encode_mpa(f);
+  if (!cfg_.unix_address.empty())
+    request_.assign(1024, std::byte{'d'});  // never a whole shm request
   for (std::size_t i = 0; i < cfg_.idle; ++i) peers_.push_back({kind::idle});
   for (std::size_t i = 0; i < cfg_.drip; ++i) peers_.push_back({kind::drip});
   for (std::size_t i = 0; i < cfg_.junk; ++i) peers_.push_back({kind::junk});
@@ -68,7 +94,8 @@ crowd::~crowd() {
 }
 
 void crowd::open(peer& p) {
-  p.fd = start_connect(cfg_.port);
+  p.fd =
+      cfg_.unix_address.empty() ? start_connect(cfg_.port) : start_connect_unix(cfg_.unix_address);
   p.up = false;
   p.sent = 0;
 }

@@ -21,6 +21,8 @@ struct crowd_config {
   std::size_t idle = 0, drip = 0, junk = 0;
   std::chrono::milliseconds drip_interval{200};  // one byte per drip connection per interval
   bool churn = false;  // reopen what the target closes, once per drip interval
+  // Not empty: a shm listener's address ("@abstract" or a path) instead of the port.
+  std::string unix_address{};
 };
 
 class crowd {
@@ -62,5 +64,7 @@ std::size_t raise_fd_limit();
 
 // A non-blocking TCP connection to 127.0.0.1:port in progress (or -1).
 int start_connect(std::uint16_t port);
+// A Unix stream connection ("@abstract" or a path), made non-blocking once up, or -1.
+int start_connect_unix(const std::string& address);
 
 }  // namespace cvh
