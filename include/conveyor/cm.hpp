@@ -83,6 +83,13 @@ class listener {
   std::uint16_t port() const noexcept;
 
   // Waits for a peer's connection request (TCP + MPA request), bounded.
+  // soft and shm: the listener's own thread reads every connection's request
+  // at once, so a silent or slow peer delays no other. accept() hands out
+  // complete requests only; a connection that sends something else, closes,
+  // or misses device_options::handshake_timeout_ms is closed by the listener
+  // (logged at info), and at most device_options::max_pending_handshakes are
+  // half-open at a time (the oldest goes first). At most `backlog` complete
+  // requests wait for accept(); more are refused with "listener busy".
   result<connect_request> accept(std::chrono::milliseconds timeout);
 
  private:

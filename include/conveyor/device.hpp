@@ -72,6 +72,12 @@ struct device_options {
   // arrival; it resumes when polling stops for 1 ms or the poller sleeps.
   bool engine_park = true;
   std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
+  // soft, shm: a listener drives every handshake at once, on its own thread;
+  // this many half-open ones (accepted, request not yet complete) at most.
+  // When one more connection arrives the oldest is closed. Each holds a socket
+  // until it completes or handshake_timeout_ms passes; keep this below the
+  // process's descriptor limit (RLIMIT_NOFILE).
+  std::uint32_t max_pending_handshakes = 256;
   // Called for each device_event, on the device's event thread, in the order
   // the device reported them (every event is also logged). Keep it short: the
   // next event waits. It must not destroy the device or its objects. Empty:

@@ -74,6 +74,7 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   auto& sizes_text = o.typed.sizes;
   auto& all_sizes = o.typed.all;
   auto& max_size_text = o.typed.max_size;
+  auto& max_memory_text = o.typed.max_memory;
   app.add_option("address", o.address,
                  "client: the server's address (ip:port); server: where to listen (default 0.0.0.0:18515)");
   app.add_flag("-s,--server", o.server, "run the server side (waits for a client)");
@@ -120,8 +121,12 @@ void add_perf_options(CLI::App& app, perf_options& o) {
       ->check(CLI::NonNegativeNumber)->default_val(0);
   app.add_option("--max-size", max_size_text, "server: largest message size it accepts (default 64M)")
       ->check(CLI::Validator(check_size, "SIZE"));
+  app.add_option(
+         "--max-memory", max_memory_text,
+         "server: most memory one client may make it allocate for its data region (default 1G)")
+      ->check(CLI::Validator(check_size, "SIZE"));
 
-  app.callback([&o, &size_text, &sizes_text, &all_sizes, &max_size_text] {
+  app.callback([&o, &size_text, &sizes_text, &all_sizes, &max_size_text, &max_memory_text] {
     o.sizes.clear();
     int given = (!size_text.empty()) + (!sizes_text.empty()) + (all_sizes ? 1 : 0);
     if (given > 1) throw CLI::ValidationError("--size, --sizes and --all", "choose one of them");
@@ -141,6 +146,7 @@ void add_perf_options(CLI::App& app, perf_options& o) {
     if (all_sizes)
       for (std::uint64_t v = 2; v <= (8ull << 20); v *= 2) o.sizes.push_back(v);
     if (!max_size_text.empty()) o.max_size = *parse_size(max_size_text);
+    if (!max_memory_text.empty()) o.max_memory = *parse_size(max_memory_text);
     const std::map<std::string, perf_test> tests{{"write", perf_test::write},
                                                  {"read", perf_test::read},
                                                  {"send", perf_test::send},

@@ -47,10 +47,13 @@ struct perf_options {
   double timeout = 10;              // seconds without progress before giving up
   double accept_timeout = 0;        // server: seconds to wait for a client (0 = forever)
   std::uint64_t max_size = 64ull << 20;  // server: largest message it accepts
+  // server: the most memory one client may make it allocate for its data
+  // region (QPs x slots x slot size), so a hello cannot ask for gigabytes.
+  std::uint64_t max_memory = 1ull << 30;
 
   // The size options as typed (turned into `sizes` / `max_size` after parsing).
   struct typed {
-    std::string size, sizes, max_size;
+    std::string size, sizes, max_size, max_memory;
     std::string test = "write", mode = "bw", progress = "thread", crc = "on";
     bool all = false;
   } typed;

@@ -311,41 +311,77 @@ void session::serve() {
   }
 }
 
+// Why the server will not serve `h` (empty: it will). A client's hello fixes
+// how much memory the server allocates for it: that is bounded by
+// --max-memory, as the message size is by --max-size.
+std::string refusal(const perf_hello& h, const perf_options& o) {
+  if (h.index != 0) return "expected the control connection first";
+  if (h.max_size > o.max_size)
+    return "message size " + std::to_string(h.max_size) + " exceeds this server's --max-size " +
+           std::to_string(o.max_size);
+  if (h.qps == 0 || h.qps > 64) return "QP count out of range";
+  const std::uint64_t need = data_layout::make(h.max_size, h.tx_depth, h.qps).bytes();
+  if (need > o.max_memory)
+    return "the run needs " + format_size(need) + " of server memory (" + std::to_string(h.qps) +
+           " QPs x depth x message size), over this server's --max-memory " +
+           format_size(o.max_memory);
+  return {};
+}
+
+// The data connections of one client carry its control hello's regions: that
+// is what tells them from another client's.
+bool same_client(const perf_hello& a, const perf_hello& b) {
+  return a.qps == b.qps && a.data.addr == b.data.addr && a.data.rkey == b.data.rkey &&
+         a.ctl.addr == b.ctl.addr && a.ctl.rkey == b.ctl.rkey;
+}
+
 }  // namespace
 
+// One client at a time. A connection that is not a perf client, a hello the
+// server refuses, or a client that does not open all its data connections
+// within --timeout is turned away and the server keeps waiting (a
+// non-persistent server exits only after serving a client: 0 if the run went
+// through, 1 if it failed, or 1 when --accept-timeout passes first). While a
+// client's data connections are awaited, any other client is refused with
+// "server busy" and the one being set up is not disturbed.
 int run_perf_server(const perf_options& o) {
   try {
     apply_cpu_pinning(o);
     device dev = open_perf_device(o);
     auto lis = listener::bind(dev, o.address);
     if (!lis) fail(lis.error().to_string());
-    std::fprintf(stderr, "conveyor perf server: listening on %s (provider %s, device %s)\n", lis->address().c_str(),
-                 dev.attr().provider.c_str(), dev.attr().name.c_str());
-    const auto accept_timeout = std::chrono::milliseconds(
-        o.accept_timeout > 0 ? static_cast<std::int64_t>(o.accept_timeout * 1000) : std::int64_t{24} * 3600 * 1000);
+    std::fprintf(stderr, "conveyor perf server: listening on %s (provider %s, device %s)\n",
+                 lis->address().c_str(), dev.attr().provider.c_str(), dev.attr().name.c_str());
     const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
-    do {
-      auto req = lis->accept(accept_timeout);
+    // Without --accept-timeout the server waits for ever, in slices.
+    const auto slice = std::chrono::milliseconds(std::int64_t{3600} * 1000);
+    const auto give_up =
+        o.accept_timeout > 0
+            ? std::optional(clk::now() + std::chrono::milliseconds(
+                                             static_cast<std::int64_t>(o.accept_timeout * 1000)))
+            : std::nullopt;
+    while (true) {
+      const auto wait =
+          give_up ? std::chrono::duration_cast<std::chrono::milliseconds>(*give_up - clk::now())
+                  : slice;
+      if (give_up && wait.count() <= 0)
+        fail("no client connected within " + std::to_string(o.accept_timeout) + " s");
+      auto req = lis->accept(std::max(wait, std::chrono::milliseconds(1)));
       if (!req) {
-        if (req.error().code == errc::timed_out && o.accept_timeout > 0)
-          fail("no client connected within " + std::to_string(o.accept_timeout) + " s");
-        if (req.error().code == errc::timed_out) continue;
-        std::fprintf(stderr, "conveyor perf server: %s\n", req.error().to_string().c_str());
+        if (req.error().code != errc::timed_out)
+          std::fprintf(stderr, "conveyor perf server: %s\n", req.error().to_string().c_str());
         continue;
       }
       std::string why;
       auto hello = perf_hello::decode(req->private_data(), why);
-      if (hello && hello->index != 0) why = "expected the control connection first", hello.reset();
-      if (hello && hello->max_size > o.max_size)
-        why = "message size " + std::to_string(hello->max_size) + " exceeds this server's --max-size " +
-              std::to_string(o.max_size),
-        hello.reset();
-      if (hello && (hello->qps == 0 || hello->qps > 64)) why = "QP count out of range", hello.reset();
-      if (!hello) {
-        std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n", req->peer_address().c_str(), why.c_str());
+      if (hello) why = refusal(*hello, o);
+      if (!hello || !why.empty()) {
+        std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n", req->peer_address().c_str(),
+                     why.c_str());
         (void)req->reject(why);
         continue;
       }
+      bool served = false;
       try {
         perf_endpoint ep(device(dev.shared_impl()), o,
                          data_layout::make(hello->max_size, hello->tx_depth, hello->qps));
@@ -354,27 +390,56 @@ int run_perf_server(const perf_options& o) {
         const auto welcome = perf_welcome{ep.data_mr().remote(), ep.ctl_mr().remote()}.encode();
         const std::string client = req->peer_address();
         check(req->accept(ep.ctl_qp(), welcome), "accept control connection of " + client);
-        for (std::uint16_t i = 1; i <= hello->qps; ++i) {
-          auto dreq = lis->accept(timeout);
-          if (!dreq) fail("data connection " + std::to_string(i) + " of " + client + ": " + dreq.error().to_string());
+        // Its data connections, in order, within --timeout in all; anyone else is told to wait.
+        const auto until = clk::now() + timeout;
+        std::uint16_t next = 1;
+        while (next <= hello->qps) {
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now());
+          if (left.count() <= 0) break;
+          auto dreq = lis->accept(left);
+          if (!dreq) continue;
           std::string w;
           auto h = perf_hello::decode(dreq->private_data(), w);
-          if (!h || h->index != i) {
-            (void)dreq->reject("expected data connection " + std::to_string(i));
+          if (!h || !same_client(*h, *hello)) {
+            const std::string busy = "server busy: setting up the run of client " + client +
+                                     "; try again when it is done";
+            std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n",
+                         dreq->peer_address().c_str(), (h ? busy : w).c_str());
+            (void)dreq->reject(h ? busy : w);
+            continue;
+          }
+          if (h->index != next) {
+            (void)dreq->reject("expected data connection " + std::to_string(next));
             fail("client " + client + " sent connections out of order");
           }
-          check(dreq->accept(ep.qps()[i - 1], welcome), "accept data connection " + std::to_string(i));
+          check(dreq->accept(ep.qps()[next - 1], welcome),
+                "accept data connection " + std::to_string(next));
+          ++next;
         }
-        std::fprintf(stderr, "conveyor perf server: client %s connected (%u data QPs)\n", client.c_str(),
-                     static_cast<unsigned>(hello->qps));
+        if (next <= hello->qps) {
+          std::fprintf(stderr,
+                       "conveyor perf server: client %s opened %u of its %u data connections "
+                       "within --timeout %g s; "
+                       "dropped, waiting for the next client\n",
+                       client.c_str(), static_cast<unsigned>(next - 1),
+                       static_cast<unsigned>(hello->qps), o.timeout);
+          continue;
+        }
+        std::fprintf(stderr, "conveyor perf server: client %s connected (%u data QPs)\n",
+                     client.c_str(), static_cast<unsigned>(hello->qps));
+        served = true;
         session(ep, *hello).serve();
         std::fprintf(stderr, "conveyor perf server: client %s done\n", client.c_str());
       } catch (const perf_failure& e) {
-        if (!o.persistent) throw;
-        std::fprintf(stderr, "conveyor perf server: %s\n", e.what());
+        if (!o.persistent && served) throw;
+        std::fprintf(
+            stderr, "conveyor perf server: %s%s\n", e.what(),
+            served ? "" : " (the client was dropped before its run; waiting for the next)");
+        if (!served) continue;
       }
-    } while (o.persistent);
-    return 0;
+      if (!o.persistent) return 0;
+    }
   } catch (const perf_failure& e) {
     std::fprintf(stderr, "conveyor perf server: %s\n", e.what());
     return 1;

@@ -16,6 +16,7 @@
 #include "providers/shm/shm_memfd.hpp"
 #include "providers/shm/shm_qp.hpp"
 
+#include "core/handshake_pump.hpp"
 #include "core/log.hpp"
 
 #include <fcntl.h>
@@ -350,21 +351,108 @@ struct mapping {
 
 class shm_listener final : public detail::listener_impl {
  public:
-  shm_listener(std::shared_ptr<shm_device> dev, fd_holder fd, std::string addr)
-      : dev_(std::move(dev)), fd_(std::move(fd)), addr_(std::move(addr)) {}
+  shm_listener(std::shared_ptr<shm_device> dev, fd_holder fd, std::string addr, int backlog);
   ~shm_listener() override {
+    pump_.reset();  // its thread stops before the socket and the path go
     if (!addr_.empty() && addr_[0] != '@') ::unlink(addr_.c_str());
   }
   std::string address() const override { return addr_; }
   std::uint16_t port() const noexcept override { return 0; }
   result<std::unique_ptr<detail::conn_request_impl>> accept(
       std::chrono::milliseconds timeout) override;
+  // The listener thread's second half of a handshake: `req` has arrived whole
+  // on `conn` (with the segment descriptor `memfd`, or -1): check it and map
+  // the segment.
+  result<std::unique_ptr<detail::conn_request_impl>> finish(fd_holder conn, const hs_msg& req,
+                                                            int memfd, pid_t pid);
 
  private:
   std::shared_ptr<shm_device> dev_;
   fd_holder fd_;
   std::string addr_;
+  std::unique_ptr<detail::handshake_pump> pump_;
 };
+
+// One request being read by the listener thread, never blocking: the bytes
+// of one hs_msg (and the descriptor that comes with them), then finish().
+class shm_request_reader final : public detail::pending_handshake {
+ public:
+  shm_request_reader(shm_listener& lis, int fd) : lis_(lis), fd_(fd), pid_(peer_pid_of(fd)) {}
+  ~shm_request_reader() override {
+    if (memfd_ >= 0) ::close(memfd_);
+  }
+  int fd() const noexcept override { return fd_.get(); }
+  step on_readable(std::string& why) override {
+    auto* p = reinterpret_cast<char*>(&msg_);
+    while (off_ < sizeof msg_) {
+      iovec iov{p + off_, sizeof msg_ - off_};
+      msghdr mh{};
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)]{};
+      mh.msg_control = ctl;
+      mh.msg_controllen = sizeof ctl;
+      const ssize_t r = ::recvmsg(fd_.get(), &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && errno == EAGAIN) return step::more;
+      if (r <= 0) {
+        why = "shm handshake with pid " + std::to_string(pid_) + ": the peer closed the connection";
+        return step::failed;
+      }
+      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < n; ++i) {
+          int pfd;
+          std::memcpy(&pfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          if (memfd_ < 0)
+            memfd_ = pfd;
+          else
+            ::close(pfd);  // unexpected extra descriptors are not kept
+        }
+      }
+      off_ += static_cast<std::size_t>(r);
+    }
+    if (msg_.magic != hs_magic || msg_.version != seg_version || msg_.pd_len > max_private_data) {
+      why = "shm handshake with pid " + std::to_string(pid_) +
+            ": not a Conveyor shm handshake (or another version)";
+      return step::failed;
+    }
+    auto r = lis_.finish(std::move(fd_), msg_, std::exchange(memfd_, -1), pid_);
+    if (!r) {
+      why = r.error().context;
+      return step::failed;
+    }
+    req_ = std::move(*r);
+    return step::done;
+  }
+  std::unique_ptr<detail::conn_request_impl> take() override { return std::move(req_); }
+  void refuse_busy() noexcept override {
+    static constexpr std::string_view busy = "listener busy: too many requests wait for accept()";
+    (void)req_->reject(std::as_bytes(std::span(busy.data(), busy.size())));
+  }
+
+ private:
+  shm_listener& lis_;
+  fd_holder fd_;
+  pid_t pid_;
+  hs_msg msg_{};
+  std::size_t off_ = 0;
+  int memfd_ = -1;
+  std::unique_ptr<detail::conn_request_impl> req_;
+};
+
+shm_listener::shm_listener(std::shared_ptr<shm_device> dev, fd_holder fd, std::string addr,
+                           int backlog)
+    : dev_(std::move(dev)), fd_(std::move(fd)), addr_(std::move(addr)) {
+  detail::handshake_limits l;
+  l.max_pending = std::max<std::uint32_t>(1, dev_->options().max_pending_handshakes);
+  l.deadline = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
+  l.max_ready = static_cast<std::size_t>(std::max(1, backlog));
+  pump_ = std::make_unique<detail::handshake_pump>(
+      fd_.get(), "accept on " + addr_, l,
+      [this](int c) { return std::make_unique<shm_request_reader>(*this, c); });
+}
 
 class shm_conn_request final : public detail::conn_request_impl {
  public:
@@ -399,27 +487,13 @@ class shm_conn_request final : public detail::conn_request_impl {
 
 result<std::unique_ptr<detail::conn_request_impl>> shm_listener::accept(
     std::chrono::milliseconds timeout) {
-  const auto deadline = clk::now() + timeout;
-  int c = -1;
-  for (;;) {
-    c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c >= 0) break;
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-      return make_error(errc::io_error, "accept on " + addr_, errno);
-    if (ms_left(deadline) == 0)
-      return make_error(errc::timed_out,
-                        "accept on " + addr_ + ": no connection within " + seconds_text(timeout));
-    pollfd pf{fd_.get(), POLLIN, 0};
-    ::poll(&pf, 1, std::min(ms_left(deadline), 1000));
-  }
-  fd_holder conn(c);
-  const pid_t pid = peer_pid_of(c);
-  const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
-  hs_msg req;
-  int memfd = -1;
+  return pump_->accept(timeout);
+}
+
+result<std::unique_ptr<detail::conn_request_impl>> shm_listener::finish(fd_holder conn,
+                                                                        const hs_msg& req,
+                                                                        int memfd, pid_t pid) {
   const std::string who = "shm handshake with pid " + std::to_string(pid) + " on " + addr_;
-  auto r = recv_msg(c, req, &memfd, clk::now() + hs, hs, who);
-  if (!r) return std::unexpected(r.error());
   fd_holder seg_fd(memfd);
   if (req.kind != hs_kind::request || !seg_fd)
     return make_error(errc::protocol_error,
@@ -545,7 +619,7 @@ result<std::unique_ptr<detail::listener_impl>> shm_device::bind_listener(std::st
     return make_error(errc::address_error, "listen on " + std::string(address) + ": listen", errno);
   auto self = std::static_pointer_cast<shm_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(
-      new shm_listener(std::move(self), std::move(fd), std::string(address)));
+      new shm_listener(std::move(self), std::move(fd), std::string(address), backlog));
 }
 
 result<connection_info> shm_qp::connect(std::string_view address, const connect_options& opts) {

@@ -7,6 +7,7 @@
 // as the first FPDU. Responder: accepts rev 1 and rev 2 requests, refuses
 // markers, echoes C and A, picks the Write RTR when offered (else Read), and
 // answers the extension offer with ext_ack (never by echoing the offer).
+#include "core/handshake_pump.hpp"
 #include "providers/soft/engine/soft_qp.hpp"
 #include "providers/soft/soft_device.hpp"
 
@@ -15,6 +16,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 
@@ -69,25 +72,6 @@ result<mpa_frame> read_mpa(int fd, bool reply, clk::time_point deadline, std::ch
   return std::move(*f);
 }
 
-class soft_conn_request;
-
-class soft_listener final : public detail::listener_impl {
- public:
-  soft_listener(std::shared_ptr<soft_device> dev, net::fd_guard fd)
-      : dev_(std::move(dev)), fd_(std::move(fd)), local_(net::local_endpoint(fd_.get())) {}
-  std::string address() const override { return local_.to_string(); }
-  std::uint16_t port() const noexcept override {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&local_.ss);
-    return ntohs(a->sin_port);
-  }
-  result<std::unique_ptr<detail::conn_request_impl>> accept(std::chrono::milliseconds timeout) override;
-
- private:
-  std::shared_ptr<soft_device> dev_;
-  net::fd_guard fd_;
-  net::endpoint local_;
-};
-
 class soft_conn_request final : public detail::conn_request_impl {
  public:
   soft_conn_request(std::shared_ptr<soft_device> dev, net::fd_guard fd, mpa_frame req, std::string peer)
@@ -113,28 +97,122 @@ class soft_conn_request final : public detail::conn_request_impl {
   std::string peer_;
 };
 
-result<std::unique_ptr<detail::conn_request_impl>> soft_listener::accept(std::chrono::milliseconds timeout) {
-  const auto deadline = clk::now() + timeout;
-  auto c = net::accept_tcp(fd_.get(), deadline);
-  if (!c) return std::unexpected(c.error());
-  const std::string peer = net::peer_endpoint(c->get()).to_string();
-  const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
-  bool markers = false;
-  auto req = read_mpa(c->get(), false, clk::now() + hs, hs, peer, &markers);
-  if (markers) {
-    // A request asking for markers gets a rejecting Reply (as siw does).
-    mpa_frame rep;
-    rep.reply = true;
-    rep.revision = 2;
-    rep.flags = mpa_flag::reject;
-    auto bytes = encode_mpa(rep);
-    (void)net::write_all(c->get(), bytes, clk::now() + hs, "MPA reject");
-    return make_error(errc::protocol_error, "MPA request from " + peer + " asks for markers (refused)");
-  }
-  if (!req) return std::unexpected(req.error());  // the peer is dropped
-  return std::unique_ptr<detail::conn_request_impl>(
-      new soft_conn_request(dev_, std::move(*c), std::move(*req), peer));
+// Sends a small frame on a non-blocking socket without waiting: the listener
+// thread never blocks on a peer. A peer whose receive buffer cannot take a
+// reply this small does not get one.
+void send_now(int fd, std::span<const std::byte> bytes) noexcept {
+  (void)!::send(fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
+
+// One MPA request being read by the listener thread: the 20-byte header, then
+// exactly PD_Length bytes (at most 512, RFC 5044), never a byte more.
+class mpa_request_reader final : public detail::pending_handshake {
+ public:
+  mpa_request_reader(std::shared_ptr<soft_device> dev, int fd)
+      : dev_(std::move(dev)), fd_(fd), peer_(net::peer_endpoint(fd).to_string()) {
+    buf_.resize(mpa_header_size);
+  }
+  int fd() const noexcept override { return fd_.get(); }
+  step on_readable(std::string& why) override {
+    while (got_ < buf_.size()) {
+      const ssize_t n = ::recv(fd_.get(), buf_.data() + got_, buf_.size() - got_, MSG_DONTWAIT);
+      if (n == 0) {
+        why = "MPA handshake with " + peer_ + ": the peer closed the connection";
+        return step::failed;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return step::more;
+        why = "MPA handshake with " + peer_ + ": " + std::strerror(errno);
+        return step::failed;
+      }
+      got_ += static_cast<std::size_t>(n);
+      if (got_ == mpa_header_size && buf_.size() == mpa_header_size) {
+        if (std::to_integer<std::uint8_t>(buf_[16]) & mpa_flag::markers) {
+          // A request asking for markers gets a rejecting Reply (as siw does).
+          mpa_frame rep;
+          rep.reply = true;
+          rep.revision = 2;
+          rep.flags = mpa_flag::reject;
+          send_now(fd_.get(), encode_mpa(rep));
+          why = "MPA request from " + peer_ + " asks for markers (refused)";
+          return step::failed;
+        }
+        auto pdlen = mpa_pd_length(buf_, false);
+        if (!pdlen) {
+          why = "MPA handshake with " + peer_ + ": " + std::string(to_string(pdlen.error()));
+          return step::failed;
+        }
+        buf_.resize(mpa_header_size + *pdlen);
+      }
+    }
+    auto f = decode_mpa(buf_, false);
+    if (!f) {
+      why = "MPA handshake with " + peer_ + ": " + std::string(to_string(f.error()));
+      return step::failed;
+    }
+    req_ = std::move(*f);
+    return step::done;
+  }
+  std::unique_ptr<detail::conn_request_impl> take() override {
+    return std::make_unique<soft_conn_request>(dev_, std::move(fd_), std::move(req_), peer_);
+  }
+  void refuse_busy() noexcept override {
+    try {
+      mpa_frame rep;
+      rep.reply = true;
+      rep.revision = req_.revision == 2 ? 2 : 1;
+      rep.flags = mpa_flag::reject;
+      if (req_.v2) rep.v2 = mpa_v2_words{};
+      static constexpr std::string_view busy = "listener busy: too many requests wait for accept()";
+      const auto b = std::as_bytes(std::span(busy.data(), busy.size()));
+      rep.private_data.assign(b.begin(), b.end());
+      send_now(fd_.get(), encode_mpa(rep));
+      ::shutdown(fd_.get(), SHUT_WR);
+    } catch (...) {
+    }
+  }
+
+ private:
+  std::shared_ptr<soft_device> dev_;
+  net::fd_guard fd_;
+  std::string peer_;
+  std::vector<std::byte> buf_;
+  std::size_t got_ = 0;
+  mpa_frame req_;
+};
+
+class soft_listener final : public detail::listener_impl {
+ public:
+  soft_listener(std::shared_ptr<soft_device> dev, net::fd_guard fd, int backlog)
+      : dev_(std::move(dev)),
+        fd_(std::move(fd)),
+        local_(net::local_endpoint(fd_.get())),
+        pump_(fd_.get(), "accept on " + local_.to_string(), limits(*dev_, backlog),
+              [d = dev_](int c) { return std::make_unique<mpa_request_reader>(d, c); }) {}
+  std::string address() const override { return local_.to_string(); }
+  std::uint16_t port() const noexcept override {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&local_.ss);
+    return ntohs(a->sin_port);
+  }
+  result<std::unique_ptr<detail::conn_request_impl>> accept(
+      std::chrono::milliseconds timeout) override {
+    return pump_.accept(timeout);
+  }
+
+ private:
+  static detail::handshake_limits limits(const soft_device& d, int backlog) {
+    detail::handshake_limits l;
+    l.max_pending = std::max<std::uint32_t>(1, d.options().max_pending_handshakes);
+    l.deadline = std::chrono::milliseconds(d.options().handshake_timeout_ms);
+    l.max_ready = static_cast<std::size_t>(std::max(1, backlog));
+    return l;
+  }
+  std::shared_ptr<soft_device> dev_;
+  net::fd_guard fd_;
+  net::endpoint local_;
+  detail::handshake_pump pump_;  // last: its thread stops before the socket closes
+};
 
 result<void> soft_conn_request::reject(std::span<const std::byte> reason) {
   if (!fd_) return make_error(errc::invalid_state, "reject: request already answered");
@@ -248,7 +326,8 @@ result<std::unique_ptr<detail::listener_impl>> soft_device::bind_listener(std::s
   auto fd = net::listen_tcp(*ep, backlog);
   if (!fd) return std::unexpected(fd.error());
   auto self = std::static_pointer_cast<soft_device>(shared_from_this());
-  return std::unique_ptr<detail::listener_impl>(new soft_listener(std::move(self), std::move(*fd)));
+  return std::unique_ptr<detail::listener_impl>(
+      new soft_listener(std::move(self), std::move(*fd), backlog));
 }
 
 result<connection_info> soft_qp::connect(std::string_view address, const connect_options& opts) {
