@@ -690,6 +690,10 @@ void Context::send(const std::shared_ptr<buf_state>& st, int dst, std::uint64_t 
 
 void Context::recv(const std::shared_ptr<buf_state>& st, std::vector<int> srcs, std::uint64_t slot,
                    std::byte* ptr, std::size_t n) {
+  // A recv-from-any list may name this rank (torch's recv without a source
+  // lists every rank): there is no pair to self, so it can never match.
+  if (srcs.size() > 1) std::erase(srcs, rank);
+  GLOO_ENFORCE(!srcs.empty(), "conveyor-gloo: recv from no other rank");
   std::lock_guard g(mu_);
   for (int r : srcs) pair(r).check_usable();
   int chosen = -1;

@@ -22,7 +22,9 @@ def _find():
     explicit = os.environ.get("CONVEYOR_GLOO_LIBRARY")
     if explicit:
         return explicit
-    for d in (_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..", "..", "lib")):
+    # next to the module, the build tree (build/python -> build/lib), an install
+    # (<prefix>/lib/python3/dist-packages/conveyor_gloo -> <prefix>/lib)
+    for d in (_HERE, os.path.join(_HERE, "..", "..", "lib"), os.path.join(_HERE, "..", "..", "..")):
         p = os.path.join(d, _NAME)
         if os.path.exists(p):
             return os.path.abspath(p)
