@@ -196,8 +196,6 @@ struct out_item {
   std::uint32_t write_rkey = 0;
   std::shared_ptr<send_op> op;        // completes with this SEND
   std::shared_ptr<bound_send> bsend;  // likewise, for a bound buffer
-  bool writes_posted = false;         // fenced pairs: the SEND waits for their completions
-  std::uint32_t writes_pending = 0;
 };
 
 struct staging_meta {
@@ -406,8 +404,7 @@ class Pair final : public ::gloo::transport::Pair {
   std::map<std::uint64_t, std::deque<std::shared_ptr<send_op>>> pending_sends_;
   std::map<std::uint64_t, std::deque<rtr_info>> remote_rtrs_;
   std::deque<out_item> out_;
-  std::deque<out_item> fenced_;  // SENDs waiting for their WRITEs to complete
-  std::size_t parked_ = 0;       // entries the peer made us hold (RTRs, notifications)
+  std::size_t parked_ = 0;  // entries the peer made us hold (RTRs, notifications)
   bool failed_ = false;
   std::string error_;
 
@@ -417,8 +414,7 @@ class Pair final : public ::gloo::transport::Pair {
   void handle(const conveyor::work_completion& wc);
   void handle_message(std::uint32_t idx, std::uint32_t len);
   void transmit(const std::shared_ptr<send_op>& op, const rtr_info& r, std::uint8_t flags);
-  // 1: posted; 0: no room now; 2: its WRITEs posted, the SEND waits in fenced_.
-  int post_item(out_item& it);
+  bool post_item(out_item& it);
 
   Context& ctx_;
   const int peer_;
@@ -434,10 +430,6 @@ class Pair final : public ::gloo::transport::Pair {
   std::uint32_t credits_ = 0, to_return_ = 0, sq_used_ = 0;
   std::uint32_t max_write_ = write_chunk;
   bool connected_ = false;
-  // shm: a SEND posted behind a large WRITE can be delivered before the WRITE's
-  // bytes are placed (seen with cross-memory attach), so the message that says
-  // "placed" waits for the WRITE's own completion.
-  bool fence_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -535,9 +527,13 @@ class SendBuffer final : public ::gloo::transport::Buffer {
  public:
   SendBuffer(Context& ctx, Pair& pair, int slot, void* ptr, size_t size)
       : Buffer(slot, ptr, size), ctx_(ctx), pair_(pair), st_(std::make_shared<bound_send>()) {
+    // The older algorithms reuse a send buffer's memory right after send()
+    // without waiting (ReduceScatterHalvingDoubling's distribution phase
+    // memcpys into ptrs_[0] while its sends from there are in flight): they
+    // rely on Gloo TCP writing to the socket at once. So send() copies the
+    // range into this registered shadow, and the WRITE goes from there.
     if (size > 0) {
-      auto mr = pair.pd().register_memory(std::span(static_cast<std::byte*>(ptr), size),
-                                          conveyor::access::local_write);
+      auto mr = pair.pd().allocate_memory(size, conveyor::access::local_write);
       if (!mr) GLOO_THROW_IO_EXCEPTION("conveyor-gloo: register: ", mr.error().to_string());
       mr_ = std::move(*mr);
     }
@@ -552,6 +548,11 @@ class SendBuffer final : public ::gloo::transport::Buffer {
     GLOO_ENFORCE((length) <= (size_ - offset), "conveyor-gloo: out of range");
     std::unique_lock l(ctx_.mu_);
     auto deadline = clock_type::now() + ctx_.getTimeout();
+    // The shadow may be overwritten only once earlier sends from it are done.
+    if (!ctx_.bound_cv_.wait_until(l, deadline, [&] { return st_->pending == 0 || pair_.failed_; }))
+      GLOO_THROW_IO_EXCEPTION("Timed out waiting for an earlier send to rank ", pair_.peer());
+    if (length > 0)
+      std::memcpy(mr_.data() + offset, static_cast<const std::byte*>(ptr_) + offset, length);
     std::map<std::uint64_t, conveyor::remote_region>::iterator it;
     while (true) {
       pair_.check_usable();
@@ -794,8 +795,7 @@ void Context::cancel(const std::shared_ptr<buf_state>& st) {
     auto& p = *static_cast<Pair*>(up.get());
     for (auto& [slot, q] : p.pending_sends_)
       std::erase_if(q, [&](const std::shared_ptr<send_op>& o) { return o->st == st; });
-    std::erase_if(p.out_,
-                  [&](const out_item& o) { return o.op && o.op->st == st && !o.writes_posted; });
+    std::erase_if(p.out_, [&](const out_item& o) { return o.op && o.op->st == st; });
     for (auto& [tok, op] : p.recv_ops_) {
       if (op->st == st) {
         op->cancelled = true;  // data still on its way is dropped
@@ -964,7 +964,6 @@ void Pair::connect(const std::vector<char>& bytes) {
   {
     std::lock_guard g(ctx_.mu_);
     credits_ = recv_depth;
-    fence_ = kind == "shm" && std::getenv("CONVEYOR_GLOO_NO_FENCE") == nullptr;
     connected_ = true;
   }
   thread_ = std::thread([this] { progress_loop(); });
@@ -1004,9 +1003,6 @@ void Pair::fail(const std::string& why) {
     for (auto& op : q) op->st->fail(error_);
   for (auto& it : out_)
     if (it.op) it.op->st->fail(error_);
-  for (auto& it : fenced_)
-    if (it.op) it.op->st->fail(error_);
-  fenced_.clear();
   for (auto& s : staging_)
     if (s.op) s.op->st->fail(error_);
   recv_ops_.clear();
@@ -1095,14 +1091,13 @@ void Pair::transmit(const std::shared_ptr<send_op>& op, const rtr_info& r, std::
   enqueue(std::move(o));
 }
 
-int Pair::post_item(out_item& it) {
-  std::uint32_t chunks = it.write_len == 0 || it.writes_posted
-                             ? 0
-                             : std::uint32_t((it.write_len + max_write_ - 1) / max_write_);
+bool Pair::post_item(out_item& it) {
+  std::uint32_t chunks =
+      it.write_len == 0 ? 0 : std::uint32_t((it.write_len + max_write_ - 1) / max_write_);
   bool credit_only = it.h.type == wire::msg_type::credit;
   if (free_staging_.empty() || credits_ < (credit_only ? 1u : 2u) ||
       sq_used_ + chunks + 1 > sq_depth)
-    return 0;
+    return false;
   for (std::uint32_t c = 0; c < chunks; ++c) {
     std::size_t off = std::size_t(c) * max_write_;
     std::size_t len = std::min<std::size_t>(max_write_, it.write_len - off);
@@ -1116,14 +1111,9 @@ int Pair::post_item(out_item& it) {
     auto st = qp_.post_send(w);
     if (st != conveyor::errc::ok) {
       fail("post WRITE: " + std::string(conveyor::to_string(st)));
-      return 0;
+      return false;
     }
     ++sq_used_;
-  }
-  if (chunks > 0 && fence_) {
-    it.writes_posted = true;
-    it.writes_pending = chunks;
-    return 2;
   }
   std::uint32_t idx = free_staging_.back();
   free_staging_.pop_back();
@@ -1139,19 +1129,17 @@ int Pair::post_item(out_item& it) {
       make_wr(wr_kind::send, idx));
   if (st != conveyor::errc::ok) {
     fail("post SEND: " + std::string(conveyor::to_string(st)));
-    return 0;
+    return false;
   }
   ++sq_used_;
   --credits_;
-  return 1;
+  return true;
 }
 
 void Pair::pump() {
   if (failed_ || !connected_) return;
   while (!out_.empty()) {
-    int r = post_item(out_.front());
-    if (r == 0) return;
-    if (r == 2) fenced_.push_back(std::move(out_.front()));
+    if (!post_item(out_.front())) return;
     out_.pop_front();
   }
   if (to_return_ >= recv_depth / 2) {
@@ -1172,10 +1160,6 @@ void Pair::handle(const conveyor::work_completion& wc) {
   switch (kind) {
     case wr_kind::write:
       --sq_used_;
-      if (fence_ && !fenced_.empty() && --fenced_.front().writes_pending == 0) {
-        out_.push_front(std::move(fenced_.front()));
-        fenced_.pop_front();
-      }
       return;
     case wr_kind::send: {
       --sq_used_;
