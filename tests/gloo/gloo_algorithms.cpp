@@ -382,6 +382,20 @@ int run_fault(const std::string& dir, const std::string& device, const std::stri
     return 1;
   } catch (const gloo::IoException& e) {
     auto took = std::chrono::steady_clock::now() - start;
+    // A survivor that exits at once closes its connections, and another
+    // survivor still waiting would then fail naming it instead of the victim:
+    // each waits (bounded) until every survivor has raised.
+    {
+      std::FILE* f = std::fopen((dir + "/raised." + std::to_string(g_rank)).c_str(), "w");
+      if (f) std::fclose(f);
+      auto until = std::chrono::steady_clock::now() + 10s;
+      for (int r = 0; r < g_size - 1 && std::chrono::steady_clock::now() < until;) {
+        if (std::filesystem::exists(dir + "/raised." + std::to_string(r)))
+          ++r;
+        else
+          std::this_thread::sleep_for(5ms);
+      }
+    }
     std::string what = e.what();
     std::fprintf(stderr, "rank %d: raised after %lld ms: %s\n", g_rank,
                  (long long)std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
