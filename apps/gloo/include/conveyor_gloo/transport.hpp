@@ -1,0 +1,35 @@
+// conveyor_gloo/transport.hpp — a Gloo transport over Conveyor (soft, shm, verbs).
+//
+//   auto dev = conveyor_gloo::CreateDevice({.hostname = "127.0.0.1"});
+//   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+//   ctx->connectFullMesh(store, dev);           // one RC connection per pair
+//   gloo::allreduce(opts);                      // any Gloo algorithm
+//
+// The provider is chosen per pair when it connects: `device` (or the
+// CONVEYOR_GLOO_DEVICE environment variable) forces "soft", "shm" or
+// "verbs[:name]"; by default two ranks on one host (same boot and network
+// namespace) use shm, others soft. docs/GLOO.md describes the protocol.
+//
+// Thread safety: as Gloo's transports (a context and its buffers may be used
+// from the threads Gloo's algorithms use).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <gloo/transport/device.h>
+
+namespace conveyor_gloo {
+
+struct attr {
+  // Address (or host name) peers on other hosts reach this one at (soft and
+  // verbs listeners bind to it). Empty: this host's name, resolved to IPv4.
+  std::string hostname;
+  // "", "soft", "shm", "verbs" or "verbs:<device>"; empty reads
+  // CONVEYOR_GLOO_DEVICE, and if that is unset chooses per pair.
+  std::string device;
+};
+
+std::shared_ptr<::gloo::transport::Device> CreateDevice(const attr& a);
+
+}  // namespace conveyor_gloo

@@ -1,0 +1,153 @@
+// wire.hpp — conveyor-gloo's messages and pair address: fixed layouts, encoded
+// little-endian field by field, decoded into validated copies (a peer's bytes
+// are never used in place).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace conveyor_gloo::wire {
+
+// Every message a pair sends is one SEND into a peer's staging receive: this
+// header, then (DATA only) the payload.
+enum class msg_type : std::uint8_t {
+  notify = 1,        // a send was posted for `slot` (feeds recv-from-any)
+  rtr = 2,           // ready to receive: token, nbytes; large ones carry addr/rkey
+  data = 3,          // eager payload for `token`
+  done = 4,          // RDMA WRITEs for `token` are placed
+  credit = 5,        // returns receive credits only
+  buf_announce = 6,  // bound recv buffer for `slot`: addr, nbytes, rkey
+  buf_retract = 7,   // bound recv buffer for `slot` is gone
+  buf_done = 8,      // bound write of nbytes at offset (in token) for `slot` placed
+};
+
+inline constexpr std::uint32_t msg_magic = 0x4356474d;  // "CVGM"
+inline constexpr std::uint8_t flag_notify = 1;          // data/done also count as the notify
+
+struct header {
+  msg_type type = msg_type::credit;
+  std::uint8_t flags = 0;
+  std::uint32_t credits = 0;
+  std::uint64_t slot = 0;
+  std::uint64_t token = 0;
+  std::uint64_t nbytes = 0;
+  std::uint64_t addr = 0;
+  std::uint32_t rkey = 0;
+};
+inline constexpr std::size_t header_size = 48;
+
+inline void put32(std::byte* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = std::byte(v >> (8 * i));
+}
+inline void put64(std::byte* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = std::byte(v >> (8 * i));
+}
+inline std::uint32_t get32(const std::byte* p) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= std::uint32_t(p[i]) << (8 * i);
+  return v;
+}
+inline std::uint64_t get64(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= std::uint64_t(p[i]) << (8 * i);
+  return v;
+}
+
+inline void encode(const header& h, std::byte* out) {
+  std::memset(out, 0, header_size);
+  put32(out, msg_magic);
+  out[4] = std::byte(h.type);
+  out[5] = std::byte(h.flags);
+  put32(out + 8, h.credits);
+  put64(out + 12, h.slot);
+  put64(out + 20, h.token);
+  put64(out + 28, h.nbytes);
+  put64(out + 36, h.addr);
+  put32(out + 44, h.rkey);
+}
+
+// Checks the magic and the type; the caller checks fields against its state.
+inline std::optional<header> decode(const std::byte* in, std::size_t len) {
+  if (len < header_size || get32(in) != msg_magic) return std::nullopt;
+  header h;
+  auto t = std::uint8_t(in[4]);
+  if (t < 1 || t > 8) return std::nullopt;
+  h.type = msg_type(t);
+  h.flags = std::uint8_t(in[5]);
+  if ((h.flags & ~flag_notify) != 0) return std::nullopt;
+  h.credits = get32(in + 8);
+  h.slot = get64(in + 12);
+  h.token = get64(in + 20);
+  h.nbytes = get64(in + 28);
+  h.addr = get64(in + 36);
+  h.rkey = get32(in + 44);
+  return h;
+}
+
+// A pair's address: what the peer needs to connect to it. Fixed size, since
+// Gloo's rendezvous splits the concatenated addresses of a rank evenly.
+inline constexpr std::uint32_t addr_magic = 0x4356474c;  // "CVGL"
+inline constexpr std::size_t addr_size = 184;            // <= gloo's kMaxByteSize (192)
+inline constexpr std::size_t addr_str_max = 64;
+
+struct address {
+  std::uint32_t rank = 0;
+  std::uint64_t cookie = 0;       // echoed by the connecting peer
+  std::uint8_t host_id[24] = {};  // boot id + network namespace: "same host" test
+  std::string forced;             // provider forced on this side ("" = choose), <= 15
+  std::string soft;               // "ip:port" of the soft listener, "" if none
+  std::string shm;                // "@name" of the shm listener, "" if none
+  std::string verbs;              // "ip:port" of the verbs listener, "" if none
+};
+
+inline void put_str(std::byte* p, std::size_t cap, const std::string& s) {
+  std::size_t n = s.size() < cap - 1 ? s.size() : cap - 1;
+  p[0] = std::byte(n);
+  std::memcpy(p + 1, s.data(), n);
+}
+inline std::optional<std::string> get_str(const std::byte* p, std::size_t cap) {
+  std::size_t n = std::size_t(p[0]);
+  if (n > cap - 1) return std::nullopt;
+  std::string s(reinterpret_cast<const char*>(p + 1), n);
+  for (char c : s)
+    if (c < 0x21 || c > 0x7e) return std::nullopt;
+  return s;
+}
+
+inline std::vector<char> encode(const address& a) {
+  std::vector<char> out(addr_size, 0);
+  auto* p = reinterpret_cast<std::byte*>(out.data());
+  put32(p, addr_magic);
+  put32(p + 4, a.rank);
+  put64(p + 8, a.cookie);
+  std::memcpy(p + 16, a.host_id, sizeof a.host_id);  // 16..40
+  put_str(p + 40, 16, a.forced);                     // 40..56
+  put_str(p + 56, 42, a.soft);                       // 56..98
+  put_str(p + 98, 44, a.shm);                        // 98..142
+  put_str(p + 142, 42, a.verbs);                     // 142..184
+  return out;
+}
+
+inline std::optional<address> decode_address(const std::vector<char>& bytes) {
+  if (bytes.size() != addr_size) return std::nullopt;
+  auto* p = reinterpret_cast<const std::byte*>(bytes.data());
+  if (get32(p) != addr_magic) return std::nullopt;
+  address a;
+  a.rank = get32(p + 4);
+  a.cookie = get64(p + 8);
+  std::memcpy(a.host_id, p + 16, sizeof a.host_id);
+  auto f = get_str(p + 40, 16), s = get_str(p + 56, 42), m = get_str(p + 98, 44),
+       v = get_str(p + 142, 42);
+  if (!f || !s || !m || !v) return std::nullopt;
+  a.forced = *f;
+  a.soft = *s;
+  a.shm = *m;
+  a.verbs = *v;
+  return a;
+}
+
+}  // namespace conveyor_gloo::wire
