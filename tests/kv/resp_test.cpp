@@ -67,6 +67,18 @@ TEST(resp_parser, unbalanced_quotes_are_a_protocol_error) {
   EXPECT_EQ(st, kv::parse_status::error);
 }
 
+TEST(resp_parser, raw_control_bytes_in_an_inline_command_are_a_protocol_error) {
+  kv::parse_status st;
+  parse_all(std::string("\0\xff\xfegarbage\r\n", 13), 100, &st);
+  EXPECT_EQ(st, kv::parse_status::error);
+  parse_all("set k \x1b[2J\r\n", 100, &st);
+  EXPECT_EQ(st, kv::parse_status::error);
+  auto ok = parse_all("set k \"\\x00\\x1b\" \xc3\xa9\r\n", 100, &st);  // escapes and UTF-8 are fine
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0][2], std::string("\0\x1b", 2));
+  EXPECT_EQ(ok[0][3], "\xc3\xa9");
+}
+
 TEST(resp_parser, empty_and_null_multibulk_are_skipped) {
   auto cmds = parse_all("*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n", 1);
   ASSERT_EQ(cmds.size(), 3u);

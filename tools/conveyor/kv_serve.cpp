@@ -70,6 +70,10 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
       ->capture_default_str();
   app.add_option("--timeout", o.timeout_s, "close RESP clients idle this many seconds (0: never)")
       ->capture_default_str();
+  app.add_option("--partial-timeout", o.partial_timeout_s,
+                 "close RESP clients whose command is still incomplete after this many seconds")
+      ->check(CLI::Range(1u, 3600u))
+      ->capture_default_str();
   app.add_option("--provider", o.provider,
                  "device the store's memory is registered with (soft, shm, verbs...)")
       ->capture_default_str();
@@ -89,6 +93,7 @@ int run_kv_serve(const kv_serve_options& o) {
   so.cfg.maxmemory_policy = o.maxmemory_policy;
   so.cfg.maxclients = o.maxclients;
   so.cfg.timeout_s = o.timeout_s;
+  so.partial_timeout_s = o.partial_timeout_s;
   kv::parse_fsync_policy(o.appendfsync, so.fsync);
   std::size_t maxmemory = 0, data_bytes = 0;
   if (!parse_memory(o.maxmemory, maxmemory)) {

@@ -18,6 +18,15 @@ int serve(const serve_options& opts, const store_factory& make_store) {
     std::fprintf(stderr, "conveyor kv serve: %s\n", why.c_str());
     return 1;
   };
+  // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the
+  // way out). Blocked before any thread starts (the device's engine threads
+  // inherit the mask), so only the signalfd sees them.
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   auto dev = device::open(opts.provider);
   if (!dev) return fail("opening device " + opts.provider + ": " + dev.error().to_string());
   auto pd = dev->alloc_pd();
@@ -55,13 +64,6 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   }
 
   server_loop loop;
-  // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the way out).
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   int sfd = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sfd < 0) return fail("signalfd failed");
   loop.add_fd(sfd, EPOLLIN, [&](unsigned) {
