@@ -81,7 +81,7 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   ro.idle_timeout = std::chrono::seconds(opts.cfg.timeout_s);
   ro.limits.max_bulk =
       opts.store.max_value > opts.store.max_key ? opts.store.max_value : opts.store.max_key;
-  ro.limits.max_buffered = ro.limits.max_bulk + (1u << 20);
+  ro.limits.max_buffered = opts.store.max_value + opts.store.max_key + (1u << 20);
   resp_server resp(loop, exec, log.get(), ro);
   std::string why;
   if (!resp.listen(why)) {
