@@ -22,6 +22,7 @@ constexpr std::size_t lane_item_bytes = 32u
                                         << 10;  // items up to this size land in the lane's scratch
 constexpr std::uint64_t rpc_send_id = ~0ull, rpc_recv_id = ~0ull - 1;
 constexpr int max_restarts = 1000;
+constexpr int max_slow = 8;  // re-reads because a GET outlasted the grace time
 
 enum kind : std::uint64_t { k_group0 = 0, k_group1 = 1, k_item = 2 };
 
@@ -40,7 +41,8 @@ struct lane {
   std::size_t cand = 0;
   std::uint64_t item_off = 0, item_len = 0;
   clock::time_point start;
-  int restarts = 0;
+  int restarts = 0, slow = 0;
+  bool suspect = false;
 };
 
 class client_impl final : public client {
@@ -247,6 +249,7 @@ class client_impl final : public client {
         ln.key = keys[next++];
         ln.p = L::place(L::hash_key(ln.key, d_.seed), d_.buckets);
         ln.restarts = 0;
+        ln.slow = 0;
         ++stats_.gets;
         if (auto r = read_groups(l); !r) return r;
       }
@@ -281,8 +284,14 @@ class client_impl final : public client {
         // the item
         const std::byte* buf = ln.item_len > lane_item_bytes ? ln.big.data() : ln.item;
         auto c = L::check_item(buf, ln.item_len, ln.key, d_.seed);
-        if (c.result == L::item_result::ok && clock::now() - ln.start > grace())
+        // Slower than the grace time: the item may have been freed and reused
+        // meanwhile. Read again; after a few slow tries the checksum and the
+        // key (checked above) are the guard (docs/KV.md, "Reclamation").
+        if (c.result == L::item_result::ok && clock::now() - ln.start > grace() &&
+            ln.slow < max_slow) {
+          ++ln.slow;
           c.result = L::item_result::torn;
+        }
         switch (c.result) {
           case L::item_result::ok:
             if (c.expire_at && c.expire_at <= now_ms()) {
@@ -294,11 +303,15 @@ class client_impl final : public client {
             }
             break;
           case L::item_result::other_key:
+            // Within the grace time this is a tag collision. Later, the memory
+            // may have been reused by another key while this one still exists:
+            // a miss concluded from it is read again (next_candidate).
+            if (clock::now() - ln.start > grace()) ln.suspect = true;
             ++ln.cand;
             if (auto r = next_candidate(l, finish); !r) return r;
             break;
           case L::item_result::need_more:
-            if (c.need > d_.data.length) {
+            if (c.need > d_.data.length - ln.item_off) {  // never READ past the region
               if (auto r = restart(l); !r) return r;
               break;
             }
@@ -313,12 +326,27 @@ class client_impl final : public client {
     return {};
   }
 
+  // The status of the completion that failed the QP, for the error message.
+  std::string first_error() {
+    std::array<work_completion, 32> wcs;
+    for (int i = 0; i < 8; ++i) {
+      auto n = cq_.poll(wcs);
+      if (!n || *n == 0) break;
+      for (std::size_t k = 0; k < *n; ++k)
+        if (wcs[k].status != wc_status::success && wcs[k].status != wc_status::wr_flush_err)
+          return std::string(" after a READ failed: ") + std::string(to_string(wcs[k].status)) +
+                 " wr " + std::to_string(wcs[k].wr_id);
+    }
+    return {};
+  }
+
   std::chrono::milliseconds grace() const { return std::chrono::milliseconds(d_.reclaim_grace_ms); }
 
   result<void> read_groups(std::uint32_t l) {
     auto& ln = lanes_[l];
     ln.start = clock::now();
     ln.pending = 2;
+    ln.suspect = false;
     std::array<sge, 2> s;
     std::array<send_wr, 2> wr;
     for (int g = 0; g < 2; ++g) {
@@ -332,7 +360,8 @@ class client_impl final : public client {
                       .rkey = d_.index.rkey};
     }
     stats_.reads += 2;
-    if (auto st = qp_.post_send(wr); st != errc::ok) return fail(st, "kv client: post READ");
+    if (auto st = qp_.post_send(wr); st != errc::ok)
+      return fail(st, "kv client: post READ" + first_error());
     return {};
   }
 
@@ -350,6 +379,10 @@ class client_impl final : public client {
       auto span = L::item_of(ln.cands[ln.cand], d_.data.length);
       if (!span) return restart(l);  // a slot outside the data region: never READ it
       return read_item(l, span->offset, span->bytes);
+    }
+    if (ln.suspect && ln.slow < max_slow) {
+      ++ln.slow;
+      return restart(l);
     }
     finish(l);  // no candidate is this key's: a miss
     return {};
@@ -380,7 +413,8 @@ class client_impl final : public client {
                .remote_addr = d_.data.addr + off,
                .rkey = d_.data.rkey};
     ++stats_.reads;
-    if (auto st = qp_.post_send(wr); st != errc::ok) return fail(st, "kv client: post READ");
+    if (auto st = qp_.post_send(wr); st != errc::ok)
+      return fail(st, "kv client: post READ" + first_error());
     return {};
   }
 

@@ -189,18 +189,20 @@ class rdma_server_impl final : public rdma_server {
     if (it == conns_.end()) return;
     connection& c = *it->second;
     std::array<work_completion, 16> wcs;
-    for (int round = 0; round < 2 && !c.closing; ++round) {
-      for (;;) {
-        auto n = c.cq.poll(wcs);
-        if (!n) {
-          close(c);
-          break;
-        }
-        if (*n == 0) break;
-        for (std::size_t i = 0; i < *n && !c.closing; ++i) handle(c, wcs[i]);
+    // Drain, then arm: a completion that lands after the last poll finds the CQ
+    // armed (or arm() sees it queued) and makes the fd readable again. No poll
+    // after arm(): an empty poll resets the fd, which would lose that wake-up.
+    for (;;) {
+      auto n = c.cq.poll(wcs);
+      if (!n) {
+        close(c);
+        break;
       }
-      if (!c.closing && round == 0) c.cq.arm();  // then poll once more: nothing slips between
+      if (*n == 0) break;
+      for (std::size_t i = 0; i < *n && !c.closing; ++i) handle(c, wcs[i]);
+      if (c.closing) break;
     }
+    if (!c.closing) c.cq.arm();
     if (c.closing) {
       loop_.remove_fd(c.cq.fd());
       loop_.post([this, id, alive = std::weak_ptr<bool>(alive_)] {
