@@ -68,7 +68,9 @@ struct server {
     static std::atomic<int> n{0};
     if (provider == "shm")
       ro.address = "@cvkv-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-    dev = must(conveyor::device::open(provider + ":kvs"));
+    conveyor::device_options dopts;
+    dopts.request_crc = std::getenv("KV_TEST_CRC") != nullptr;
+    dev = must(conveyor::device::open(provider + ":kvs", dopts));
     pd = must(dev.alloc_pd());
     st = must(kv::store::create(pd, so));
     loop.every(10ms, [this] { st->reclaim(kv::now_ms()); });
@@ -123,8 +125,13 @@ class kv_rdma : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<kv::client> connect(server& s, const std::string& password = {},
                                       std::uint32_t depth = 16) {
-    auto c = kv::client::connect(GetParam() + ":kvc", s.rdma->address(),
-                                 {.password = password, .depth = depth});
+    kv::client_options o{.password = password, .depth = depth};
+    // MPA CRC off by default here: soft computes a READ response's CRC over
+    // the source memory and sends the same memory later, so an item rewritten
+    // in between fails the connection with a CRC error (docs/KV.md, "soft").
+    // KV_TEST_CRC=1 shows it.
+    o.device.request_crc = std::getenv("KV_TEST_CRC") != nullptr;
+    auto c = kv::client::connect(GetParam() + ":kvc", s.rdma->address(), o);
     EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().to_string());
     return c ? std::move(*c) : nullptr;
   }

@@ -261,7 +261,9 @@ class client_impl final : public client {
         if (wc.wr_id == rpc_send_id) continue;
         if (wc.status != wc_status::success)
           return fail(errc::connection_reset,
-                      "kv client: READ failed: " + std::string(to_string(wc.status)));
+                      "kv client: READ failed: " + std::string(to_string(wc.status)) +
+                          " vendor_err " + std::to_string(wc.vendor_err) + " wr " +
+                          std::to_string(wc.wr_id));
         const auto l = static_cast<std::uint32_t>(wc.wr_id >> 8);
         const auto k = wc.wr_id & 0xff;
         if (l >= lanes_.size()) continue;
@@ -380,10 +382,10 @@ class client_impl final : public client {
       if (!span) return restart(l);  // a slot outside the data region: never READ it
       return read_item(l, span->offset, span->bytes);
     }
-    if (ln.suspect && ln.slow < max_slow) {
-      ++ln.slow;
-      return restart(l);
-    }
+    // A miss concluded from an item read after the grace time cannot be
+    // trusted (the key's item may have been reused): read again, until a read
+    // within the bound (or max_restarts: an error, never a wrong miss).
+    if (ln.suspect) return restart(l);
     finish(l);  // no candidate is this key's: a miss
     return {};
   }
