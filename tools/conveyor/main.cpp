@@ -3,6 +3,7 @@
 //   conveyor devices [--json] [--provider P]
 //   conveyor perf --server [ADDRESS] [options]
 //   conveyor perf ADDRESS --test write --mode bw --size 1M [options]
+//   conveyor kv serve [--port 7379] [--appendonly yes] [options]
 //   conveyor version
 //
 // Exit status: 0 success, 1 the run failed (message on stderr), 2 bad arguments.
@@ -11,6 +12,7 @@
 
 #include <cstdio>
 
+#include "kv_serve.hpp"
 #include "perf.hpp"
 
 int main(int argc, char** argv) {
@@ -24,6 +26,13 @@ int main(int argc, char** argv) {
   perf_options popts;
   auto* perf = app.add_subcommand("perf", "measure bandwidth, latency or message rate against a `perf --server`");
   add_perf_options(*perf, popts);
+  // conveyor-kv (apps/kv, docs/KV.md): the server, and the client commands.
+  auto* kv = app.add_subcommand(
+      "kv", "conveyor-kv: key-value store with one-sided RDMA GETs and the Redis protocol");
+  kv->require_subcommand(1);
+  kv_serve_options kv_sopts;
+  auto* kv_serve = kv->add_subcommand("serve", "run the server (RESP on TCP; docs/KV.md)");
+  add_kv_serve_options(*kv_serve, kv_sopts);
   auto* version = app.add_subcommand("version", "print the library version");
   try {
     app.parse(argc, argv);
@@ -31,6 +40,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // prints the help or the error
   }
   if (*devices) return run_devices(dopts);
+  if (*kv_serve) return run_kv_serve(kv_sopts);
   if (*version) {
     std::printf("conveyor %s\n", conveyor::version_string);
     return 0;

@@ -26,10 +26,20 @@ bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\r' || c == '\t' || c == '\v' || c == '\f';
 }
 
+// Raw control bytes (NUL, ESC...) have no place in a typed command: binary
+// garbage is a protocol error, not an unknown command (escapes such as "\x00"
+// inside quotes still give any byte).
+bool is_control(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return (u < 0x20 && !is_space(c)) || u == 0x7f;
+}
+
 }  // namespace
 
 bool split_inline(std::string_view line, std::vector<std::string>& out) {
   out.clear();
+  for (char c : line)
+    if (is_control(c)) return false;
   std::size_t i = 0, n = line.size();
   while (true) {
     while (i < n && is_space(line[i])) ++i;

@@ -76,7 +76,8 @@ class request_parser {
 
 // Splits an inline command line as Redis does (sdssplitargs: spaces separate,
 // "double" quotes with \n \r \t \b \a \\ \" \xHH escapes, 'single' quotes with \'
-// only). False on unbalanced quotes.
+// only). False on unbalanced quotes or on raw control bytes (below 0x20 other
+// than whitespace, and 0x7f): binary garbage is refused, not run.
 bool split_inline(std::string_view line, std::vector<std::string>& out);
 
 // Reply writer: appends one RESP value to `out`. resp is 2 or 3 (HELLO 3); where

@@ -36,6 +36,7 @@ struct client {
   bool want_out = false;  // EPOLLOUT wanted
   bool closing = false;   // close once the output is sent
   bool pending = false;   // in the pending-write list
+  bool paused = false;    // complete commands held back by the output bound
   explicit client(const parser_limits& l) : parser(l) {}
   std::size_t unsent() const { return out.size() - out_pos; }
 };
@@ -104,8 +105,17 @@ struct resp_server::impl {
       c.out.erase(0, c.out_pos);
       c.out_pos = 0;
     }
+    if (c.paused && !c.closing && c.unsent() < opts.output_pause) {
+      // Held-back commands run now; their replies (and AOF records) go out
+      // through the next send, which flushes the AOF first.
+      process(c);
+      if (c.closing && c.unsent() == 0) {
+        close_client(id);
+        return false;
+      }
+    }
     bool want_out = c.unsent() != 0;
-    bool reading = !c.closing && c.unsent() < opts.output_pause;
+    bool reading = !c.closing && !c.paused && c.unsent() < opts.output_pause;
     if (want_out != c.want_out || reading != c.reading) {
       c.want_out = want_out;
       c.reading = reading;
@@ -126,6 +136,42 @@ struct resp_server::impl {
       if (!on_readable(id, c)) return;
     }
     if (events & EPOLLOUT) send(id, c);
+  }
+
+  // Runs the complete commands the parser holds, in order, until the output
+  // reaches the pause mark: the rest waits in the parser (paused) until the
+  // client has read its replies, so a pipeline of large replies holds about
+  // output_pause bytes, not the sum of its replies.
+  void process(client& c) {
+    c.paused = false;
+    while (!c.closing) {
+      if (c.unsent() >= opts.output_pause) {
+        c.paused = c.parser.buffered() != 0;
+        break;
+      }
+      auto st = c.parser.next(argv);
+      if (st == parse_status::need_more) break;
+      if (st == parse_status::error) {
+        reply(c.out, c.sess.resp).error("ERR " + c.parser.error());
+        ++exec.stats().protocol_errors;
+        c.closing = true;
+        c.reading = false;
+        update_events(c);
+        break;
+      }
+      if (argv.empty()) continue;
+      exec.execute(c.sess, argv, c.out);
+      if (c.sess.close_after_reply) {
+        c.closing = true;
+        c.reading = false;
+        update_events(c);
+      }
+    }
+    // Only an incomplete command counts against partial_timeout; commands
+    // held back by the output bound are the server's choice.
+    bool partial = !c.paused && c.parser.partial();
+    if (partial && !c.partial) c.partial_since = c.last_active;
+    c.partial = partial;
   }
 
   // Reads and runs what arrived; false if the client was closed.
@@ -149,34 +195,13 @@ struct resp_server::impl {
       exec.stats().net_input_bytes += static_cast<std::uint64_t>(n);
       c.last_active = clock::now();
       c.parser.feed(std::string_view(buf, static_cast<std::size_t>(n)));
-      while (!c.closing) {
-        auto st = c.parser.next(argv);
-        if (st == parse_status::need_more) break;
-        if (st == parse_status::error) {
-          reply(c.out, c.sess.resp).error("ERR " + c.parser.error());
-          ++exec.stats().protocol_errors;
-          c.closing = true;
-          c.reading = false;
-          update_events(c);
-          break;
-        }
-        if (argv.empty()) continue;
-        exec.execute(c.sess, argv, c.out);
-        if (c.sess.close_after_reply) {
-          c.closing = true;
-          c.reading = false;
-          update_events(c);
-        }
-      }
-      bool partial = c.parser.partial();
-      if (partial && !c.partial) c.partial_since = c.last_active;
-      c.partial = partial;
+      process(c);
       if (c.unsent() > opts.output_limit) {
         ++exec.stats().output_limit_closes;
         close_client(id);
         return false;
       }
-      if (c.unsent() >= opts.output_pause && c.reading) {
+      if ((c.paused || c.unsent() >= opts.output_pause) && c.reading) {
         c.reading = false;
         update_events(c);
       }

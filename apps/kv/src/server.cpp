@@ -18,6 +18,15 @@ int serve(const serve_options& opts, const store_factory& make_store) {
     std::fprintf(stderr, "conveyor kv serve: %s\n", why.c_str());
     return 1;
   };
+  // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the
+  // way out). Blocked before any thread starts (the device's engine threads
+  // inherit the mask), so only the signalfd sees them.
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   auto dev = device::open(opts.provider);
   if (!dev) return fail("opening device " + opts.provider + ": " + dev.error().to_string());
   auto pd = dev->alloc_pd();
@@ -55,13 +64,6 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   }
 
   server_loop loop;
-  // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the way out).
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   int sfd = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sfd < 0) return fail("signalfd failed");
   loop.add_fd(sfd, EPOLLIN, [&](unsigned) {
@@ -79,7 +81,7 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   ro.idle_timeout = std::chrono::seconds(opts.cfg.timeout_s);
   ro.limits.max_bulk =
       opts.store.max_value > opts.store.max_key ? opts.store.max_value : opts.store.max_key;
-  ro.limits.max_buffered = ro.limits.max_bulk + (1u << 20);
+  ro.limits.max_buffered = opts.store.max_value + opts.store.max_key + (1u << 20);
   resp_server resp(loop, exec, log.get(), ro);
   std::string why;
   if (!resp.listen(why)) {
