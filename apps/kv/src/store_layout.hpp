@@ -164,9 +164,10 @@ struct description {
   std::uint64_t generation = 0;
   std::uint32_t reclaim_grace_ms = 0;  // a GET that took longer retries (docs/KV.md)
   std::uint32_t max_message = 0;       // largest RPC request or reply, bytes
+  std::uint32_t rpc_slots = 0;         // RPCs a client may have outstanding (rdma_server)
 };
 inline constexpr std::size_t description_bytes =
-    4 + 2 + 2 + 2 * remote_region::encoded_size + 8 * 3 + 4 + 4;
+    4 + 2 + 2 + 2 * remote_region::encoded_size + 8 * 3 + 4 * 3;
 
 inline void put_be(std::byte* p, std::uint64_t v, int n) noexcept {
   for (int i = n - 1; i >= 0; --i, v >>= 8) p[i] = static_cast<std::byte>(v & 0xff);
@@ -195,6 +196,7 @@ inline std::vector<std::byte> encode(const description& d) {
   put_be(p + 16, d.generation, 8);
   put_be(p + 24, d.reclaim_grace_ms, 4);
   put_be(p + 28, d.max_message, 4);
+  put_be(p + 32, d.rpc_slots, 4);
   return out;
 }
 
@@ -217,11 +219,33 @@ inline std::optional<description> decode(std::span<const std::byte> in) {
   d.generation = get_be(p + 16, 8);
   d.reclaim_grace_ms = static_cast<std::uint32_t>(get_be(p + 24, 4));
   d.max_message = static_cast<std::uint32_t>(get_be(p + 28, 4));
+  d.rpc_slots = static_cast<std::uint32_t>(get_be(p + 32, 4));
   if (d.buckets == 0 || !std::has_single_bit(d.buckets) || d.buckets > (1ull << 32))
     return std::nullopt;
   if (d.index.length < bucket_offset(d.buckets + 1)) return std::nullopt;
   if (d.data.length == 0 || d.data.length / unit > max_offset_units) return std::nullopt;
   return d;
+}
+
+// --- the client's connect private data: magic "CVKC", version, password.
+inline constexpr std::uint32_t hello_magic = 0x43564b43;
+inline constexpr std::size_t max_password = 200;
+inline std::vector<std::byte> encode_hello(std::string_view password) {
+  std::vector<std::byte> out(8 + password.size());
+  put_be(out.data(), hello_magic, 4);
+  put_be(out.data() + 4, format_version, 2);
+  put_be(out.data() + 6, password.size(), 2);
+  std::memcpy(out.data() + 8, password.data(), password.size());
+  return out;
+}
+// The password the client presented; nullopt if the bytes are not a hello.
+inline std::optional<std::string> decode_hello(std::span<const std::byte> in) {
+  if (in.size() < 8 || get_be(in.data(), 4) != hello_magic ||
+      get_be(in.data() + 4, 2) != format_version)
+    return std::nullopt;
+  const auto n = get_be(in.data() + 6, 2);
+  if (n > max_password || in.size() != 8 + n) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(in.data() + 8), n);
 }
 
 // --- the reader's checks (client, tests): pure functions of bytes read.
