@@ -36,13 +36,17 @@ kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
   c.del = kv.add_subcommand("del", "DEL a key (an RPC)");
   c.del->add_option("key", o.key)->required();
   common(c.del);
-  c.bench = kv.add_subcommand("bench", "GET/SET mix against a server: ops/s and latency percentiles");
+  c.bench =
+      kv.add_subcommand("bench", "GET/SET mix against a server: ops/s and latency percentiles");
   common(c.bench);
   c.bench->add_option("--keys", o.keys, "key space");
   c.bench->add_option("--value-size", o.value_size, "bytes per value");
-  c.bench->add_option("--get-ratio", o.get_ratio, "fraction of operations that are GETs")->check(CLI::Range(0.0, 1.0));
-  c.bench->add_option("--zipf", o.zipf, "Zipf exponent of key popularity (0: uniform)")->check(CLI::Range(0.0, 5.0));
-  c.bench->add_option("--depth", o.depth, "GETs in flight: each GET step is an MGET of this many keys")
+  c.bench->add_option("--get-ratio", o.get_ratio, "fraction of operations that are GETs")
+      ->check(CLI::Range(0.0, 1.0));
+  c.bench->add_option("--zipf", o.zipf, "Zipf exponent of key popularity (0: uniform)")
+      ->check(CLI::Range(0.0, 5.0));
+  c.bench
+      ->add_option("--depth", o.depth, "GETs in flight: each GET step is an MGET of this many keys")
       ->check(CLI::Range(1, 128));
   c.bench->add_option("--seconds", o.seconds, "measured time");
   c.bench->add_option("--load", o.load, "SET every key before measuring (true/false)");
@@ -110,8 +114,8 @@ int bench(kv::client& c, const kv_client_options& o) {
         return 1;
       }
     if (!o.json)
-      std::printf("loaded %llu keys of %u B in %.1f s\n", static_cast<unsigned long long>(o.keys), o.value_size,
-                  std::chrono::duration<double>(clk::now() - t0).count());
+      std::printf("loaded %llu keys of %u B in %.1f s\n", static_cast<unsigned long long>(o.keys),
+                  o.value_size, std::chrono::duration<double>(clk::now() - t0).count());
   }
   key_picker pick(o.keys, o.zipf);
   std::mt19937_64 rng(42);
@@ -121,18 +125,21 @@ int bench(kv::client& c, const kv_client_options& o) {
   std::vector<std::string> names(o.depth);
   std::vector<std::string_view> views(o.depth);
   const auto start = clk::now();
-  const auto end = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(o.seconds));
+  const auto end =
+      start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(o.seconds));
   while (clk::now() < end) {
     if (is_get(rng)) {
       for (std::uint32_t i = 0; i < o.depth; ++i) views[i] = names[i] = name(pick(rng));
       const auto t = clk::now();
       if (o.depth == 1) {
         auto r = c.get(views[0]);
-        if (!r) return std::fprintf(stderr, "conveyor kv bench: %s\n", r.error().to_string().c_str()), 1;
+        if (!r)
+          return std::fprintf(stderr, "conveyor kv bench: %s\n", r.error().to_string().c_str()), 1;
         misses += !*r;
       } else {
         auto r = c.mget(views);
-        if (!r) return std::fprintf(stderr, "conveyor kv bench: %s\n", r.error().to_string().c_str()), 1;
+        if (!r)
+          return std::fprintf(stderr, "conveyor kv bench: %s\n", r.error().to_string().c_str()), 1;
         for (auto& v : *r) misses += !v;
       }
       get_us.push_back(std::chrono::duration<double, std::micro>(clk::now() - t).count());
@@ -149,20 +156,32 @@ int bench(kv::client& c, const kv_client_options& o) {
   const double secs = std::chrono::duration<double>(clk::now() - start).count();
   const auto st = c.stats();
   nlohmann::json j = {
-      {"schema", "conveyor-kv-bench/1"}, {"provider", o.provider},   {"keys", o.keys},
-      {"value_size", o.value_size},     {"get_ratio", o.get_ratio},  {"zipf", o.zipf},
-      {"depth", o.depth},               {"seconds", secs},           {"ops_per_s", double(gets + sets) / secs},
-      {"gets_per_s", double(gets) / secs}, {"sets", sets},           {"misses", misses},
+      {"schema", "conveyor-kv-bench/1"},
+      {"provider", o.provider},
+      {"keys", o.keys},
+      {"value_size", o.value_size},
+      {"get_ratio", o.get_ratio},
+      {"zipf", o.zipf},
+      {"depth", o.depth},
+      {"seconds", secs},
+      {"ops_per_s", double(gets + sets) / secs},
+      {"gets_per_s", double(gets) / secs},
+      {"sets", sets},
+      {"misses", misses},
       {"retries", st.retries},
-      {"get_us", {{"p50", pct(get_us, 0.5)}, {"p99", pct(get_us, 0.99)}, {"p999", pct(get_us, 0.999)}}},
-      {"set_us", {{"p50", pct(set_us, 0.5)}, {"p99", pct(set_us, 0.99)}, {"p999", pct(set_us, 0.999)}}}};
+      {"get_us",
+       {{"p50", pct(get_us, 0.5)}, {"p99", pct(get_us, 0.99)}, {"p999", pct(get_us, 0.999)}}},
+      {"set_us",
+       {{"p50", pct(set_us, 0.5)}, {"p99", pct(set_us, 0.99)}, {"p999", pct(set_us, 0.999)}}}};
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%s %llu keys %u B get %.2f zipf %.2f depth %u: %.0f ops/s (%.0f GET/s), misses %llu, retries %llu\n",
-                o.provider.c_str(), static_cast<unsigned long long>(o.keys), o.value_size, o.get_ratio, o.zipf,
-                o.depth, double(gets + sets) / secs, double(gets) / secs, static_cast<unsigned long long>(misses),
-                static_cast<unsigned long long>(st.retries));
+    std::printf(
+        "%s %llu keys %u B get %.2f zipf %.2f depth %u: %.0f ops/s (%.0f GET/s), misses %llu, "
+        "retries %llu\n",
+        o.provider.c_str(), static_cast<unsigned long long>(o.keys), o.value_size, o.get_ratio,
+        o.zipf, o.depth, double(gets + sets) / secs, double(gets) / secs,
+        static_cast<unsigned long long>(misses), static_cast<unsigned long long>(st.retries));
     std::printf("  GET%s us: p50 %.1f p99 %.1f p999 %.1f\n", o.depth > 1 ? " batch" : "",
                 j["get_us"]["p50"].get<double>(), j["get_us"]["p99"].get<double>(),
                 j["get_us"]["p999"].get<double>());

@@ -17,7 +17,7 @@ struct kv_client_options {
   std::uint64_t keys = 100000;
   std::uint32_t value_size = 64;
   double get_ratio = 0.95;
-  double zipf = 0;  // 0: uniform; 0.99: Zipf
+  double zipf = 0;          // 0: uniform; 0.99: Zipf
   std::uint32_t depth = 1;  // GETs in flight (an MGET batch of this many keys)
   double seconds = 5;
   bool load = true;  // SET every key first

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   devices->add_flag("--json", dopts.json, "JSON output (schema conveyor-devices/1)");
   devices->add_option("-p,--provider", dopts.provider, "only this provider");
   perf_options popts;
-  auto* perf = app.add_subcommand("perf", "measure bandwidth, latency or message rate against a `perf --server`");
+  auto* perf = app.add_subcommand(
+      "perf", "measure bandwidth, latency or message rate against a `perf --server`");
   add_perf_options(*perf, popts);
   // conveyor-kv (apps/kv, docs/KV.md): the server, and the client commands.
   auto* kv = app.add_subcommand(
