@@ -33,6 +33,10 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   // would fail a reader's connection; items carry their own checksum (docs/KV.md).
   device_options dopts;
   dopts.request_crc = false;
+  // The loop drains its CQs with poll() and sleeps in epoll: soft's engine must
+  // not take those polls for a busy poller and park (shm's parks too; arm()
+  // now wakes it, core/sw_cq.cpp).
+  dopts.engine_park = false;
   auto dev = device::open(opts.provider, dopts);
   if (!dev) return fail("opening device " + opts.provider + ": " + dev.error().to_string());
   auto pd = dev->alloc_pd();
