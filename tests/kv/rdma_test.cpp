@@ -70,6 +70,7 @@ struct server {
       ro.address = "@cvkv-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
     conveyor::device_options dopts;
     dopts.request_crc = std::getenv("KV_TEST_CRC") != nullptr;
+    dopts.engine_park = false;  // as kv serve: the loop polls, then sleeps in epoll
     dev = must(conveyor::device::open(provider + ":kvs", dopts));
     pd = must(dev.alloc_pd());
     st = must(kv::store::create(pd, so));

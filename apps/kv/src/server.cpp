@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "rdma_server.hpp"
 #include "server_loop.hpp"
 
 namespace conveyor::kv {
@@ -27,7 +28,16 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &mask, nullptr);
-  auto dev = device::open(opts.provider);
+  // MPA CRC not requested: soft computes a READ response's CRC over the item's
+  // memory and sends that memory afterwards, so an item rewritten in between
+  // would fail a reader's connection; items carry their own checksum (docs/KV.md).
+  device_options dopts;
+  dopts.request_crc = false;
+  // The loop drains its CQs with poll() and sleeps in epoll: soft's engine must
+  // not take those polls for a busy poller and park (shm's parks too; arm()
+  // now wakes it, core/sw_cq.cpp).
+  dopts.engine_park = false;
+  auto dev = device::open(opts.provider, dopts);
   if (!dev) return fail("opening device " + opts.provider + ": " + dev.error().to_string());
   auto pd = dev->alloc_pd();
   if (!pd) return fail("allocating a protection domain: " + pd.error().to_string());
@@ -113,8 +123,37 @@ int serve(const serve_options& opts, const store_factory& make_store) {
                  opts.cfg.bind.c_str(), resp.port(), opts.provider.c_str(),
                  opts.cfg.appendonly ? "yes" : "no", opts.cfg.appendonly ? ", appendfsync " : "",
                  opts.cfg.appendonly ? std::string(to_string(opts.fsync)).c_str() : "");
+  // The RDMA front end: one-sided GETs need nothing of this process's threads;
+  // write RPCs run through the same executor, the AOF flushed before each reply.
+  std::unique_ptr<rdma_server> rdma;
+  if (!opts.rdma_listen.empty()) {
+    rdma_server_options rdo;
+    rdo.address = opts.rdma_listen;
+    rdo.requirepass = opts.cfg.requirepass;
+    rdo.max_message = static_cast<std::uint32_t>(
+        std::min<std::size_t>(opts.store.max_value + opts.store.max_key + 4096, 64u << 20));
+    rdo.max_message =
+        std::max<std::uint32_t>(std::min<std::uint32_t>(rdo.max_message, 1u << 20), 64u << 10);
+    auto r = rdma_server::start(
+        *dev, *pd, data, loop,
+        [&](session& s, std::span<const std::string_view> argv, std::string& out) {
+          exec.execute(s, argv, out);
+          if (log) log->flush();
+        },
+        rdo);
+    if (!r) {
+      ::close(sfd);
+      return fail("RDMA front end on " + opts.rdma_listen + ": " + r.error().to_string());
+    }
+    rdma = std::move(*r);
+    exec.stats().rdma_clients = [&rdma] { return rdma->stats().connections_current; };
+    if (!opts.quiet)
+      std::fprintf(stderr, "conveyor kv serve: RDMA on %s (provider %s)\n", rdma->address().c_str(),
+                   opts.provider.c_str());
+  }
   if (opts.on_ready) opts.on_ready(loop, exec, resp);
   loop.run();
+  rdma.reset();
   if (log) log->tick();
   loop.remove_fd(sfd);
   ::close(sfd);
