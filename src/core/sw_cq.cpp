@@ -83,6 +83,11 @@ std::expected<std::size_t, errc> sw_cq::poll(std::span<work_completion> out) noe
 
 void sw_cq::arm() noexcept {
   armed_.store(true, std::memory_order_release);
+  // Arming means the caller is about to sleep on fd() (epoll): hand progress
+  // back to the engine thread, as wait() does before it sleeps. Without this an
+  // event loop that drains with poll() left the engine parked behind a poller
+  // that was asleep, and each request waited out the park window (1 ms).
+  if (engine_ && !manual_) engine_->idle();
   if (approx_count_.load(std::memory_order_acquire) != 0 || overflowed()) notify();
 }
 

@@ -2,6 +2,10 @@
 // the store runs on it: RESP clients on TCP, RDMA write RPCs (their CQ's fd),
 // active expiry, AOF fsync and reclamation timers. Other threads (the RDMA
 // acceptor) hand work over with post().
+//
+// Thread safety: post() and stop() from any thread; everything else from the
+// loop thread (or before run()). Callbacks may add, modify and remove fds,
+// including their own; a removed fd's callback is never called again.
 #pragma once
 
 #include <chrono>
@@ -11,18 +15,23 @@ namespace conveyor::kv {
 
 class server_loop {
  public:
-  server_loop();   // throws std::system_error if epoll/eventfd cannot be created
+  server_loop();  // throws std::system_error if epoll/eventfd cannot be created
   ~server_loop();
   server_loop(const server_loop&) = delete;
   server_loop& operator=(const server_loop&) = delete;
 
   // Calls `on_ready(events)` on the loop thread whenever `fd` is ready for `events`
   // (EPOLLIN/EPOLLOUT...). modify_fd changes the events; remove_fd stops watching.
+  // add_fd throws std::system_error if epoll refuses the fd.
   void add_fd(int fd, unsigned events, std::function<void(unsigned events)> on_ready);
   void modify_fd(int fd, unsigned events);
   void remove_fd(int fd);
   // Runs `fn` on the loop thread every `period` (first after one period).
   void every(std::chrono::milliseconds period, std::function<void()> fn);
+  // Runs `fn` once per loop iteration, after the ready callbacks and before the
+  // loop waits again (the RESP server flushes the AOF and then the replies here,
+  // so one fsync covers every client of the iteration).
+  void before_wait(std::function<void()> fn);
   // Thread-safe: runs `fn` on the loop thread soon.
   void post(std::function<void()> fn);
   // Runs until stop() (thread-safe); returns after the current callback.

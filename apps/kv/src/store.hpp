@@ -30,12 +30,17 @@ time_ms now_ms() noexcept;
 enum class eviction_policy { noeviction, allkeys_lru };
 
 struct store_options {
-  std::size_t index_buckets = 1u << 18;        // rounded up to a power of two
-  std::size_t data_bytes = 256u << 20;         // registered item memory
-  std::size_t maxmemory = 0;                   // 0: data_bytes is the only limit
+  std::size_t index_buckets = 1u << 18;  // rounded up to a power of two
+  std::size_t data_bytes = 256u << 20;   // registered item memory
+  std::size_t maxmemory = 0;             // 0: data_bytes is the only limit
   eviction_policy policy = eviction_policy::noeviction;
-  std::size_t max_key = 512u << 10;            // longest key accepted
-  std::size_t max_value = 64u << 20;           // longest value accepted (<= data_bytes)
+  std::size_t max_key = 512u << 10;   // longest key accepted
+  std::size_t max_value = 64u << 20;  // longest value accepted (<= data_bytes)
+  // A replaced or deleted item's memory is reused only this long after it was
+  // unlinked: the bound a one-sided GET must finish within (a slower one
+  // notices and retries; docs/KV.md, "Reclamation").
+  std::uint32_t reclaim_grace_ms = 500;
+  std::uint64_t seed = 0;  // hash seed; 0: random
 };
 
 enum class put_cond { always, if_absent /*NX*/, if_present /*XX*/ };
@@ -46,10 +51,15 @@ struct put_options {
   bool keep_ttl = false;             // SET ... KEEPTTL (and APPEND/INCR keep the TTL)
 };
 
-enum class put_status { stored, not_stored /*NX/XX said no*/, out_of_memory /*noeviction and full*/, too_large };
+enum class put_status {
+  stored,
+  not_stored /*NX/XX said no*/,
+  out_of_memory /*noeviction and full*/,
+  too_large
+};
 
 struct store_stats {
-  std::uint64_t keys = 0, expires = 0;     // live keys, keys with a TTL
+  std::uint64_t keys = 0, expires = 0;  // live keys, keys with a TTL
   std::uint64_t used_bytes = 0, capacity_bytes = 0;
   std::uint64_t evicted = 0, expired = 0;  // totals
   std::uint64_t retired_pending = 0;       // items waiting for reclamation (epochs)

@@ -1,0 +1,83 @@
+// conveyor_kv/client.hpp — the C++ client of conveyor-kv over RDMA.
+//
+//   auto c = conveyor::kv::client::connect("shm", "127.0.0.1:7380", {.password = "pw"}).value();
+//   c->set("k", "v").value();
+//   std::optional<std::string> v = c->get("k").value();        // one-sided READs only
+//   auto vs = c->mget(std::vector<std::string_view>{"a", "b"}).value();  // READs in flight
+//   together
+//
+// GET, MGET and get_into never involve a server thread: the client READs the
+// key's two bucket groups, then the item, and checks the bucket check words,
+// the item's checksum and key (docs/KV.md); anything torn, freed or moved is
+// read again, never returned. Writes (set, del, incr, expire, command) are RPCs
+// executed by the server. Expired keys read as absent (the item carries its
+// expiry; the comparison uses this host's clock).
+//
+// Thread safety: one client per thread (thread-compatible).
+#pragma once
+
+#include <conveyor/conveyor.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace conveyor::kv {
+
+struct client_options {
+  std::string password;                     // the server's requirepass
+  std::uint32_t depth = 16;                 // READs in flight (capped by the connection's ORD)
+  std::chrono::milliseconds timeout{5000};  // connect, each RPC, each GET batch
+  device_options device{};                  // for the device the client opens
+};
+
+struct client_stats {
+  std::uint64_t gets = 0, hits = 0, reads = 0;
+  std::uint64_t retries = 0;  // bucket or item re-read: torn, freed, moved, or too slow
+};
+
+class client {
+ public:
+  // Opens `device_name` ("soft", "shm", ...) and connects to a conveyor-kv RDMA
+  // front end. errc::rejected with the server's reason on a wrong password.
+  static result<std::unique_ptr<client>> connect(std::string_view device_name,
+                                                 std::string_view address,
+                                                 const client_options& opts = {});
+  virtual ~client() = default;
+
+  // One-sided GET: nullopt when the key does not exist (or has expired).
+  virtual result<std::optional<std::string>> get(std::string_view key) = 0;
+  // Into the caller's buffer: the value's length (nullopt: no key); if the value
+  // is longer than `out`, only its first out.size() bytes are written.
+  virtual result<std::optional<std::size_t>> get_into(std::string_view key,
+                                                      std::span<std::byte> out) = 0;
+  // Many keys, depth READs in flight at once.
+  virtual result<std::vector<std::optional<std::string>>> mget(
+      std::span<const std::string_view> keys) = 0;
+
+  // RPCs. command() sends argv and returns the raw RESP reply.
+  virtual result<std::string> command(std::span<const std::string_view> argv) = 0;
+  virtual result<void> set(std::string_view key, std::string_view value) = 0;
+  virtual result<bool> del(std::string_view key) = 0;
+  virtual result<std::int64_t> incr(std::string_view key, std::int64_t by = 1) = 0;
+  virtual result<bool> expire(std::string_view key, std::chrono::milliseconds ttl) = 0;
+
+  virtual client_stats stats() const = 0;
+  // The QP's counters (tests: how many READs the server's engine served).
+  virtual qp_counters counters() const = 0;
+  // For tests of the protection the server's keys give: the exported regions.
+  virtual remote_region index_region() const = 0;
+  virtual remote_region data_region() const = 0;
+  // Posts one raw READ or WRITE of `len` bytes at remote (addr, rkey) and returns its
+  // completion status (tests: out-of-bounds READ, WRITE to read-only keys).
+  virtual result<wc_status> raw_access(bool write, std::uint64_t addr, std::uint32_t rkey,
+                                       std::uint32_t len) = 0;
+};
+
+}  // namespace conveyor::kv

@@ -1,0 +1,476 @@
+// conveyor::kv::client — one-sided GETs (bucket groups, then the item, all
+// verified) with many READs in flight, and write RPCs (client.hpp).
+#include "conveyor_kv/client.hpp"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstring>
+#include <deque>
+
+#include "store.hpp"
+#include "store_layout.hpp"
+
+namespace conveyor::kv {
+
+namespace {
+
+namespace L = layout;
+using clock = std::chrono::steady_clock;
+
+constexpr std::size_t lane_item_bytes = 32u
+                                        << 10;  // items up to this size land in the lane's scratch
+constexpr std::uint64_t rpc_send_id = ~0ull, rpc_recv_id = ~0ull - 1;
+constexpr int max_restarts = 1000;
+constexpr int max_slow = 8;  // re-reads because a GET outlasted the grace time
+
+enum kind : std::uint64_t { k_group0 = 0, k_group1 = 1, k_item = 2 };
+
+struct lane {
+  std::byte* groups = nullptr;  // 2 x 128 bytes, registered
+  std::byte* item = nullptr;    // lane_item_bytes, registered
+  std::uint32_t lkey = 0;
+  std::vector<std::byte> big;  // items larger than the scratch
+  memory_region big_mr;
+  // the GET this lane runs
+  std::size_t index = 0;
+  std::string_view key;
+  L::placement p{};
+  int pending = 0;
+  std::vector<std::uint64_t> cands;
+  std::size_t cand = 0;
+  std::uint64_t item_off = 0, item_len = 0;
+  clock::time_point start;
+  int restarts = 0, slow = 0;
+  bool suspect = false;
+};
+
+class client_impl final : public client {
+ public:
+  client_impl(device dev, protection_domain pd, completion_queue cq, queue_pair qp,
+              memory_region scratch, L::description d, std::uint32_t lanes, client_options o)
+      : dev_(std::move(dev)),
+        pd_(std::move(pd)),
+        cq_(std::move(cq)),
+        qp_(std::move(qp)),
+        scratch_(std::move(scratch)),
+        d_(d),
+        opts_(std::move(o)),
+        lanes_(lanes) {
+    for (std::uint32_t i = 0; i < lanes; ++i) {
+      lanes_[i].groups = scratch_.data() + i * (2 * L::group_bytes + lane_item_bytes);
+      lanes_[i].item = lanes_[i].groups + 2 * L::group_bytes;
+      lanes_[i].lkey = scratch_.lkey();
+    }
+  }
+
+  result<void> init_rpc() {
+    const std::size_t m = std::max<std::size_t>(d_.max_message, 64);
+    auto s =
+        pd_.register_memory(std::span(send_buf_ = std::vector<std::byte>(m)), access::local_write);
+    auto r =
+        pd_.register_memory(std::span(recv_buf_ = std::vector<std::byte>(m)), access::local_write);
+    if (!s) return std::unexpected(s.error());
+    if (!r) return std::unexpected(r.error());
+    send_mr_ = std::move(*s);
+    recv_mr_ = std::move(*r);
+    if (auto st = qp_.post_recv(recv_mr_.as_sge(), rpc_recv_id); st != errc::ok)
+      return make_error(st, "kv client: post_recv");
+    return {};
+  }
+
+  result<std::optional<std::string>> get(std::string_view key) override {
+    std::optional<std::string> out;
+    auto r = run_gets(std::span(&key, 1), [&](std::size_t, const std::byte* p, std::size_t n) {
+      out.emplace(reinterpret_cast<const char*>(p), n);
+    });
+    if (!r) return std::unexpected(r.error());
+    return out;
+  }
+
+  result<std::optional<std::size_t>> get_into(std::string_view key,
+                                              std::span<std::byte> buf) override {
+    std::optional<std::size_t> len;
+    auto r = run_gets(std::span(&key, 1), [&](std::size_t, const std::byte* p, std::size_t n) {
+      std::memcpy(buf.data(), p, std::min(n, buf.size()));
+      len = n;
+    });
+    if (!r) return std::unexpected(r.error());
+    return len;
+  }
+
+  result<std::vector<std::optional<std::string>>> mget(
+      std::span<const std::string_view> keys) override {
+    std::vector<std::optional<std::string>> out(keys.size());
+    auto r = run_gets(keys, [&](std::size_t i, const std::byte* p, std::size_t n) {
+      out[i].emplace(reinterpret_cast<const char*>(p), n);
+    });
+    if (!r) return std::unexpected(r.error());
+    return out;
+  }
+
+  result<std::string> command(std::span<const std::string_view> argv) override {
+    if (broken_) return make_error(errc::invalid_state, "kv client: the connection failed earlier");
+    std::string req = "*" + std::to_string(argv.size()) + "\r\n";
+    for (auto a : argv) {
+      req += "$" + std::to_string(a.size()) + "\r\n";
+      req += a;
+      req += "\r\n";
+    }
+    if (req.size() > send_buf_.size())
+      return make_error(errc::invalid_argument,
+                        "kv client: request larger than the server's RDMA message limit (" +
+                            std::to_string(send_buf_.size()) + " bytes)");
+    std::memcpy(send_buf_.data(), req.data(), req.size());
+    if (auto st = qp_.post_send_msg(send_mr_.slice(0, req.size()), rpc_send_id); st != errc::ok)
+      return fail(st, "kv client: post_send");
+    const auto deadline = clock::now() + opts_.timeout;
+    for (;;) {
+      std::array<work_completion, 8> wcs;
+      auto n = cq_.wait(wcs, std::max(deadline - clock::now(), clock::duration::zero()));
+      if (!n) return fail(n.error(), "kv client: waiting for the RPC reply");
+      for (std::size_t i = 0; i < *n; ++i) {
+        const auto& wc = wcs[i];
+        if (wc.status != wc_status::success)
+          return fail(errc::connection_reset,
+                      "kv client: RPC failed: " + std::string(to_string(wc.status)));
+        if (wc.wr_id == rpc_recv_id) {
+          std::string reply(reinterpret_cast<const char*>(recv_buf_.data()), wc.byte_len);
+          if (auto st = qp_.post_recv(recv_mr_.as_sge(), rpc_recv_id); st != errc::ok)
+            return fail(st, "kv client: post_recv");
+          return reply;
+        }
+      }
+    }
+  }
+
+  result<void> set(std::string_view key, std::string_view value) override {
+    std::array<std::string_view, 3> a{"SET", key, value};
+    auto r = command(a);
+    if (!r) return std::unexpected(r.error());
+    if (*r != "+OK\r\n") return reply_error(*r);
+    return {};
+  }
+  result<bool> del(std::string_view key) override {
+    std::array<std::string_view, 2> a{"DEL", key};
+    auto n = integer(a);
+    if (!n) return std::unexpected(n.error());
+    return *n > 0;
+  }
+  result<std::int64_t> incr(std::string_view key, std::int64_t by) override {
+    const auto s = std::to_string(by);
+    std::array<std::string_view, 3> a{"INCRBY", key, s};
+    return integer(a);
+  }
+  result<bool> expire(std::string_view key, std::chrono::milliseconds ttl) override {
+    const auto s = std::to_string(ttl.count());
+    std::array<std::string_view, 3> a{"PEXPIRE", key, s};
+    auto n = integer(a);
+    if (!n) return std::unexpected(n.error());
+    return *n == 1;
+  }
+
+  client_stats stats() const override { return stats_; }
+  qp_counters counters() const override { return qp_.counters(); }
+  remote_region index_region() const override { return d_.index; }
+  remote_region data_region() const override { return d_.data; }
+
+  result<wc_status> raw_access(bool write, std::uint64_t addr, std::uint32_t rkey,
+                               std::uint32_t len) override {
+    if (len > lane_item_bytes)
+      return make_error(errc::invalid_argument, "kv client: raw_access too long");
+    sge s{reinterpret_cast<std::uint64_t>(lanes_[0].item), len, lanes_[0].lkey};
+    send_wr wr{.wr_id = 7,
+               .opcode = write ? wr_opcode::rdma_write : wr_opcode::rdma_read,
+               .flags = send_flags::signaled,
+               .sg_list = std::span(&s, 1),
+               .remote_addr = addr,
+               .rkey = rkey};
+    if (auto st = qp_.post_send(wr); st != errc::ok) return make_error(st, "kv client: post");
+    const auto deadline = clock::now() + opts_.timeout;
+    for (;;) {
+      std::array<work_completion, 8> wcs;
+      auto n = cq_.wait(wcs, std::max(deadline - clock::now(), clock::duration::zero()));
+      if (!n) return fail(n.error(), "kv client: raw access");
+      for (std::size_t i = 0; i < *n; ++i)
+        if (wcs[i].wr_id == 7) {
+          if (wcs[i].status != wc_status::success) broken_ = true;
+          return wcs[i].status;
+        }
+    }
+  }
+
+ private:
+  template <class T>
+  std::unexpected<error> fail(T code, std::string what) {
+    broken_ = true;
+    if constexpr (std::is_same_v<T, errc>)
+      return make_error(code, std::move(what));
+    else
+      return make_error(errc::io_error, std::move(what));
+  }
+  static std::unexpected<error> reply_error(std::string_view r) {
+    if (!r.empty() && r[0] == '-') {
+      auto e = r.substr(1);
+      if (e.ends_with("\r\n")) e.remove_suffix(2);
+      return make_error(errc::rejected, std::string(e));
+    }
+    return make_error(errc::protocol_error,
+                      "kv client: unexpected reply: " + std::string(r.substr(0, 64)));
+  }
+  result<std::int64_t> integer(std::span<const std::string_view> argv) {
+    auto r = command(argv);
+    if (!r) return std::unexpected(r.error());
+    std::int64_t v = 0;
+    if (r->size() < 4 || (*r)[0] != ':' || !r->ends_with("\r\n")) return reply_error(*r);
+    auto [p, ec] = std::from_chars(r->data() + 1, r->data() + r->size() - 2, v);
+    if (ec != std::errc{} || p != r->data() + r->size() - 2) return reply_error(*r);
+    return v;
+  }
+
+  template <class Sink>
+  result<void> run_gets(std::span<const std::string_view> keys, Sink&& sink) {
+    if (broken_) return make_error(errc::invalid_state, "kv client: the connection failed earlier");
+    std::size_t next = 0, done = 0;
+    std::vector<std::uint32_t> free_lanes;
+    for (std::uint32_t i = 0; i < lanes_.size(); ++i)
+      free_lanes.push_back(static_cast<std::uint32_t>(lanes_.size()) - 1 - i);
+    const auto deadline = clock::now() + opts_.timeout;
+    auto finish = [&](std::uint32_t l) {
+      ++done;
+      free_lanes.push_back(l);
+    };
+    while (done < keys.size()) {
+      while (next < keys.size() && !free_lanes.empty()) {
+        const auto l = free_lanes.back();
+        free_lanes.pop_back();
+        auto& ln = lanes_[l];
+        ln.index = next;
+        ln.key = keys[next++];
+        ln.p = L::place(L::hash_key(ln.key, d_.seed), d_.buckets);
+        ln.restarts = 0;
+        ln.slow = 0;
+        ++stats_.gets;
+        if (auto r = read_groups(l); !r) return r;
+      }
+      std::array<work_completion, 32> wcs;
+      auto n = cq_.wait(wcs, std::max(deadline - clock::now(), clock::duration::zero()));
+      if (!n) return fail(n.error(), "kv client: GET");
+      for (std::size_t i = 0; i < *n; ++i) {
+        const auto& wc = wcs[i];
+        if (wc.wr_id == rpc_send_id) continue;
+        if (wc.status != wc_status::success)
+          return fail(errc::connection_reset,
+                      "kv client: READ failed: " + std::string(to_string(wc.status)) +
+                          " vendor_err " + std::to_string(wc.vendor_err) + " wr " +
+                          std::to_string(wc.wr_id));
+        const auto l = static_cast<std::uint32_t>(wc.wr_id >> 8);
+        const auto k = wc.wr_id & 0xff;
+        if (l >= lanes_.size()) continue;
+        auto& ln = lanes_[l];
+        if (k != k_item) {
+          if (--ln.pending > 0) continue;
+          ln.cands.clear();
+          bool torn = false;
+          for (int g = 0; g < 2; ++g)
+            torn |= L::match_group(ln.groups + g * L::group_bytes, ln.p.group[g], ln.p.tag, d_.seed,
+                                   ln.cands) != L::bucket_result::ok;
+          if (torn) {
+            if (auto r = restart(l); !r) return r;
+            continue;
+          }
+          ln.cand = 0;
+          if (auto r = next_candidate(l, finish); !r) return r;
+          continue;
+        }
+        // the item
+        const std::byte* buf = ln.item_len > lane_item_bytes ? ln.big.data() : ln.item;
+        auto c = L::check_item(buf, ln.item_len, ln.key, d_.seed);
+        // Slower than the grace time: the item may have been freed and reused
+        // meanwhile. Read again; after a few slow tries the checksum and the
+        // key (checked above) are the guard (docs/KV.md, "Reclamation").
+        if (c.result == L::item_result::ok && clock::now() - ln.start > grace() &&
+            ln.slow < max_slow) {
+          ++ln.slow;
+          c.result = L::item_result::torn;
+        }
+        switch (c.result) {
+          case L::item_result::ok:
+            if (c.expire_at && c.expire_at <= now_ms()) {
+              finish(l);  // expired: absent, as the server would say
+            } else {
+              ++stats_.hits;
+              sink(ln.index, buf + c.value_offset, c.value_len);
+              finish(l);
+            }
+            break;
+          case L::item_result::other_key:
+            // Within the grace time this is a tag collision. Later, the memory
+            // may have been reused by another key while this one still exists:
+            // a miss concluded from it is read again (next_candidate).
+            if (clock::now() - ln.start > grace()) ln.suspect = true;
+            ++ln.cand;
+            if (auto r = next_candidate(l, finish); !r) return r;
+            break;
+          case L::item_result::need_more:
+            if (c.need > d_.data.length - ln.item_off) {  // never READ past the region
+              if (auto r = restart(l); !r) return r;
+              break;
+            }
+            if (auto r = read_item(l, ln.item_off, c.need); !r) return r;
+            break;
+          case L::item_result::torn:
+            if (auto r = restart(l); !r) return r;
+            break;
+        }
+      }
+    }
+    return {};
+  }
+
+  // The status of the completion that failed the QP, for the error message.
+  std::string first_error() {
+    std::array<work_completion, 32> wcs;
+    for (int i = 0; i < 8; ++i) {
+      auto n = cq_.poll(wcs);
+      if (!n || *n == 0) break;
+      for (std::size_t k = 0; k < *n; ++k)
+        if (wcs[k].status != wc_status::success && wcs[k].status != wc_status::wr_flush_err)
+          return std::string(" after a READ failed: ") + std::string(to_string(wcs[k].status)) +
+                 " wr " + std::to_string(wcs[k].wr_id);
+    }
+    return {};
+  }
+
+  std::chrono::milliseconds grace() const { return std::chrono::milliseconds(d_.reclaim_grace_ms); }
+
+  result<void> read_groups(std::uint32_t l) {
+    auto& ln = lanes_[l];
+    ln.start = clock::now();
+    ln.pending = 2;
+    ln.suspect = false;
+    std::array<sge, 2> s;
+    std::array<send_wr, 2> wr;
+    for (int g = 0; g < 2; ++g) {
+      s[g] = {reinterpret_cast<std::uint64_t>(ln.groups + g * L::group_bytes), L::group_bytes,
+              ln.lkey};
+      wr[g] = send_wr{.wr_id = (std::uint64_t{l} << 8) | static_cast<std::uint64_t>(g),
+                      .opcode = wr_opcode::rdma_read,
+                      .flags = send_flags::signaled,
+                      .sg_list = std::span(&s[g], 1),
+                      .remote_addr = d_.index.addr + L::bucket_offset(ln.p.group[g]),
+                      .rkey = d_.index.rkey};
+    }
+    stats_.reads += 2;
+    if (auto st = qp_.post_send(wr); st != errc::ok)
+      return fail(st, "kv client: post READ" + first_error());
+    return {};
+  }
+
+  result<void> restart(std::uint32_t l) {
+    ++stats_.retries;
+    if (++lanes_[l].restarts > max_restarts)
+      return fail(errc::timed_out, "kv client: GET kept reading torn or moving data");
+    return read_groups(l);
+  }
+
+  template <class Finish>
+  result<void> next_candidate(std::uint32_t l, Finish& finish) {
+    auto& ln = lanes_[l];
+    while (ln.cand < ln.cands.size()) {
+      auto span = L::item_of(ln.cands[ln.cand], d_.data.length);
+      if (!span) return restart(l);  // a slot outside the data region: never READ it
+      return read_item(l, span->offset, span->bytes);
+    }
+    // A miss concluded from an item read after the grace time cannot be
+    // trusted (the key's item may have been reused): read again, until a read
+    // within the bound (or max_restarts: an error, never a wrong miss).
+    if (ln.suspect) return restart(l);
+    finish(l);  // no candidate is this key's: a miss
+    return {};
+  }
+
+  result<void> read_item(std::uint32_t l, std::uint64_t off, std::uint64_t bytes) {
+    auto& ln = lanes_[l];
+    ln.item_off = off;
+    ln.item_len = bytes;
+    std::uint64_t addr = reinterpret_cast<std::uint64_t>(ln.item);
+    std::uint32_t lkey = ln.lkey;
+    if (bytes > lane_item_bytes) {
+      if (ln.big.size() < bytes || !ln.big_mr) {
+        ln.big_mr = memory_region{};
+        ln.big.assign(bytes, std::byte{0});
+        auto mr = pd_.register_memory(std::span(ln.big), access::local_write);
+        if (!mr) return std::unexpected(mr.error());
+        ln.big_mr = std::move(*mr);
+      }
+      addr = reinterpret_cast<std::uint64_t>(ln.big.data());
+      lkey = ln.big_mr.lkey();
+    }
+    sge s{addr, static_cast<std::uint32_t>(bytes), lkey};
+    send_wr wr{.wr_id = (std::uint64_t{l} << 8) | k_item,
+               .opcode = wr_opcode::rdma_read,
+               .flags = send_flags::signaled,
+               .sg_list = std::span(&s, 1),
+               .remote_addr = d_.data.addr + off,
+               .rkey = d_.data.rkey};
+    ++stats_.reads;
+    if (auto st = qp_.post_send(wr); st != errc::ok)
+      return fail(st, "kv client: post READ" + first_error());
+    return {};
+  }
+
+  device dev_;
+  protection_domain pd_;
+  completion_queue cq_;
+  queue_pair qp_;
+  memory_region scratch_;
+  L::description d_;
+  client_options opts_;
+  std::vector<lane> lanes_;
+  std::vector<std::byte> send_buf_, recv_buf_;
+  memory_region send_mr_, recv_mr_;
+  client_stats stats_;
+  bool broken_ = false;
+};
+
+}  // namespace
+
+result<std::unique_ptr<client>> client::connect(std::string_view device_name,
+                                                std::string_view address,
+                                                const client_options& opts) {
+  if (opts.password.size() > L::max_password)
+    return make_error(errc::invalid_argument, "kv client: password longer than 200 bytes");
+  auto dev = device::open(device_name, opts.device);
+  if (!dev) return std::unexpected(dev.error());
+  auto pd = dev->alloc_pd();
+  if (!pd) return std::unexpected(pd.error());
+  const std::uint32_t want = std::clamp<std::uint32_t>(opts.depth, 1, 128);
+  auto cq = dev->create_cq({.depth = 4 * want + 16});
+  if (!cq) return std::unexpected(cq.error());
+  qp_init_attr qa{.send_cq = &*cq, .recv_cq = &*cq};
+  qa.cap.max_send_wr = 2 * want + 4;
+  qa.cap.max_recv_wr = 4;
+  qa.max_rd_atomic = std::min<std::uint32_t>(
+      2 * want, dev->attr().max_qp_rd_atom ? dev->attr().max_qp_rd_atom : 16);
+  auto qp = pd->create_qp(qa);
+  if (!qp) return std::unexpected(qp.error());
+  const auto hello = L::encode_hello(opts.password);
+  auto info = conveyor::connect(*qp, address, {.private_data = hello, .timeout = opts.timeout});
+  if (!info) return std::unexpected(info.error());
+  auto d = L::decode(info->private_data);
+  if (!d)
+    return make_error(errc::protocol_error, "kv client: the server's description is malformed");
+  // Lanes: GETs in flight, two READs each at most, within the negotiated ORD.
+  const std::uint32_t ord = std::max<std::uint32_t>(info->attr.ord, 2);
+  const std::uint32_t lanes = std::clamp<std::uint32_t>(std::min(want, ord / 2), 1, want);
+  auto scratch = pd->allocate_memory(std::size_t{lanes} * (2 * L::group_bytes + lane_item_bytes),
+                                     access::local_write);
+  if (!scratch) return std::unexpected(scratch.error());
+  auto c = std::make_unique<client_impl>(std::move(*dev), std::move(*pd), std::move(*cq),
+                                         std::move(*qp), std::move(*scratch), *d, lanes, opts);
+  if (auto r = c->init_rpc(); !r) return std::unexpected(r.error());
+  return std::unique_ptr<client>(std::move(c));
+}
+
+}  // namespace conveyor::kv

@@ -1,0 +1,312 @@
+// conveyor::kv::rdma_server — acceptor thread, per-connection RPC resources on
+// the loop thread (rdma_server.hpp).
+#include "rdma_server.hpp"
+
+#include <sys/epoll.h>
+
+#include <array>
+#include <charconv>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "server_loop.hpp"
+#include "store.hpp"
+#include "store_layout.hpp"
+
+namespace conveyor::kv {
+
+namespace L = layout;
+
+bool parse_rpc_request(std::string_view m, std::vector<std::string_view>& argv,
+                       std::size_t max_args) {
+  argv.clear();
+  std::size_t pos = 0;
+  auto number = [&](char lead, std::size_t& out) {
+    if (pos >= m.size() || m[pos] != lead) return false;
+    ++pos;
+    const auto end = m.find("\r\n", pos);
+    if (end == std::string_view::npos || end == pos || end - pos > 12) return false;
+    auto [p, ec] = std::from_chars(m.data() + pos, m.data() + end, out);
+    if (ec != std::errc{} || p != m.data() + end) return false;
+    pos = end + 2;
+    return true;
+  };
+  std::size_t n = 0;
+  if (!number('*', n) || n == 0 || n > max_args) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::size_t len = 0;
+    if (!number('$', len) || len > m.size() - pos || m.size() - pos - len < 2) return false;
+    argv.emplace_back(m.data() + pos, len);
+    pos += len;
+    if (m[pos] != '\r' || m[pos + 1] != '\n') return false;
+    pos += 2;
+  }
+  return pos == m.size();
+}
+
+namespace {
+
+struct connection {
+  std::uint64_t id = 0;
+  completion_queue cq;
+  queue_pair qp;
+  memory_region recv_mr, send_mr;
+  std::vector<std::uint32_t> free_send;  // reply buffers not in flight
+  session sess;
+  bool closing = false;
+};
+
+class rdma_server_impl final : public rdma_server {
+ public:
+  rdma_server_impl(device& dev, protection_domain& pd, store& st, server_loop& loop, rpc_handler h,
+                   rdma_server_options o, listener lis)
+      : dev_(dev),
+        pd_(pd),
+        store_(st),
+        loop_(loop),
+        handler_(std::move(h)),
+        opts_(std::move(o)),
+        lis_(std::move(lis)) {
+    address_ = lis_.address();
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+
+  ~rdma_server_impl() override {
+    stop_.store(true);
+    if (acceptor_.joinable()) acceptor_.join();
+    alive_.reset();
+    for (auto& [id, c] : conns_)
+      if (!c->closing) loop_.remove_fd(c->cq.fd());
+    conns_.clear();
+  }
+
+  std::string address() const override { return address_; }
+  rdma_server_stats stats() const override {
+    std::lock_guard lock(stats_mu_);
+    return stats_;
+  }
+
+ private:
+  void accept_loop() {
+    while (!stop_.load()) {
+      auto req = lis_.accept(std::chrono::milliseconds(100));
+      if (!req) continue;  // timed out (or a failed handshake): look at stop_ again
+      auto pass = L::decode_hello(req->private_data());
+      if (!pass) {
+        count_reject();
+        (void)req->reject("conveyor-kv: not a conveyor-kv client hello");
+        continue;
+      }
+      if (!opts_.requirepass.empty() && *pass != opts_.requirepass) {
+        count_reject();
+        (void)req->reject(pass->empty() ? "NOAUTH Authentication required."
+                                        : "WRONGPASS invalid password");
+        continue;
+      }
+      if (live_.load() >= opts_.max_connections) {
+        count_reject();
+        (void)req->reject("conveyor-kv: max number of clients reached");
+        continue;
+      }
+      auto c = make_connection();
+      if (!c) {
+        count_reject();
+        (void)req->reject("conveyor-kv: out of resources: " + c.error().to_string());
+        continue;
+      }
+      auto d = L::decode(store_.describe()).value();
+      d.max_message = opts_.max_message;
+      d.rpc_slots = opts_.rpc_slots;
+      auto info = req->accept((*c)->qp, L::encode(d));
+      if (!info) continue;              // the client went away during the handshake: drop it
+      (*c)->sess.authenticated = true;  // presented the password (or none needed)
+      live_.fetch_add(1);
+      {
+        std::lock_guard lock(stats_mu_);
+        ++stats_.connections_total;
+        ++stats_.connections_current;
+      }
+      auto* raw = c->release();
+      loop_.post([this, raw, alive = std::weak_ptr<bool>(alive_)] {
+        std::unique_ptr<connection> owned(raw);
+        if (alive.lock()) adopt(std::move(owned));
+      });
+    }
+  }
+
+  void count_reject() {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.rejected;
+  }
+
+  result<std::unique_ptr<connection>> make_connection() {
+    auto c = std::make_unique<connection>();
+    c->id = next_id_.fetch_add(1) + 1;
+    c->sess.id = c->id;
+    const std::uint32_t slots = opts_.rpc_slots;
+    auto cq = dev_.create_cq({.depth = 2 * slots + 8});
+    if (!cq) return std::unexpected(cq.error());
+    c->cq = std::move(*cq);
+    qp_init_attr qa{.send_cq = &c->cq, .recv_cq = &c->cq};
+    qa.cap.max_send_wr = slots;
+    qa.cap.max_recv_wr = slots;
+    qa.cap.max_send_sge = 1;
+    qa.cap.max_recv_sge = 1;
+    auto qp = pd_.create_qp(qa);
+    if (!qp) return std::unexpected(qp.error());
+    c->qp = std::move(*qp);
+    const std::size_t bytes = std::size_t{slots} * opts_.max_message;
+    auto r = pd_.allocate_memory(bytes, access::local_write);
+    if (!r) return std::unexpected(r.error());
+    c->recv_mr = std::move(*r);
+    auto s = pd_.allocate_memory(bytes, access::local_write);
+    if (!s) return std::unexpected(s.error());
+    c->send_mr = std::move(*s);
+    for (std::uint32_t i = 0; i < slots; ++i) {
+      if (auto st = c->qp.post_recv(
+              c->recv_mr.slice(std::size_t{i} * opts_.max_message, opts_.max_message), i);
+          st != errc::ok)
+        return make_error(st, "kv rdma: post_recv");
+      c->free_send.push_back(i);
+    }
+    return c;
+  }
+
+  void adopt(std::unique_ptr<connection> c) {
+    auto* raw = c.get();
+    const int fd = raw->cq.fd();
+    conns_[raw->id] = std::move(c);
+    raw->cq.arm();
+    loop_.add_fd(fd, EPOLLIN, [this, id = raw->id](unsigned) { on_ready(id); });
+    on_ready(raw->id);
+  }
+
+  void on_ready(std::uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    connection& c = *it->second;
+    std::array<work_completion, 16> wcs;
+    // Drain, then arm: a completion that lands after the last poll finds the CQ
+    // armed (or arm() sees it queued) and makes the fd readable again. No poll
+    // after arm(): an empty poll resets the fd, which would lose that wake-up.
+    for (;;) {
+      auto n = c.cq.poll(wcs);
+      if (!n) {
+        close(c);
+        break;
+      }
+      if (*n == 0) break;
+      for (std::size_t i = 0; i < *n && !c.closing; ++i) handle(c, wcs[i]);
+      if (c.closing) break;
+    }
+    if (!c.closing) c.cq.arm();
+    if (c.closing) {
+      loop_.remove_fd(c.cq.fd());
+      loop_.post([this, id, alive = std::weak_ptr<bool>(alive_)] {
+        if (alive.lock()) drop(id);
+      });
+    }
+  }
+
+  void handle(connection& c, const work_completion& wc) {
+    if (wc.status != wc_status::success) {
+      close(c);  // flushed (the client went away) or failed
+      return;
+    }
+    if (wc.opcode == wc_opcode::send) {
+      c.free_send.push_back(static_cast<std::uint32_t>(wc.wr_id));
+      return;
+    }
+    if (wc.opcode != wc_opcode::recv || wc.wr_id >= opts_.rpc_slots) {
+      close(c);
+      return;
+    }
+    const auto slot = static_cast<std::uint32_t>(wc.wr_id);
+    const std::size_t len = std::min<std::size_t>(wc.byte_len, opts_.max_message);
+    // Copy once out of the receive buffer; the copy is what gets validated and used.
+    request_.assign(
+        reinterpret_cast<const char*>(c.recv_mr.data()) + std::size_t{slot} * opts_.max_message,
+        len);
+    reply_.clear();
+    if (!parse_rpc_request(request_, argv_, 1u << 16)) {
+      reply_ = "-ERR Protocol error: an RDMA request is one RESP array of bulk strings\r\n";
+      std::lock_guard lock(stats_mu_);
+      ++stats_.rpc_errors;
+    } else {
+      handler_(c.sess, argv_, reply_);
+      std::lock_guard lock(stats_mu_);
+      ++stats_.rpcs;
+    }
+    if (reply_.size() > opts_.max_message) reply_ = "-ERR reply exceeds the RDMA message limit\r\n";
+    // The receive goes back first: the client sends its next request only after this reply.
+    if (c.qp.post_recv(c.recv_mr.slice(std::size_t{slot} * opts_.max_message, opts_.max_message),
+                       slot) != errc::ok) {
+      close(c);
+      return;
+    }
+    if (c.free_send.empty()) {  // only a client that breaks the credit rule gets here
+      close(c);
+      return;
+    }
+    const auto out = c.free_send.back();
+    c.free_send.pop_back();
+    std::memcpy(c.send_mr.data() + std::size_t{out} * opts_.max_message, reply_.data(),
+                reply_.size());
+    if (c.qp.post_send_msg(c.send_mr.slice(std::size_t{out} * opts_.max_message, reply_.size()),
+                           out) != errc::ok)
+      close(c);
+  }
+
+  void close(connection& c) { c.closing = true; }
+
+  void drop(std::uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    it->second->qp.disconnect();
+    conns_.erase(it);
+    live_.fetch_sub(1);
+    std::lock_guard lock(stats_mu_);
+    --stats_.connections_current;
+  }
+
+  device& dev_;
+  protection_domain& pd_;
+  store& store_;
+  server_loop& loop_;
+  rpc_handler handler_;
+  rdma_server_options opts_;
+  listener lis_;
+  std::string address_;
+  std::thread acceptor_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint32_t> live_{0};
+  std::atomic<std::uint64_t> next_id_{0};
+  std::map<std::uint64_t, std::unique_ptr<connection>> conns_;  // loop thread only
+  // Work posted to the loop checks this first: the server may be gone by then.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::string request_, reply_;
+  std::vector<std::string_view> argv_;
+  mutable std::mutex stats_mu_;
+  rdma_server_stats stats_;
+};
+
+}  // namespace
+
+result<std::unique_ptr<rdma_server>> rdma_server::start(device& dev, protection_domain& pd,
+                                                        store& st, server_loop& loop,
+                                                        rpc_handler handler,
+                                                        const rdma_server_options& opts) {
+  if (opts.rpc_slots == 0 || opts.rpc_slots > 256 || opts.max_message < 64 ||
+      opts.max_message > (64u << 20))
+    return make_error(errc::invalid_argument,
+                      "kv rdma: rpc_slots 1..256, max_message 64 B..64 MiB");
+  auto lis = listener::bind(dev, opts.address);
+  if (!lis) return std::unexpected(lis.error());
+  return std::unique_ptr<rdma_server>(
+      new rdma_server_impl(dev, pd, st, loop, std::move(handler), opts, std::move(*lis)));
+}
+
+}  // namespace conveyor::kv

@@ -1,0 +1,71 @@
+// conveyor::kv::rdma_server — the RDMA front end. GETs need nothing from it
+// once a client is connected: the client READs the store's exported regions
+// (the device's engine serves them; no server thread runs). Writes are RPCs:
+// the client SENDs a RESP array, the loop thread runs it through the handler
+// (the executor) and SENDs the RESP reply.
+//
+// An acceptor thread takes connection requests, checks the password the client
+// presents in its private data (layout::encode_hello), makes the QP and its
+// buffers and hands the connection to the loop thread with post(). Each
+// connection holds a bounded set of resources: rpc_slots receive buffers of
+// max_message bytes, as many reply buffers, one CQ (its fd on the loop). A
+// connection that fails (the client died, even mid-batch) is torn down on the
+// loop thread and leaves nothing.
+//
+// Thread safety: construct and destroy on the thread that runs the loop, with
+// the loop not running or from inside it; stats() from any thread.
+#pragma once
+
+#include <conveyor/conveyor.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "commands.hpp"
+
+namespace conveyor::kv {
+
+class store;
+class server_loop;
+
+struct rdma_server_options {
+  std::string address = "127.0.0.1:0";     // "ip:port" (port 0: any)
+  std::string requirepass;                 // empty: anyone may connect
+  std::uint32_t rpc_slots = 4;             // outstanding RPCs per connection
+  std::uint32_t max_message = 256u << 10;  // largest request and reply, bytes
+  std::uint32_t max_connections = 64;
+};
+
+struct rdma_server_stats {
+  std::uint64_t connections_current = 0, connections_total = 0, rejected = 0;
+  std::uint64_t rpcs = 0, rpc_errors = 0;  // rpc_errors: malformed or oversized requests
+};
+
+// Runs one command on the loop thread: argv in, RESP reply appended to out. The
+// handler makes the change durable before returning when the server promises it
+// (appendfsync always): the reply is sent as soon as it returns.
+using rpc_handler = std::function<void(session&, std::span<const std::string_view>, std::string&)>;
+
+class rdma_server {
+ public:
+  // Binds the listener and starts the acceptor thread.
+  static result<std::unique_ptr<rdma_server>> start(device& dev, protection_domain& pd, store& st,
+                                                    server_loop& loop, rpc_handler handler,
+                                                    const rdma_server_options& opts);
+  virtual ~rdma_server() = default;  // stops the acceptor; closes every connection
+  virtual std::string address() const = 0;
+  virtual rdma_server_stats stats() const = 0;
+};
+
+// Parses one RESP array of bulk strings that fills `msg` exactly (the RPC request
+// format); false if it is anything else. The views point into msg.
+bool parse_rpc_request(std::string_view msg, std::vector<std::string_view>& argv,
+                       std::size_t max_args);
+
+}  // namespace conveyor::kv

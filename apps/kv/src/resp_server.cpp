@@ -1,0 +1,355 @@
+// The TCP front end (resp_server.hpp).
+#include "resp_server.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "aof.hpp"
+#include "commands.hpp"
+#include "server_loop.hpp"
+
+namespace conveyor::kv {
+
+namespace {
+using clock = std::chrono::steady_clock;
+
+struct client {
+  int fd = -1;
+  session sess;
+  request_parser parser;
+  std::string out;
+  std::size_t out_pos = 0;
+  clock::time_point last_active;
+  clock::time_point partial_since;
+  bool partial = false;
+  bool reading = true;    // EPOLLIN wanted
+  bool want_out = false;  // EPOLLOUT wanted
+  bool closing = false;   // close once the output is sent
+  bool pending = false;   // in the pending-write list
+  bool paused = false;    // complete commands held back by the output bound
+  explicit client(const parser_limits& l) : parser(l) {}
+  std::size_t unsent() const { return out.size() - out_pos; }
+};
+}  // namespace
+
+struct resp_server::impl {
+  server_loop& loop;
+  executor& exec;
+  aof* log;
+  resp_server_options opts;
+  int listen_fd = -1;
+  std::uint16_t bound_port = 0;
+  std::unordered_map<std::uint64_t, std::unique_ptr<client>> clients;
+  std::vector<std::uint64_t> pending;
+  std::vector<std::string_view> argv;
+
+  impl(server_loop& l, executor& e, aof* a, const resp_server_options& o)
+      : loop(l), exec(e), log(a), opts(o) {}
+
+  void close_client(std::uint64_t id) {
+    auto it = clients.find(id);
+    if (it == clients.end()) return;
+    loop.remove_fd(it->second->fd);
+    ::close(it->second->fd);
+    clients.erase(it);
+    --exec.stats().connections_current;
+  }
+
+  void update_events(client& c) {
+    // EPOLLRDHUP only while reading: a half-closed peer would otherwise keep
+    // the level-triggered event firing while reading is paused.
+    unsigned ev = (c.reading ? EPOLLIN | EPOLLRDHUP : 0u) | (c.want_out ? EPOLLOUT : 0u);
+    loop.modify_fd(c.fd, ev);
+  }
+
+  void mark_pending(std::uint64_t id, client& c) {
+    if (!c.pending) {
+      c.pending = true;
+      pending.push_back(id);
+    }
+  }
+
+  // Sends what it can; false if the client was closed.
+  bool send(std::uint64_t id, client& c) {
+    if (log != nullptr && log->pending()) log->flush();  // never a reply before its log record
+    while (c.unsent() != 0) {
+      ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.unsent(), MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        close_client(id);
+        return false;
+      }
+      c.out_pos += static_cast<std::size_t>(n);
+      exec.stats().net_output_bytes += static_cast<std::uint64_t>(n);
+    }
+    if (c.unsent() == 0) {
+      c.out.clear();
+      c.out_pos = 0;
+      if (c.out.capacity() > (1u << 20)) c.out.shrink_to_fit();
+      if (c.closing) {
+        close_client(id);
+        return false;
+      }
+    } else if (c.out_pos > (1u << 20)) {
+      c.out.erase(0, c.out_pos);
+      c.out_pos = 0;
+    }
+    if (c.paused && !c.closing && c.unsent() < opts.output_pause) {
+      // Held-back commands run now; their replies (and AOF records) go out
+      // through the next send, which flushes the AOF first.
+      process(c);
+      if (c.closing && c.unsent() == 0) {
+        close_client(id);
+        return false;
+      }
+    }
+    bool want_out = c.unsent() != 0;
+    bool reading = !c.closing && !c.paused && c.unsent() < opts.output_pause;
+    if (want_out != c.want_out || reading != c.reading) {
+      c.want_out = want_out;
+      c.reading = reading;
+      update_events(c);
+    }
+    return true;
+  }
+
+  void on_client(std::uint64_t id, unsigned events) {
+    auto it = clients.find(id);
+    if (it == clients.end()) return;
+    client& c = *it->second;
+    if ((events & (EPOLLHUP | EPOLLERR)) && !c.reading) {  // gone; its replies cannot arrive
+      close_client(id);
+      return;
+    }
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      if (!on_readable(id, c)) return;
+    }
+    if (events & EPOLLOUT) send(id, c);
+  }
+
+  // Runs the complete commands the parser holds, in order, until the output
+  // reaches the pause mark: the rest waits in the parser (paused) until the
+  // client has read its replies, so a pipeline of large replies holds about
+  // output_pause bytes, not the sum of its replies.
+  void process(client& c) {
+    c.paused = false;
+    while (!c.closing) {
+      if (c.unsent() >= opts.output_pause) {
+        c.paused = c.parser.buffered() != 0;
+        break;
+      }
+      auto st = c.parser.next(argv);
+      if (st == parse_status::need_more) break;
+      if (st == parse_status::error) {
+        reply(c.out, c.sess.resp).error("ERR " + c.parser.error());
+        ++exec.stats().protocol_errors;
+        c.closing = true;
+        c.reading = false;
+        update_events(c);
+        break;
+      }
+      if (argv.empty()) continue;
+      exec.execute(c.sess, argv, c.out);
+      if (c.sess.close_after_reply) {
+        c.closing = true;
+        c.reading = false;
+        update_events(c);
+      }
+    }
+    // Only an incomplete command counts against partial_timeout; commands
+    // held back by the output bound are the server's choice.
+    bool partial = !c.paused && c.parser.partial();
+    if (partial && !c.partial) c.partial_since = c.last_active;
+    c.partial = partial;
+  }
+
+  // Reads and runs what arrived; false if the client was closed.
+  bool on_readable(std::uint64_t id, client& c) {
+    char buf[16384];
+    for (int rounds = 0; rounds < 4 && c.reading && !c.closing; ++rounds) {
+      ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        close_client(id);
+        return false;
+      }
+      if (n == 0) {  // peer closed: replies to what it sent may still go out
+        c.closing = true;
+        c.reading = false;
+        update_events(c);
+        mark_pending(id, c);
+        break;
+      }
+      exec.stats().net_input_bytes += static_cast<std::uint64_t>(n);
+      c.last_active = clock::now();
+      c.parser.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+      process(c);
+      if (c.unsent() > opts.output_limit) {
+        ++exec.stats().output_limit_closes;
+        close_client(id);
+        return false;
+      }
+      if ((c.paused || c.unsent() >= opts.output_pause) && c.reading) {
+        c.reading = false;
+        update_events(c);
+      }
+      if (static_cast<std::size_t>(n) < sizeof buf) break;  // probably drained
+    }
+    if (c.unsent() != 0 || c.closing) mark_pending(id, c);
+    return true;
+  }
+
+  void on_accept() {
+    while (true) {
+      sockaddr_storage peer{};
+      socklen_t len = sizeof peer;
+      int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // EAGAIN, or EMFILE and the like: the next readiness retries
+      }
+      ++exec.stats().connections_total;
+      if (clients.size() >= opts.maxclients) {
+        ++exec.stats().rejected_connections;
+        static constexpr char msg[] = "-ERR max number of clients reached\r\n";
+        [[maybe_unused]] auto r = ::send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
+        ::close(fd);
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto c = std::make_unique<client>(opts.limits);
+      c->fd = fd;
+      c->sess.id = exec.next_client_id();
+      c->last_active = clock::now();
+      std::uint64_t id = c->sess.id;
+      try {
+        loop.add_fd(fd, EPOLLIN | EPOLLRDHUP, [this, id](unsigned ev) { on_client(id, ev); });
+      } catch (const std::system_error&) {
+        ::close(fd);
+        continue;
+      }
+      clients.emplace(id, std::move(c));
+      ++exec.stats().connections_current;
+    }
+  }
+
+  void before_wait() {
+    if (pending.empty()) {
+      if (log != nullptr && log->pending()) log->flush();
+      return;
+    }
+    if (log != nullptr && log->pending()) log->flush();
+    auto ids = std::move(pending);
+    pending.clear();
+    for (auto id : ids) {
+      auto it = clients.find(id);
+      if (it == clients.end()) continue;
+      it->second->pending = false;
+      send(id, *it->second);
+    }
+  }
+
+  void sweep() {
+    auto now = clock::now();
+    std::vector<std::uint64_t> doomed;
+    for (auto& [id, c] : clients) {
+      if (c->partial && now - c->partial_since > opts.partial_timeout)
+        doomed.push_back(id);
+      else if (opts.idle_timeout.count() > 0 && now - c->last_active > opts.idle_timeout &&
+               c->unsent() == 0)
+        doomed.push_back(id);
+    }
+    for (auto id : doomed) {
+      ++exec.stats().timed_out_clients;
+      close_client(id);
+    }
+  }
+};
+
+resp_server::resp_server(server_loop& loop, executor& exec, aof* log,
+                         const resp_server_options& opts)
+    : p_(std::make_unique<impl>(loop, exec, log, opts)) {}
+
+resp_server::~resp_server() {
+  std::vector<std::uint64_t> ids;
+  for (auto& [id, c] : p_->clients) ids.push_back(id);
+  for (auto id : ids) p_->close_client(id);
+  if (p_->listen_fd >= 0) {
+    p_->loop.remove_fd(p_->listen_fd);
+    ::close(p_->listen_fd);
+  }
+}
+
+bool resp_server::listen(std::string& why) {
+  sockaddr_storage ss{};
+  socklen_t len;
+  int family;
+  const auto& b = p_->opts.bind;
+  if (b.find(':') != std::string::npos) {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(p_->opts.port);
+    if (::inet_pton(AF_INET6, b.c_str(), &a6->sin6_addr) != 1) {
+      why = "bad bind address " + b;
+      return false;
+    }
+    len = sizeof *a6;
+    family = AF_INET6;
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(p_->opts.port);
+    std::string host = b == "localhost" ? "127.0.0.1" : b;
+    if (::inet_pton(AF_INET, host.c_str(), &a4->sin_addr) != 1) {
+      why = "bad bind address " + b + " (an IPv4 or IPv6 address)";
+      return false;
+    }
+    len = sizeof *a4;
+    family = AF_INET;
+  }
+  int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = std::string("socket: ") + std::strerror(errno);
+    return false;
+  }
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, 511) != 0) {
+    why = "listening on " + b + ":" + std::to_string(p_->opts.port) + ": " + std::strerror(errno);
+    ::close(fd);
+    return false;
+  }
+  sockaddr_storage got{};
+  socklen_t glen = sizeof got;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&got), &glen);
+  p_->bound_port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
+                                           : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
+  p_->listen_fd = fd;
+  p_->loop.add_fd(fd, EPOLLIN, [this](unsigned) { p_->on_accept(); });
+  p_->loop.before_wait([this] { p_->before_wait(); });
+  p_->loop.every(std::chrono::milliseconds(250), [this] { p_->sweep(); });
+  return true;
+}
+
+std::uint16_t resp_server::port() const noexcept {
+  return p_->bound_port;
+}
+std::size_t resp_server::clients() const noexcept {
+  return p_->clients.size();
+}
+
+}  // namespace conveyor::kv

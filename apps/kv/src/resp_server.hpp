@@ -1,0 +1,64 @@
+// conveyor::kv::resp_server — the Redis protocol on TCP, on the server loop.
+//
+// Pipelining: every complete command in what a read brings is executed in
+// order; the replies collect in the client's output buffer and go out once per
+// loop iteration, after the AOF flush (with appendfsync always, a reply leaves
+// only after its write is on disk; one fdatasync covers all clients of the
+// iteration).
+//
+// Bounds on a client (each one closes the connection, counted in INFO):
+//   - protocol errors (resp.hpp's limits): the error is sent, then the close;
+//   - output: above output_pause bytes pending the server stops reading from
+//     the client (a pipelining client waits for its replies); above
+//     output_limit it is closed (one batch of large replies it did not read);
+//   - a command that has begun arriving must complete within partial_timeout
+//     (slow-loris and half commands);
+//   - idle_timeout (0: none) closes connections with nothing to say;
+//   - maxclients connections; one more is told "-ERR max number of clients
+//     reached" and closed.
+// Thread safety: loop thread only.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "resp.hpp"
+
+namespace conveyor::kv {
+
+class server_loop;
+class executor;
+class aof;
+
+struct resp_server_options {
+  std::string bind = "127.0.0.1";
+  std::uint16_t port = 7379;  // 0: any free port (port() says which)
+  std::size_t maxclients = 10000;
+  parser_limits limits;
+  std::size_t output_pause = 4u << 20;
+  std::size_t output_limit = 256u << 20;
+  std::chrono::milliseconds partial_timeout{10000};
+  std::chrono::milliseconds idle_timeout{0};
+};
+
+class resp_server {
+ public:
+  resp_server(server_loop& loop, executor& exec, aof* log, const resp_server_options& opts);
+  ~resp_server();  // closes the listener and every client
+  resp_server(const resp_server&) = delete;
+  resp_server& operator=(const resp_server&) = delete;
+
+  // Binds and listens; false with `why` on failure.
+  bool listen(std::string& why);
+  std::uint16_t port() const noexcept;
+  std::size_t clients() const noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> p_;
+};
+
+}  // namespace conveyor::kv

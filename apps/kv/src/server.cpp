@@ -1,0 +1,164 @@
+// The server's start-up and main loop (server.hpp).
+#include "server.hpp"
+
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "rdma_server.hpp"
+#include "server_loop.hpp"
+
+namespace conveyor::kv {
+
+int serve(const serve_options& opts, const store_factory& make_store) {
+  auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "conveyor kv serve: %s\n", why.c_str());
+    return 1;
+  };
+  // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the
+  // way out). Blocked before any thread starts (the device's engine threads
+  // inherit the mask), so only the signalfd sees them.
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
+  // MPA CRC not requested: soft computes a READ response's CRC over the item's
+  // memory and sends that memory afterwards, so an item rewritten in between
+  // would fail a reader's connection; items carry their own checksum (docs/KV.md).
+  device_options dopts;
+  dopts.request_crc = false;
+  // The loop drains its CQs with poll() and sleeps in epoll: soft's engine must
+  // not take those polls for a busy poller and park (shm's parks too; arm()
+  // now wakes it, core/sw_cq.cpp).
+  dopts.engine_park = false;
+  auto dev = device::open(opts.provider, dopts);
+  if (!dev) return fail("opening device " + opts.provider + ": " + dev.error().to_string());
+  auto pd = dev->alloc_pd();
+  if (!pd) return fail("allocating a protection domain: " + pd.error().to_string());
+  auto st = make_store(*pd, opts.store);
+  if (!st) return fail("creating the store: " + st.error().to_string());
+  store& data = **st;
+
+  std::unique_ptr<aof> log;
+  if (opts.cfg.appendonly) {
+    aof_options ao;
+    ao.path = opts.cfg.dir + "/" + opts.cfg.appendfilename;
+    ao.fsync = opts.fsync;
+    std::string why;
+    log = aof::open(ao, why);
+    if (!log) return fail(why);
+  }
+  executor exec(data, log.get(), opts.cfg);
+  if (log) {
+    replay_result rr;
+    std::string why;
+    auto t0 = std::chrono::steady_clock::now();
+    bool ok = log->replay([&](std::span<const std::string_view> argv,
+                              std::string& w) { return exec.replay(argv, w); },
+                          rr, why);
+    if (!ok) return fail(why);
+    if (!opts.quiet)
+      std::fprintf(
+          stderr,
+          "conveyor kv serve: replayed %llu commands (%llu bytes) from %s in %.3f s, %zu keys\n",
+          static_cast<unsigned long long>(rr.commands), static_cast<unsigned long long>(rr.bytes),
+          log->options().path.c_str(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+          data.size());
+  }
+
+  server_loop loop;
+  int sfd = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sfd < 0) return fail("signalfd failed");
+  loop.add_fd(sfd, EPOLLIN, [&](unsigned) {
+    signalfd_siginfo si{};
+    while (::read(sfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+      if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) loop.stop();
+    }
+  });
+
+  resp_server_options ro;
+  ro.bind = opts.cfg.bind;
+  ro.port = opts.cfg.port;
+  ro.maxclients = opts.cfg.maxclients;
+  ro.partial_timeout = std::chrono::seconds(opts.partial_timeout_s);
+  ro.idle_timeout = std::chrono::seconds(opts.cfg.timeout_s);
+  ro.limits.max_bulk =
+      opts.store.max_value > opts.store.max_key ? opts.store.max_value : opts.store.max_key;
+  ro.limits.max_buffered = opts.store.max_value + opts.store.max_key + (1u << 20);
+  resp_server resp(loop, exec, log.get(), ro);
+  std::string why;
+  if (!resp.listen(why)) {
+    ::close(sfd);
+    return fail(why);
+  }
+  // Active expiry and reclamation ten times a second (Redis's hz 10), the AOF's
+  // once-a-second sync and its rewrite check.
+  loop.every(std::chrono::milliseconds(100), [&] {
+    auto now = now_ms();
+    data.expire_some(now, 200);
+    data.reclaim(now);
+  });
+  // Reclamation also runs every loop iteration (a no-op when nothing is due):
+  // under a write load, freeing 100 ms worth of retired items at once stalled
+  // the loop for milliseconds; spread out, each pass frees a few.
+  loop.before_wait([&] { data.reclaim(0); });
+  if (log)
+    loop.every(std::chrono::milliseconds(1000), [&] {
+      log->tick();
+      if (log->rewrite_due()) {
+        std::string w;
+        if (!log->rewrite(data, w))
+          std::fprintf(stderr, "conveyor kv serve: AOF rewrite failed: %s\n", w.c_str());
+      }
+    });
+  if (!opts.quiet)
+    std::fprintf(stderr, "conveyor kv serve: RESP on %s:%u (provider %s, appendonly %s%s%s)\n",
+                 opts.cfg.bind.c_str(), resp.port(), opts.provider.c_str(),
+                 opts.cfg.appendonly ? "yes" : "no", opts.cfg.appendonly ? ", appendfsync " : "",
+                 opts.cfg.appendonly ? std::string(to_string(opts.fsync)).c_str() : "");
+  // The RDMA front end: one-sided GETs need nothing of this process's threads;
+  // write RPCs run through the same executor, the AOF flushed before each reply.
+  std::unique_ptr<rdma_server> rdma;
+  if (!opts.rdma_listen.empty()) {
+    rdma_server_options rdo;
+    rdo.address = opts.rdma_listen;
+    rdo.requirepass = opts.cfg.requirepass;
+    rdo.max_message = static_cast<std::uint32_t>(
+        std::min<std::size_t>(opts.store.max_value + opts.store.max_key + 4096, 64u << 20));
+    rdo.max_message =
+        std::max<std::uint32_t>(std::min<std::uint32_t>(rdo.max_message, 1u << 20), 64u << 10);
+    auto r = rdma_server::start(
+        *dev, *pd, data, loop,
+        [&](session& s, std::span<const std::string_view> argv, std::string& out) {
+          exec.execute(s, argv, out);
+          if (log) log->flush();
+        },
+        rdo);
+    if (!r) {
+      ::close(sfd);
+      return fail("RDMA front end on " + opts.rdma_listen + ": " + r.error().to_string());
+    }
+    rdma = std::move(*r);
+    exec.stats().rdma_clients = [&rdma] { return rdma->stats().connections_current; };
+    if (!opts.quiet)
+      std::fprintf(stderr, "conveyor kv serve: RDMA on %s (provider %s)\n", rdma->address().c_str(),
+                   opts.provider.c_str());
+  }
+  if (opts.on_ready) opts.on_ready(loop, exec, resp);
+  loop.run();
+  rdma.reset();
+  if (log) log->tick();
+  loop.remove_fd(sfd);
+  ::close(sfd);
+  if (!opts.quiet) std::fprintf(stderr, "conveyor kv serve: stopped\n");
+  return 0;
+}
+
+}  // namespace conveyor::kv

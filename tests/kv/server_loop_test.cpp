@@ -1,0 +1,82 @@
+// The server loop: fds, timers, before_wait, post() and stop() from other threads.
+#include <gtest/gtest.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "server_loop.hpp"
+
+namespace kv = conveyor::kv;
+using namespace std::chrono_literals;
+
+TEST(server_loop, post_from_other_threads_runs_everything_on_the_loop) {
+  kv::server_loop loop;
+  std::thread::id loop_id;
+  int ran = 0;  // touched on the loop thread only
+  bool all_on_loop = true;
+  std::thread t([&] {
+    loop_id = std::this_thread::get_id();
+    loop.run();
+  });
+  std::thread posters[4];
+  for (auto& p : posters)
+    p = std::thread([&] {
+      for (int i = 0; i < 1000; ++i)
+        loop.post([&] {
+          if (std::this_thread::get_id() != loop_id) all_on_loop = false;
+          ++ran;
+        });
+    });
+  for (auto& p : posters) p.join();
+  std::atomic<bool> done{false};
+  loop.post([&] { done = true; });
+  for (int i = 0; i < 500 && !done; ++i) std::this_thread::sleep_for(10ms);
+  loop.stop();
+  t.join();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(ran, 4000);
+  EXPECT_TRUE(all_on_loop);
+}
+
+TEST(server_loop, fds_timers_and_before_wait) {
+  kv::server_loop loop;
+  int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(efd, 0);
+  int reads = 0, ticks = 0, befores = 0;
+  loop.add_fd(efd, EPOLLIN, [&](unsigned ev) {
+    EXPECT_TRUE(ev & EPOLLIN);
+    std::uint64_t v;
+    ASSERT_EQ(::read(efd, &v, sizeof v), static_cast<ssize_t>(sizeof v));
+    if (++reads == 3) loop.remove_fd(efd);  // removing itself from its own callback
+  });
+  loop.every(20ms, [&] {
+    ++ticks;
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(efd, &one, sizeof one);
+    if (ticks == 10) loop.stop();
+  });
+  loop.before_wait([&] { ++befores; });
+  auto t0 = std::chrono::steady_clock::now();
+  loop.run();
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(ticks, 10);
+  EXPECT_EQ(reads, 3);  // never called again after remove_fd
+  EXPECT_GE(befores, 10);
+  EXPECT_GE(took, 180ms);
+  EXPECT_LT(took, 5s);
+  ::close(efd);
+}
+
+TEST(server_loop, stop_from_another_thread_ends_an_idle_loop_promptly) {
+  kv::server_loop loop;
+  std::thread t([&] { loop.run(); });
+  std::this_thread::sleep_for(50ms);
+  auto t0 = std::chrono::steady_clock::now();
+  loop.stop();
+  t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);  // woken, not its 1 s wait
+}

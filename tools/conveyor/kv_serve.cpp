@@ -1,0 +1,125 @@
+// conveyor kv serve — conveyor-kv's server (apps/kv, docs/KV.md) from the command line.
+//
+//   conveyor kv serve                       # RESP on 127.0.0.1:7379, no persistence
+//   conveyor kv serve --port 6380 --appendonly yes --appendfsync always --dir /var/lib/kv
+#include "kv_serve.hpp"
+
+#include <cctype>
+#include <cstdio>
+
+#include "server.hpp"
+
+namespace conveyor::tool {
+
+namespace {
+// "1048576", "64mb", "1gb", "512k": Redis's memory units (k/kb/m/mb/g/gb, all powers of 1024).
+bool parse_memory(const std::string& s, std::size_t& out) {
+  std::size_t i = 0;
+  unsigned long long v = 0;
+  if (s.empty()) return false;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+    if (v > (~0ull) / 10) return false;
+    v = v * 10 + static_cast<unsigned>(s[i++] - '0');
+  }
+  if (i == 0) return false;
+  std::string unit;
+  for (; i < s.size(); ++i)
+    unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(s[i]))));
+  unsigned long long mul = 1;
+  if (unit.empty() || unit == "b")
+    mul = 1;
+  else if (unit == "k" || unit == "kb")
+    mul = 1ull << 10;
+  else if (unit == "m" || unit == "mb")
+    mul = 1ull << 20;
+  else if (unit == "g" || unit == "gb")
+    mul = 1ull << 30;
+  else
+    return false;
+  if (v > (~0ull) / mul) return false;
+  out = static_cast<std::size_t>(v * mul);
+  return true;
+}
+}  // namespace
+
+void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
+  app.add_option("--port", o.port, "TCP port of the Redis protocol (RESP); 0: any free port")
+      ->capture_default_str();
+  app.add_option("--bind", o.bind, "address the RESP listener binds")->capture_default_str();
+  app.add_option("--requirepass", o.requirepass, "password clients must AUTH with (RESP and RDMA)");
+  app.add_option("--appendonly", o.appendonly, "yes: log every write to the append-only file")
+      ->check(CLI::IsMember({"yes", "no"}))
+      ->capture_default_str();
+  app.add_option("--appendfilename", o.appendfilename, "the append-only file's name, in --dir")
+      ->capture_default_str();
+  app.add_option("--dir", o.dir, "directory of the append-only file")->capture_default_str();
+  app.add_option("--appendfsync", o.appendfsync,
+                 "always | everysec | no (Redis's meanings; docs/KV.md)")
+      ->check(CLI::IsMember({"always", "everysec", "no"}))
+      ->capture_default_str();
+  app.add_option("--maxmemory", o.maxmemory,
+                 "memory for items (bytes, or 64mb, 1gb...); 0: the data region's size")
+      ->capture_default_str();
+  app.add_option("--maxmemory-policy", o.maxmemory_policy, "noeviction | allkeys-lru")
+      ->check(CLI::IsMember({"noeviction", "allkeys-lru"}))
+      ->capture_default_str();
+  app.add_option("--data-bytes", o.data_bytes,
+                 "size of the registered item memory (bytes, or 256mb...)")
+      ->capture_default_str();
+  app.add_option("--maxclients", o.maxclients, "most RESP connections at once")
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout_s, "close RESP clients idle this many seconds (0: never)")
+      ->capture_default_str();
+  app.add_option("--partial-timeout", o.partial_timeout_s,
+                 "close RESP clients whose command is still incomplete after this many seconds")
+      ->check(CLI::Range(1u, 3600u))
+      ->capture_default_str();
+  app.add_option("--provider", o.provider,
+                 "device the store's memory is registered with (soft, shm, verbs...)")
+      ->capture_default_str();
+  app.add_option("--rdma-listen", o.rdma_listen, "address of the RDMA front end (empty: none)");
+  app.add_flag("--quiet", o.quiet, "no start-up lines on stderr");
+}
+
+int run_kv_serve(const kv_serve_options& o) {
+  kv::serve_options so;
+  so.cfg.port = o.port;
+  so.cfg.bind = o.bind;
+  so.cfg.requirepass = o.requirepass;
+  so.cfg.appendonly = o.appendonly == "yes";
+  so.cfg.appendfilename = o.appendfilename;
+  so.cfg.dir = o.dir;
+  so.cfg.appendfsync = o.appendfsync;
+  so.cfg.maxmemory_policy = o.maxmemory_policy;
+  so.cfg.maxclients = o.maxclients;
+  so.cfg.timeout_s = o.timeout_s;
+  so.partial_timeout_s = o.partial_timeout_s;
+  kv::parse_fsync_policy(o.appendfsync, so.fsync);
+  std::size_t maxmemory = 0, data_bytes = 0;
+  if (!parse_memory(o.maxmemory, maxmemory)) {
+    std::fprintf(stderr, "conveyor kv serve: --maxmemory %s: a size in bytes (or 64mb, 1gb...)\n",
+                 o.maxmemory.c_str());
+    return 2;
+  }
+  if (!parse_memory(o.data_bytes, data_bytes) || data_bytes == 0) {
+    std::fprintf(stderr, "conveyor kv serve: --data-bytes %s: a size in bytes (or 256mb...)\n",
+                 o.data_bytes.c_str());
+    return 2;
+  }
+  // A maxmemory above the default data region grows the region to hold it.
+  if (maxmemory > data_bytes) data_bytes = maxmemory;
+  so.cfg.maxmemory = maxmemory;
+  so.store.data_bytes = data_bytes;
+  so.store.maxmemory = maxmemory;
+  so.store.policy = o.maxmemory_policy == "allkeys-lru" ? kv::eviction_policy::allkeys_lru
+                                                        : kv::eviction_policy::noeviction;
+  if (so.store.max_value > data_bytes) so.store.max_value = data_bytes;
+  so.provider = o.provider;
+  so.rdma_listen = o.rdma_listen;
+  so.quiet = o.quiet;
+  return kv::serve(so, [](protection_domain& pd, const kv::store_options& opts) {
+    return kv::store::create(pd, opts);
+  });
+}
+
+}  // namespace conveyor::tool

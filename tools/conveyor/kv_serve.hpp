@@ -1,0 +1,34 @@
+// conveyor kv serve: options and entry point (kv_serve.cpp).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace conveyor::tool {
+
+struct kv_serve_options {
+  std::uint16_t port = 7379;  // Redis's 6379 plus 1000, so both can run side by side
+  std::string bind = "127.0.0.1";
+  std::string requirepass;
+  std::string appendonly = "no";
+  std::string appendfilename = "appendonly.aof";
+  std::string dir = ".";
+  std::string appendfsync = "everysec";
+  std::string maxmemory = "0";
+  std::string maxmemory_policy = "noeviction";
+  std::string data_bytes = "256mb";
+  std::size_t maxclients = 10000;
+  unsigned timeout_s = 0;
+  unsigned partial_timeout_s = 10;
+  std::string provider = "soft";
+  std::string rdma_listen;
+  bool quiet = false;
+};
+
+void add_kv_serve_options(CLI::App& app, kv_serve_options& o);
+int run_kv_serve(const kv_serve_options& o);
+
+}  // namespace conveyor::tool
