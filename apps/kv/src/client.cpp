@@ -289,8 +289,7 @@ class client_impl final : public client {
         // Slower than the grace time: the item may have been freed and reused
         // meanwhile. Read again; after a few slow tries the checksum and the
         // key (checked above) are the guard (docs/KV.md, "Reclamation").
-        if (c.result == L::item_result::ok && clock::now() - ln.start > grace() &&
-            ln.slow < max_slow) {
+        if (c.result == L::item_result::ok && too_late(ln) && ln.slow < max_slow) {
           ++ln.slow;
           c.result = L::item_result::torn;
         }
@@ -308,7 +307,7 @@ class client_impl final : public client {
             // Within the grace time this is a tag collision. Later, the memory
             // may have been reused by another key while this one still exists:
             // a miss concluded from it is read again (next_candidate).
-            if (clock::now() - ln.start > grace()) ln.suspect = true;
+            if (too_late(ln)) ln.suspect = true;
             ++ln.cand;
             if (auto r = next_candidate(l, finish); !r) return r;
             break;
@@ -343,6 +342,17 @@ class client_impl final : public client {
   }
 
   std::chrono::milliseconds grace() const { return std::chrono::milliseconds(d_.reclaim_grace_ms); }
+  // Whether the item just read may have been freed and reused since the GET's
+  // start. Only an elapsed time strictly below the grace proves it was not: an
+  // item unlinked right after the bucket READ is free at start + grace, and a
+  // clock that did not advance (coarse, or an equal reading) proves nothing.
+  // With a grace of 0 every item read is too late, whatever the clock says:
+  // the `>` this replaced could let an other-key item in reused memory pass as a tag
+  // collision when the elapsed time read 0, and the GET return a miss for a
+  // key present throughout (readers_never_see_a_mixed_value_with_immediate_reuse).
+  bool too_late(const lane& ln) const {
+    return d_.reclaim_grace_ms == 0 || clock::now() - ln.start >= grace();
+  }
 
   result<void> read_groups(std::uint32_t l) {
     auto& ln = lanes_[l];
