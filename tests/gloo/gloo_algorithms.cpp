@@ -365,8 +365,12 @@ int run_fault(const std::string& dir, const std::string& device, const std::stri
   const bool victim = g_rank == g_size - 1;
   if (fault == "absent" && victim) return 0;
   auto start = std::chrono::steady_clock::now();
+  // The context outlives the try block: destroying it closes this rank's
+  // connections, and a survivor that closed them before the others raised
+  // would make them fail naming it instead of the victim (seen under ASan).
+  ctx_ptr ctx;
   try {
-    auto ctx = connect(dir, device, timeout);
+    ctx = connect(dir, device, timeout);
     std::vector<float> v(1 << 18);
     for (int it = 0;; ++it) {
       if (victim && it == 3) ::raise(fault == "hang" ? SIGSTOP : SIGKILL);
@@ -384,7 +388,7 @@ int run_fault(const std::string& dir, const std::string& device, const std::stri
     auto took = std::chrono::steady_clock::now() - start;
     // A survivor that exits at once closes its connections, and another
     // survivor still waiting would then fail naming it instead of the victim:
-    // each waits (bounded) until every survivor has raised.
+    // each keeps its context and waits (bounded) until every survivor has raised.
     {
       std::FILE* f = std::fopen((dir + "/raised." + std::to_string(g_rank)).c_str(), "w");
       if (f) std::fclose(f);
