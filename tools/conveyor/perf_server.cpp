@@ -355,16 +355,15 @@ int run_perf_server(const perf_options& o) {
     const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
     // Without --accept-timeout the server waits for ever, in slices.
     const auto slice = std::chrono::milliseconds(std::int64_t{3600} * 1000);
+    const bool bounded = o.accept_timeout > 0;
     const auto give_up =
-        o.accept_timeout > 0
-            ? std::optional(clk::now() + std::chrono::milliseconds(
-                                             static_cast<std::int64_t>(o.accept_timeout * 1000)))
-            : std::nullopt;
+        clk::now() + std::chrono::milliseconds(
+                         static_cast<std::int64_t>(bounded ? o.accept_timeout * 1000 : 0));
     while (true) {
       const auto wait =
-          give_up ? std::chrono::duration_cast<std::chrono::milliseconds>(*give_up - clk::now())
+          bounded ? std::chrono::duration_cast<std::chrono::milliseconds>(give_up - clk::now())
                   : slice;
-      if (give_up && wait.count() <= 0)
+      if (bounded && wait.count() <= 0)
         fail("no client connected within " + std::to_string(o.accept_timeout) + " s");
       auto req = lis->accept(std::max(wait, std::chrono::milliseconds(1)));
       if (!req) {
