@@ -3,6 +3,8 @@
 // A legitimate client must still connect at once: each case bounds its connect
 // time by a fraction of the handshake timeout, so a listener that serves
 // handshakes one at a time (each silent peer costing a whole timeout) fails.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -188,6 +190,50 @@ TEST(listener_crowd, legitimate_clients_connect_at_once_past_500_idle_and_500_dr
   // Serial handshakes would cost a whole handshake timeout per silent peer.
   EXPECT_LT(took.back(), ms_of(hs) / 4) << "a legitimate client waited behind the crowd";
   EXPECT_EQ(t.accept_errors.load(), 0);
+}
+
+// TCP's options of every connected socket of this process with `port` at
+// either end: {local port is `port`, TCP_NODELAY}.
+std::vector<std::pair<bool, int>> connected_sockets_on(std::uint16_t port) {
+  std::vector<std::pair<bool, int>> out;
+  for (int fd = 0; fd < 4096; ++fd) {
+    sockaddr_in a{}, b{};
+    socklen_t la = sizeof a, lb = sizeof b;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &la) != 0 || a.sin_family != AF_INET)
+      continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&b), &lb) != 0) continue;  // the listener
+    if (ntohs(a.sin_port) != port && ntohs(b.sin_port) != port) continue;
+    int nodelay = -1;
+    socklen_t l = sizeof nodelay;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, &l) != 0) nodelay = -1;
+    out.emplace_back(ntohs(a.sin_port) == port, nodelay);
+  }
+  return out;
+}
+
+// Both ends of a soft connection turn Nagle off: the listener's handshake pump
+// accepts sockets itself, and once did without TCP_NODELAY, so every small
+// message from the accepting side waited for TCP's delayed ACK (about 40 ms
+// per Gloo all_reduce step over soft).
+TEST(listener_crowd, both_ends_of_a_soft_connection_send_without_nagle) {
+  target t(scaled(3000ms), 16);
+  client cl;
+  auto qp = cl.pd.create_qp({.send_cq = &cl.cq, .recv_cq = &cl.cq}).value();
+  auto info = connect(qp, t.address(), {.timeout = scaled(10000ms)});
+  ASSERT_TRUE(info) << info.error().to_string();
+  const auto deadline = clk::now() + scaled(5000ms);
+  while (clk::now() < deadline) {
+    {
+      std::lock_guard lk(t.mu);
+      if (!t.qps.empty()) break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  const auto socks = connected_sockets_on(t.lis.port());
+  ASSERT_EQ(socks.size(), 2u) << "the client's socket and the accepted one";
+  for (const auto& [accepted, nodelay] : socks)
+    EXPECT_EQ(nodelay, 1) << (accepted ? "the accepted socket" : "the connecting socket")
+                          << " has Nagle's algorithm on";
 }
 
 TEST(listener_crowd, the_oldest_half_open_handshake_is_evicted_when_the_table_is_full) {

@@ -166,22 +166,6 @@ result<fd_guard> connect_tcp(const endpoint& ep, clock::time_point deadline, std
   return fd;
 }
 
-result<fd_guard> accept_tcp(int listen_fd, clock::time_point deadline) {
-  for (;;) {
-    int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c >= 0) {
-      set_nodelay(c);
-      return fd_guard(c);
-    }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK)
-      return make_error(errc::io_error, "accept on " + local_endpoint(listen_fd).to_string(), errno);
-    if (!wait_fd(listen_fd, POLLIN, deadline))
-      return make_error(errc::timed_out, "accept on " + local_endpoint(listen_fd).to_string() +
-                                             ": no connection request before the timeout");
-  }
-}
-
 result<void> read_exact(int fd, std::span<std::byte> out, clock::time_point deadline,
                         std::string_view what) {
   std::size_t got = 0;

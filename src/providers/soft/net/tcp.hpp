@@ -47,8 +47,6 @@ class fd_guard {
 result<fd_guard> listen_tcp(const endpoint& ep, int backlog);
 // Connects with a deadline; the socket is returned non-blocking.
 result<fd_guard> connect_tcp(const endpoint& ep, clock::time_point deadline, std::string_view what);
-// Waits for an incoming connection until the deadline; the socket is non-blocking.
-result<fd_guard> accept_tcp(int listen_fd, clock::time_point deadline);
 
 // Reads exactly out.size() bytes (never more) before the deadline.
 result<void> read_exact(int fd, std::span<std::byte> out, clock::time_point deadline,
