@@ -857,9 +857,7 @@ void Pair::make_qp() {
   qa.cap.max_recv_wr = recv_depth;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
-  // Not used, but shm indexes its inline area even when it has none (UBSan: null
-  // reference in shm_qp::post_send with max_inline_data 0).
-  qa.cap.max_inline_data = 64;
+  qa.cap.max_inline_data = 0;  // never used: small payloads go through staging
   auto qp = prov_->pd.create_qp(qa);
   if (!qp) GLOO_THROW_IO_EXCEPTION("conveyor-gloo: create_qp: ", qp.error().to_string());
   qp_ = std::move(*qp);

@@ -161,8 +161,10 @@ status shm_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcep
       // As in verbs, a bad lkey or range completes with loc_prot_err (the QP fails).
       w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
       std::uint64_t total = 0;
-      sge* dst = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
-      std::byte* inl = &sq_inline_[std::size_t(idx) * caps_.max_inline_data];
+      sge* dst = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
+      // data() + offset: with max_inline_data (or max_send_sge) 0 the vector is empty
+      // and indexing it would be undefined even though nothing is written.
+      std::byte* inl = sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
       for (std::uint32_t k = 0; k < w.nsge; ++k) {
         const sge& s = wr.sg_list[k];
         if (w.inl) {
@@ -227,7 +229,7 @@ status shm_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcep
     const std::uint32_t idx = static_cast<std::uint32_t>(rq_tail_ % caps_.max_recv_wr);
     rq_[idx] = rwqe{wr.wr_id, static_cast<std::uint32_t>(wr.sg_list.size()), total};
     std::copy(wr.sg_list.begin(), wr.sg_list.end(),
-              &rq_sge_[std::size_t(idx) * caps_.max_recv_sge]);
+              rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge);
     ++rq_tail_;
   }
   return errc::ok;
@@ -238,10 +240,10 @@ std::uint64_t shm_qp::gather_locked(const swqe& w, std::uint32_t idx, std::uint6
                                     std::byte* dst, std::uint64_t len) noexcept {
   if (len == 0) return 0;
   if (w.inl) {
-    std::memcpy(dst, &sq_inline_[std::size_t(idx) * caps_.max_inline_data + off], len);
+    std::memcpy(dst, sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data + off, len);
     return len;
   }
-  const sge* s = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+  const sge* s = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
   std::uint64_t done = 0;
   for (std::uint32_t k = 0; k < w.nsge && done < len; ++k) {
     if (off >= s[k].length) {
@@ -277,7 +279,7 @@ bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
     return p + slot_header;
   };
   auto put_sges = [&](msg_header& m) {
-    const sge* s = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+    const sge* s = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
     iov_pair pairs[max_cma_sge];
     std::uint16_t n = 0;
     for (std::uint32_t k = 0; k < w.nsge; ++k) {
@@ -758,7 +760,7 @@ bool shm_qp::take_recv(rwqe& out, sge* sges) noexcept {
   if (rq_head_ == rq_tail_) return false;
   const std::uint32_t idx = static_cast<std::uint32_t>(rq_head_ % caps_.max_recv_wr);
   out = rq_[idx];
-  std::copy_n(&rq_sge_[std::size_t(idx) * caps_.max_recv_sge], out.nsge, sges);
+  std::copy_n(rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge, out.nsge, sges);
   return true;
 }
 
@@ -1135,7 +1137,7 @@ bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
       len > pm.len - (w.remote_addr - pm.base))
     return false;
   std::byte* p = pm.ptr + (w.remote_addr - pm.base);
-  const sge* sg = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+  const sge* sg = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
   if (w.op == wr_opcode::rdma_write) {
     gather_locked(w, idx, 0, p, w.len);
     c_tx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
@@ -1201,7 +1203,7 @@ int shm_qp::rx_responses() noexcept {
     }
     const std::uint32_t idx = static_cast<std::uint32_t>(m.id % caps_.max_send_wr);
     swqe& w = sq_[idx];
-    const sge* sg = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+    const sge* sg = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
     if (w.done || !w.needs_resp || w.resp_done) {
       bad = true;
       break;
