@@ -93,6 +93,30 @@ ip addr add 10.11.0.1/24 dev veth0
 ip link set lo up; ip link set veth1 up; ip link set veth0 up
 modprobe -a ib_core ib_uverbs rdma_ucm rdma_cm iw_cm libcrc32c
 
+# shm's ptrace declaration under Yama ptrace_scope 1 (issue 11, finding 9): the
+# host cannot change its own scope, this kernel can. The hostile shm case then
+# checks the kernel-side half: the declared peer attaches, a stranger cannot.
+if part yama; then
+  yama=/proc/sys/kernel/yama/ptrace_scope
+  if [ -w "$yama" ]; then
+    old=$(cat "$yama")
+    echo 1 > "$yama"
+    if [ "$(cat "$yama")" = 1 ]; then
+      # As an unprivileged user: CAP_SYS_PTRACE (root) is not bound by Yama.
+      step yama-scope1-shm setpriv --reuid=nobody --regid=nogroup --clear-groups --inh-caps=-all \
+        "$BUILD/tests/hostile/shm/conveyor_hostile_shm_tests" \
+        --gtest_filter='shm_hostile.ptrace_declaration_is_scoped_to_the_peers_that_need_it' --gtest_brief=1
+      grep -q "does not bind this process" "$R/yama-scope1-shm.log" &&
+        { summary "FAIL yama-scope1-shm: the test did not see scope 1"; fails=$((fails + 1)); }
+    else
+      summary "FAIL yama: cannot set ptrace_scope to 1"; fails=$((fails + 1))
+    fi
+    echo "$old" > "$yama"
+  else
+    summary "FAIL yama: this kernel has no writable $yama"; fails=$((fails + 1))
+  fi
+fi
+
 if [[ " $STEPS " == *" rxe "* ]]; then
   modprobe rdma_rxe && rdma link add rxe0 type rxe netdev veth0
   step devices-rxe "$BUILD/tests/vm/conveyor_vm_interop" --list
