@@ -189,7 +189,13 @@ class soft_listener final : public detail::listener_impl {
         fd_(std::move(fd)),
         local_(net::local_endpoint(fd_.get())),
         pump_(fd_.get(), "accept on " + local_.to_string(), limits(*dev_, backlog),
-              [d = dev_](int c) { return std::make_unique<mpa_request_reader>(d, c); }) {}
+              [d = dev_](int c) {
+                // The pump's accept4 leaves Nagle on; without TCP_NODELAY the second
+                // of two READ responses sent back to back waits for the peer's
+                // delayed ACK (40 ms: a kv GET's two bucket-group READs).
+                net::set_nodelay(c);
+                return std::make_unique<mpa_request_reader>(d, c);
+              }) {}
   std::string address() const override { return local_.to_string(); }
   std::uint16_t port() const noexcept override {
     const auto* a = reinterpret_cast<const sockaddr_in*>(&local_.ss);
