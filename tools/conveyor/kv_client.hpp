@@ -22,6 +22,12 @@ struct kv_client_options {
   double seconds = 5;
   bool load = true;  // SET every key first
   bool json = false;
+  std::string protocol = "rdma";  // rdma | resp | memcached (kv_bench.cpp)
+  std::string host = "127.0.0.1";  // resp, memcached
+  std::uint16_t port = 0;          // 0: 7379 (resp), 11211 (memcached)
+  std::uint16_t load_port = 0;     // rdma: load over RESP at host:load_port (same store)
+  unsigned clients = 1;            // threads, one connection each
+  int server_pid = 0;              // read this process's CPU time around the run
 };
 
 struct kv_client_commands {
@@ -31,5 +37,7 @@ struct kv_client_commands {
 kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o);
 // Runs whichever of the commands was given; -1 if none was.
 int run_kv_client(const kv_client_commands& c, const kv_client_options& o);
+// conveyor kv bench (kv_bench.cpp): 0, 1 on errors, 2 on bad options.
+int run_kv_bench(const kv_client_options& o);
 
 }  // namespace conveyor::tool

@@ -2,6 +2,7 @@
 // the loop thread (rdma_server.hpp).
 #include "rdma_server.hpp"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 
 #include <array>
@@ -72,6 +73,7 @@ class rdma_server_impl final : public rdma_server {
         lis_(std::move(lis)) {
     address_ = lis_.address();
     acceptor_ = std::thread([this] { accept_loop(); });
+    ::pthread_setname_np(acceptor_.native_handle(), "kv-rdma-accept");
   }
 
   ~rdma_server_impl() override {
