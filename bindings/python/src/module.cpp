@@ -39,8 +39,8 @@ void raise_error(errc code, std::string context) { raise_error(error{code, 0, st
 
 void check_status(status s, const char* what, std::size_t bad) {
   if (s == errc::ok) return;
-  std::string ctx = std::string(what) + ": " + std::string(to_string(s));
-  if (bad != SIZE_MAX) ctx += " at request " + std::to_string(bad);
+  std::string ctx = what;
+  if (bad != SIZE_MAX) ctx += " (request " + std::to_string(bad) + " and after not posted)";
   raise_error(error{s, 0, std::move(ctx)});
 }
 
@@ -238,8 +238,7 @@ void init_module(py::module_& m) {
       .value("invalid_state", errc::invalid_state)
       .value("qp_in_error", errc::qp_in_error)
       .value("cq_overflow", errc::cq_overflow)
-      .value("io_error", errc::io_error)
-      .def("__str__", [](errc e) { return std::string(to_string(e)); });
+      .value("io_error", errc::io_error);
 
   py::enum_<wc_status>(m, "WcStatus", "Work completion status: the verbs statuses.")
       .value("success", wc_status::success)
@@ -257,8 +256,7 @@ void init_module(py::module_& m) {
       .value("rnr_retry_exc_err", wc_status::rnr_retry_exc_err)
       .value("fatal_err", wc_status::fatal_err)
       .value("resp_timeout_err", wc_status::resp_timeout_err)
-      .value("general_err", wc_status::general_err)
-      .def("__str__", [](wc_status s) { return std::string(to_string(s)); });
+      .value("general_err", wc_status::general_err);
 
   py::enum_<transport>(m, "Transport")
       .value("iwarp", transport::iwarp)

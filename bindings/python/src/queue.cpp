@@ -70,7 +70,7 @@ std::size_t wait_released(completion_queue& cq, std::vector<work_completion>& ou
       r = cq.wait(out, slice);
     }
     if (r) return *r;
-    if (r.error() != errc::timed_out) raise_error(r.error(), "CompletionQueue.wait: " + std::string(to_string(r.error())));
+    if (r.error() != errc::timed_out) raise_error(r.error(), "CompletionQueue.wait");
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     if (clk::now() >= deadline)
       raise_error(errc::timed_out, "CompletionQueue.wait: no completion within the timeout");
@@ -226,7 +226,7 @@ void bind_queue(py::module_& m) {
             if (!c.stash.empty()) return take_stash(c, max_entries);
             tl_wcs.resize(max_entries);
             auto r = c.cq.poll(tl_wcs);
-            if (!r) raise_error(r.error(), "CompletionQueue.poll: " + std::string(to_string(r.error())));
+            if (!r) raise_error(r.error(), "CompletionQueue.poll");
             return to_list(std::span(tl_wcs.data(), *r));
           },
           py::arg("max_entries") = 16, "Up to max_entries completions, [] when empty (never blocks).")
