@@ -25,9 +25,9 @@ def listen_address(provider):
     return "127.0.0.1:0"
 
 
-def make_pair(provider, size=1 << 16, target_buf=None, **qp_kwargs):
+def make_pair(provider, size=1 << 16, target_buf=None, target_progress=conveyor.ProgressMode.thread, **qp_kwargs):
     t = types.SimpleNamespace()
-    t.dev = conveyor.Device.open(provider)
+    t.dev = conveyor.Device.open(provider, progress=target_progress)
     t.pd = t.dev.alloc_pd()
     t.cq = t.dev.create_cq(256)
     t.buf = target_buf if target_buf is not None else bytearray(size)

@@ -5,12 +5,13 @@ waits for its descriptor (``cq.fd()``) with ``loop.add_reader``, so one event
 loop thread serves any number of CQs and QPs without blocking.
 
 The connection manager's calls block (TCP connect, MPA handshake), so the
-async forms run them in the loop's default executor; they release the GIL,
-so the loop keeps running meanwhile.
+async forms run each on a thread of its own (they release the GIL, so the
+loop keeps running meanwhile). Not the loop's default executor: its few
+workers could all be connects waiting for accepts queued behind them.
 """
 
 import asyncio
-import functools
+import threading
 
 from . import _conveyor
 
@@ -109,20 +110,40 @@ def _conveyor_error(name, context):
     return err
 
 
+def _in_thread(fn, *args):
+    """Runs fn(*args) on a new daemon thread; a future of the loop gets its outcome."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(ok, value):
+        if not fut.done():
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def run():
+        try:
+            value = fn(*args)
+        except BaseException as e:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, False, e)
+        else:
+            loop.call_soon_threadsafe(settle, True, value)
+
+    threading.Thread(target=run, name="conveyor-async", daemon=True).start()
+    return fut
+
+
 async def connect_async(qp, address, private_data=None, timeout=5.0):
     """connect() without blocking the event loop; returns the ConnectionInfo."""
-    loop = asyncio.get_running_loop()
-    call = functools.partial(_conveyor.connect, qp, address, private_data, timeout)
-    return await loop.run_in_executor(None, call)
+    return await _in_thread(_conveyor.connect, qp, address, private_data, timeout)
 
 
 async def listener_accept_async(listener, timeout=5.0):
     """Listener.accept() without blocking the event loop; returns the ConnectRequest."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, listener.accept, timeout)
+    return await _in_thread(listener.accept, timeout)
 
 
 async def request_accept_async(request, qp, private_data=None):
     """ConnectRequest.accept() without blocking the event loop; returns the ConnectionInfo."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, request.accept, qp, private_data)
+    return await _in_thread(request.accept, qp, private_data)

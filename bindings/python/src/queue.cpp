@@ -467,7 +467,11 @@ void bind_queue(py::module_& m) {
           [](py_qp& q) {
             if (q.users.load() > 0)
               raise_error(errc::invalid_state, "QueuePair.close: another thread is using the QP (connect/accept/wait)");
-            q.qp = queue_pair{};
+            // Taken out first (other threads see a closed QP), destroyed
+            // without the GIL: the disconnect is bounded but may wait.
+            queue_pair doomed = std::move(q.qp);
+            py::gil_scoped_release nogil;
+            doomed = queue_pair{};
           },
           "Disconnects (bounded) and destroys the QP now.")
       .def_property_readonly("closed", [](const py_qp& q) { return !q.qp; })
