@@ -204,8 +204,21 @@ def test_modify_to_error_flushes_receives(pair):
     assert wc.wr_id == 5 and wc.status == WcStatus.wr_flush_err
 
 
+def drive(p, n, timeout=5.0):
+    """n initiator completions, while this thread runs the manual-progress target's engine."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        p.t.cq.poll()  # manual progress: polling the target's CQ serves the READs
+        got += p.i.cq.poll()
+    assert len(got) == n, "%d of %d completions" % (len(got), n)
+    return got
+
+
 def test_full_send_queue_is_again(provider):
-    p = make_pair(provider, max_send_wr=4)
+    # The target runs in manual progress and nobody drives it yet: the READs
+    # stay outstanding, so the queue is certainly full at max_send_wr.
+    p = make_pair(provider, max_send_wr=4, target_progress=conveyor.ProgressMode.manual)
     i = p.i
     mr = i.pd.register_memory(bytearray(64), Access.local_write)
     n = 0
@@ -214,20 +227,20 @@ def test_full_send_queue_is_again(provider):
             i.qp.post_read(mr, i.peer.slice(0, 64), wr_id=k)
             n += 1
     assert n == p.i.qp.caps.max_send_wr
-    assert len(wait_for(i.cq, n)) == n
+    assert len(drive(p, n)) == n
     i.qp.post_read(mr, i.peer.slice(0, 64), wr_id=99)  # room again
-    assert wait_for(i.cq, 1)[0].wr_id == 99
+    assert drive(p, 1)[0].wr_id == 99
 
 
 def test_batch_failure_names_the_first_unposted(provider):
-    p = make_pair(provider, max_send_wr=4)
+    p = make_pair(provider, max_send_wr=4, target_progress=conveyor.ProgressMode.manual)
     i = p.i
     mr = i.pd.register_memory(bytearray(64), Access.local_write)
     wrs = [SendWr(WrOpcode.rdma_read, local=mr, remote=i.peer.slice(0, 64), wr_id=k) for k in range(6)]
     with pytest.raises(conveyor.Again) as e:
         i.qp.post_send(wrs)
     assert "request 4" in e.value.context
-    assert len(wait_for(i.cq, 4)) == 4
+    assert [w.wr_id for w in drive(p, 4)] == [0, 1, 2, 3]
 
 
 def test_post_before_connect_is_invalid_state(provider):
@@ -240,7 +253,9 @@ def test_post_before_connect_is_invalid_state(provider):
 
 
 def test_cq_overflow(provider):
-    p = make_pair(provider)
+    # Manual-progress target: the three READs are all posted before any is
+    # served; then this thread serves them and nobody polls the depth-1 CQ.
+    p = make_pair(provider, target_progress=conveyor.ProgressMode.manual)
     small = p.i.dev.create_cq(1)
     qp = p.i.pd.create_qp(small)
     tq = p.t.pd.create_qp(p.t.cq)
@@ -251,11 +266,10 @@ def test_cq_overflow(provider):
     mr = p.i.pd.register_memory(bytearray(64), Access.local_write)
     for k in range(3):
         qp.post_read(mr, p.i.peer.slice(0, 64), wr_id=k)
-    # Nobody polls: the second completion finds the CQ full, and the QP that
-    # lost it goes to ERROR.
+    # The second completion finds the CQ full; the QP that lost it goes to ERROR.
     deadline = time.monotonic() + 10
     while qp.state != conveyor.QpState.error and time.monotonic() < deadline:
-        time.sleep(0.01)
+        p.t.cq.poll()
     with pytest.raises(conveyor.CqOverflow) as e:
         small.poll()
     assert e.value.code == conveyor.ErrorCode.cq_overflow
