@@ -19,7 +19,9 @@ Measured, as `conveyor perf` does:
   --mode bw --tx-depth 16 --batch 1).
   A WRITE stream ends with an 8-byte READ, so every byte is placed when the
   clock stops.
-- per-call cost of the binding: an empty cq.poll(); 16 8-byte inline WRITEs
+- per-call cost of the binding: the cheapest bound call (RemoteRegion.slice,
+  no library work), an empty cq.poll() (on soft it also runs the engine once);
+  16 8-byte inline WRITEs
   (the last signaled) posted as one post_send([16 SendWr]) call against 16
   post_send(SendWr) calls, the batch's completion waited for each time.
 Both sides use pd.allocate_memory, as perf does (on shm: direct mapping).
@@ -131,6 +133,10 @@ def call_costs(conveyor, qp, cq, local, peer, reps=2000):
     for _ in range(reps * 10):
         cq.poll()
     empty_poll = (now() - t0) / (reps * 10)
+    t0 = now()
+    for _ in range(reps * 10):
+        peer.slice(0, 8)
+    floor = (now() - t0) / (reps * 10)
 
     def wrs():
         out = []
@@ -153,7 +159,7 @@ def call_costs(conveyor, qp, cq, local, peer, reps=2000):
         t1 = now()
         spin_one(cq)
         times_single.append(t1 - t0)
-    return {"empty_poll_ns": empty_poll,
+    return {"empty_poll_ns": empty_poll, "call_floor_ns": floor,
             "post_16_one_call_us": statistics.median(times_batch) / 1000.0,
             "post_16_calls_us": statistics.median(times_single) / 1000.0}
 
@@ -256,7 +262,8 @@ def main():
             cx = med([x[key] for x in res[p]["cxx"]])
             print("%-6s %-28s %9.1f [%5.1f-%5.1f] %9.1f [%5.1f-%5.1f] %12.3f %s"
                   % (p, label, *py, *cx, py[0] / cx[0], unit))
-        for key, label in (("empty_poll_ns", "empty cq.poll() (ns)"),
+        for key, label in (("call_floor_ns", "RemoteRegion.slice() (ns)"),
+                           ("empty_poll_ns", "empty cq.poll() (ns)"),
                            ("post_16_one_call_us", "16 WRs, one post_send (us)"),
                            ("post_16_calls_us", "16 WRs, 16 post_send (us)")):
             v = med([x[key] for x in res[p]["python"]])
