@@ -59,3 +59,18 @@ def test_docstrings_for_help():
         assert f.__doc__ and len(f.__doc__) > 20, f
     assert "registered object" in conveyor.MemoryRegion.__doc__
     assert conveyor.__doc__ and "import conveyor" in conveyor.__doc__
+
+
+def test_signatures_name_python_types():
+    # A class bound after a signature that names it shows up as its C++ name.
+    leaks = []
+    for name in conveyor.__all__:
+        obj = getattr(conveyor, name)
+        members = vars(obj).items() if inspect.isclass(obj) else [(name, obj)]
+        for m, f in members:
+            if not callable(f) or inspect.isclass(f):
+                continue
+            doc = getattr(f, "__doc__", None) or ""
+            if "conveyor::" in doc or "std::" in doc:
+                leaks.append("%s.%s" % (name, m))
+    assert not leaks, "C++ type names in signatures: %s" % leaks

@@ -268,6 +268,111 @@ void init_module(py::module_& m) {
       .value("thread", progress_mode::thread)
       .value("manual", progress_mode::manual);
 
+  // --- memory ----------------------------------------------------------------
+  py::class_<sge>(m, "Sge", "A scatter/gather element: registered local memory (addr, length, lkey).")
+      .def(py::init([](std::uint64_t addr, std::uint32_t length, std::uint32_t lkey) {
+             return sge{addr, length, lkey};
+           }),
+           py::arg("addr"), py::arg("length"), py::arg("lkey"))
+      .def_readwrite("addr", &sge::addr)
+      .def_readwrite("length", &sge::length)
+      .def_readwrite("lkey", &sge::lkey)
+      .def("__repr__", [](const sge& s) {
+        return "Sge(addr=" + std::to_string(s.addr) + ", length=" + std::to_string(s.length) +
+               ", lkey=" + std::to_string(s.lkey) + ")";
+      });
+
+  py::class_<remote_region>(m, "RemoteRegion",
+                            "What a peer needs to access registered memory: addr, length, rkey. "
+                            "encode() gives the stable 28-byte form to send; decode() reads it.")
+      .def(py::init([](std::uint64_t addr, std::uint64_t length, std::uint32_t rkey) {
+             return remote_region{addr, length, rkey};
+           }),
+           py::arg("addr"), py::arg("length"), py::arg("rkey"))
+      .def_readwrite("addr", &remote_region::addr)
+      .def_readwrite("length", &remote_region::length)
+      .def_readwrite("rkey", &remote_region::rkey)
+      .def("slice", &remote_region::slice, py::arg("offset"), py::arg("length"),
+           "The sub-range [offset, offset+length) (not bounds-checked: the target checks).")
+      .def("encode", [](const remote_region& rr) { return from_bytes(rr.encode()); })
+      .def_static(
+          "decode",
+          [](const py::object& data) {
+            auto r = remote_region::decode(to_bytes(data, "RemoteRegion.decode"));
+            if (!r) raise_error(r.error());
+            return *r;
+          },
+          py::arg("data"), "Decodes encode()'s bytes; InvalidArgument on a short buffer, bad magic or version.")
+      .def_property_readonly_static("encoded_size", [](py::object) { return remote_region::encoded_size; })
+      .def(py::self == py::self)
+      .def("__hash__", [](const remote_region& r) { return py::hash(py::make_tuple(r.addr, r.length, r.rkey)); })
+      .def("__repr__", &repr_region);
+
+  py::class_<py_mr>(m, "MemoryRegion",
+                    "A registration. It holds the registered object (which cannot be freed or resized "
+                    "meanwhile) until close()/deregister() or until the region itself is collected. "
+                    "Usable as a context manager (closing on exit).")
+      .def_property_readonly("addr", [](const py_mr& r) { return r.get().addr(); })
+      .def_property_readonly("length", [](const py_mr& r) { return r.get().size(); })
+      .def("__len__", [](const py_mr& r) { return r.get().size(); })
+      .def_property_readonly("lkey", [](const py_mr& r) { return r.get().lkey(); })
+      .def_property_readonly("rkey", [](const py_mr& r) { return r.get().rkey(); })
+      .def_property_readonly("rights", [](const py_mr& r) { return static_cast<std::uint32_t>(r.get().rights()); })
+      .def_property_readonly("registered", [](const py_mr& r) { return static_cast<bool>(r.mr); })
+      .def_readonly("obj", &py_mr::obj, "The registered object (None for allocate_memory).")
+      .def_property_readonly(
+          "memory", [](py::object self) { self.cast<py_mr&>().get(); return region_memoryview(self); },
+          "A memoryview of the region's bytes (writable unless the registered buffer is read-only). "
+          "The region cannot be closed while one exists.")
+      .def("remote", [](const py_mr& r) { return r.get().remote(); }, "RemoteRegion for the whole region.")
+      .def(
+          "sge",
+          [](const py_mr& r, std::size_t offset, std::optional<std::size_t> length) {
+            return to_sge(py::make_tuple(py::cast(&r, py::return_value_policy::reference), offset,
+                                         length.value_or(r.get().size() - std::min(offset, r.get().size()))));
+          },
+          py::arg("offset") = 0, py::arg("length") = py::none(),
+          "An Sge for [offset, offset+length) of the region (default: to its end); checked.")
+      .def("deregister", &py_mr::close, "Revokes the keys now and releases the buffer.")
+      .def("close", &py_mr::close, "Same as deregister().")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](py_mr& r, py::args) { r.close(); })
+      .def("__repr__", [](const py_mr& r) {
+        if (!r.mr) return std::string("MemoryRegion(deregistered)");
+        return "MemoryRegion(addr=" + std::to_string(r.mr.addr()) + ", length=" + std::to_string(r.mr.size()) +
+               ", rkey=" + std::to_string(r.mr.rkey()) + ")";
+      });
+
+  // Bound in an order where every class is registered before a signature
+  // names it (otherwise help() shows the C++ type).
+  bind_queue(m);
+
+  py::class_<py_pd>(m, "ProtectionDomain", "A protection domain: registers memory, creates QPs.")
+      .def("register_memory", &register_buffer, py::arg("buffer"), py::arg("rights"),
+           "Registers any C-contiguous buffer-protocol object (bytearray, memoryview, mmap, numpy "
+           "array) or CPU torch tensor without copying. Read-only buffers are refused for rights "
+           "that write (InvalidArgument).")
+      .def(
+          "allocate_memory",
+          [](py::object self, std::size_t length, std::uint32_t rights) {
+            auto mr = self.cast<py_pd&>().pd.allocate_memory(length, static_cast<access>(rights));
+            if (!mr) raise_error(mr.error());
+            auto r = std::make_unique<py_mr>();
+            r->mr = std::move(*mr);
+            r->pd = std::move(self);
+            r->obj = py::none();
+            r->owned = true;
+            return r;
+          },
+          py::arg("length"), py::arg("rights"),
+          "Allocates zeroed, page-aligned memory owned by the returned region (its .memory is a "
+          "writable memoryview). On shm a connected peer may map it directly.")
+      .def("create_qp", &create_qp, py::arg("send_cq"), py::arg("recv_cq") = py::none(), py::kw_only(),
+           py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256, py::arg("max_send_sge") = 4,
+           py::arg("max_recv_sge") = 4, py::arg("max_inline_data") = 256, py::arg("sq_sig_all") = false,
+           py::arg("max_rd_atomic") = 16, py::arg("max_dest_rd_atomic") = 16,
+           "Creates an RC queue pair in state INIT (recv_cq defaults to send_cq).");
+
   // --- devices ---------------------------------------------------------------
   py::class_<device_info>(m, "DeviceInfo", "A device that conveyor.devices() found.")
       .def_readonly("name", &device_info::name)
@@ -364,108 +469,6 @@ void init_module(py::module_& m) {
         return "Device(name='" + std::string(d.dev.name()) + "', provider='" + d.dev.attr().provider + "')";
       });
 
-  // --- memory ----------------------------------------------------------------
-  py::class_<sge>(m, "Sge", "A scatter/gather element: registered local memory (addr, length, lkey).")
-      .def(py::init([](std::uint64_t addr, std::uint32_t length, std::uint32_t lkey) {
-             return sge{addr, length, lkey};
-           }),
-           py::arg("addr"), py::arg("length"), py::arg("lkey"))
-      .def_readwrite("addr", &sge::addr)
-      .def_readwrite("length", &sge::length)
-      .def_readwrite("lkey", &sge::lkey)
-      .def("__repr__", [](const sge& s) {
-        return "Sge(addr=" + std::to_string(s.addr) + ", length=" + std::to_string(s.length) +
-               ", lkey=" + std::to_string(s.lkey) + ")";
-      });
-
-  py::class_<remote_region>(m, "RemoteRegion",
-                            "What a peer needs to access registered memory: addr, length, rkey. "
-                            "encode() gives the stable 28-byte form to send; decode() reads it.")
-      .def(py::init([](std::uint64_t addr, std::uint64_t length, std::uint32_t rkey) {
-             return remote_region{addr, length, rkey};
-           }),
-           py::arg("addr"), py::arg("length"), py::arg("rkey"))
-      .def_readwrite("addr", &remote_region::addr)
-      .def_readwrite("length", &remote_region::length)
-      .def_readwrite("rkey", &remote_region::rkey)
-      .def("slice", &remote_region::slice, py::arg("offset"), py::arg("length"),
-           "The sub-range [offset, offset+length) (not bounds-checked: the target checks).")
-      .def("encode", [](const remote_region& rr) { return from_bytes(rr.encode()); })
-      .def_static(
-          "decode",
-          [](const py::object& data) {
-            auto r = remote_region::decode(to_bytes(data, "RemoteRegion.decode"));
-            if (!r) raise_error(r.error());
-            return *r;
-          },
-          py::arg("data"), "Decodes encode()'s bytes; InvalidArgument on a short buffer, bad magic or version.")
-      .def_property_readonly_static("encoded_size", [](py::object) { return remote_region::encoded_size; })
-      .def(py::self == py::self)
-      .def("__hash__", [](const remote_region& r) { return py::hash(py::make_tuple(r.addr, r.length, r.rkey)); })
-      .def("__repr__", &repr_region);
-
-  py::class_<py_mr>(m, "MemoryRegion",
-                    "A registration. It holds the registered object (which cannot be freed or resized "
-                    "meanwhile) until close()/deregister() or until the region itself is collected. "
-                    "Usable as a context manager (closing on exit).")
-      .def_property_readonly("addr", [](const py_mr& r) { return r.get().addr(); })
-      .def_property_readonly("length", [](const py_mr& r) { return r.get().size(); })
-      .def("__len__", [](const py_mr& r) { return r.get().size(); })
-      .def_property_readonly("lkey", [](const py_mr& r) { return r.get().lkey(); })
-      .def_property_readonly("rkey", [](const py_mr& r) { return r.get().rkey(); })
-      .def_property_readonly("rights", [](const py_mr& r) { return static_cast<std::uint32_t>(r.get().rights()); })
-      .def_property_readonly("registered", [](const py_mr& r) { return static_cast<bool>(r.mr); })
-      .def_readonly("obj", &py_mr::obj, "The registered object (None for allocate_memory).")
-      .def_property_readonly(
-          "memory", [](py::object self) { self.cast<py_mr&>().get(); return region_memoryview(self); },
-          "A memoryview of the region's bytes (writable unless the registered buffer is read-only). "
-          "The region cannot be closed while one exists.")
-      .def("remote", [](const py_mr& r) { return r.get().remote(); }, "RemoteRegion for the whole region.")
-      .def(
-          "sge",
-          [](const py_mr& r, std::size_t offset, std::optional<std::size_t> length) {
-            return to_sge(py::make_tuple(py::cast(&r, py::return_value_policy::reference), offset,
-                                         length.value_or(r.get().size() - std::min(offset, r.get().size()))));
-          },
-          py::arg("offset") = 0, py::arg("length") = py::none(),
-          "An Sge for [offset, offset+length) of the region (default: to its end); checked.")
-      .def("deregister", &py_mr::close, "Revokes the keys now and releases the buffer.")
-      .def("close", &py_mr::close, "Same as deregister().")
-      .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](py_mr& r, py::args) { r.close(); })
-      .def("__repr__", [](const py_mr& r) {
-        if (!r.mr) return std::string("MemoryRegion(deregistered)");
-        return "MemoryRegion(addr=" + std::to_string(r.mr.addr()) + ", length=" + std::to_string(r.mr.size()) +
-               ", rkey=" + std::to_string(r.mr.rkey()) + ")";
-      });
-
-  py::class_<py_pd>(m, "ProtectionDomain", "A protection domain: registers memory, creates QPs.")
-      .def("register_memory", &register_buffer, py::arg("buffer"), py::arg("rights"),
-           "Registers any C-contiguous buffer-protocol object (bytearray, memoryview, mmap, numpy "
-           "array) or CPU torch tensor without copying. Read-only buffers are refused for rights "
-           "that write (InvalidArgument).")
-      .def(
-          "allocate_memory",
-          [](py::object self, std::size_t length, std::uint32_t rights) {
-            auto mr = self.cast<py_pd&>().pd.allocate_memory(length, static_cast<access>(rights));
-            if (!mr) raise_error(mr.error());
-            auto r = std::make_unique<py_mr>();
-            r->mr = std::move(*mr);
-            r->pd = std::move(self);
-            r->obj = py::none();
-            r->owned = true;
-            return r;
-          },
-          py::arg("length"), py::arg("rights"),
-          "Allocates zeroed, page-aligned memory owned by the returned region (its .memory is a "
-          "writable memoryview). On shm a connected peer may map it directly.")
-      .def("create_qp", &create_qp, py::arg("send_cq"), py::arg("recv_cq") = py::none(), py::kw_only(),
-           py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256, py::arg("max_send_sge") = 4,
-           py::arg("max_recv_sge") = 4, py::arg("max_inline_data") = 256, py::arg("sq_sig_all") = false,
-           py::arg("max_rd_atomic") = 16, py::arg("max_dest_rd_atomic") = 16,
-           "Creates an RC queue pair in state INIT (recv_cq defaults to send_cq).");
-
-  bind_queue(m);
   bind_cm(m);
 }
 
