@@ -43,6 +43,9 @@ def test_installed_package_works():
                 "qp = pd.create_qp(cq); peer = conveyor.RemoteRegion.decode(conveyor.connect(qp, lis.address).private_data)\n"
                 "t.join(); out = bytearray(9); qp.read_into(out, peer); assert out == b'installed'\n") % site
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": site}
+        for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS"):  # sanitizer builds
+            if k in os.environ:
+                env[k] = os.environ[k]
         out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, env=env,
                              cwd=prefix, timeout=60)
         assert out.returncode == 0, out.stderr
