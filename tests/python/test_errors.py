@@ -2,6 +2,7 @@
 
 import os
 import socket
+import struct
 import threading
 import time
 
@@ -112,7 +113,46 @@ def test_protocol_error_from_a_peer_that_is_not_mpa():
         conveyor.connect(qp, "127.0.0.1:%d" % srv.getsockname()[1], timeout=3.0)
     th.join()
     srv.close()
-    assert isinstance(e.value, (conveyor.ProtocolError, conveyor.ConnectionReset)), repr(e.value)
+    assert isinstance(e.value, conveyor.ProtocolError), repr(e.value)
+    assert e.value.code == ErrorCode.protocol_error and "MPA" in e.value.context
+
+
+def test_unsupported_atomics_with_a_plain_iwarp_peer():
+    # A minimal MPA revision 1 responder (RFC 5044): an iWARP peer that is not
+    # Conveyor, so no RFC 7306 extensions; an atomic is refused at post time.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def responder():
+        c, _ = srv.accept()
+        hdr = c.recv(20, socket.MSG_WAITALL)
+        assert hdr[:16] == b"MPA ID Req Frame", hdr
+        pd_len = struct.unpack(">H", hdr[18:20])[0]
+        if pd_len:
+            c.recv(pd_len, socket.MSG_WAITALL)
+        c.sendall(b"MPA ID Rep Frame" + bytes([hdr[16] & 0x40, 1]) + struct.pack(">H", 0))
+        c.recv(1)  # until the initiator goes
+        c.close()
+
+    th = threading.Thread(target=responder)
+    th.start()
+    dev = conveyor.Device.open("soft", request_crc=False)
+    pd = dev.alloc_pd()
+    qp = pd.create_qp(dev.create_cq(16))
+    try:
+        info = conveyor.connect(qp, "127.0.0.1:%d" % srv.getsockname()[1], timeout=3.0)
+        assert not info.attr.extensions and info.attr.mpa_revision == 1
+        mr = pd.register_memory(bytearray(8), Access.local_write)
+        with pytest.raises(conveyor.Unsupported) as e:
+            qp.post_fetch_add(mr, conveyor.RemoteRegion(0x1000, 8, 1), 1, wr_id=1)
+        assert e.value.code == ErrorCode.unsupported
+        with pytest.raises(conveyor.Unsupported):
+            qp.post_send(conveyor.SendWr(conveyor.WrOpcode.send_with_imm, local=mr, imm_data=1))
+    finally:
+        qp.close()
+        th.join()
+        srv.close()
 
 
 def peer_that_hangs_up(linger_rst):
