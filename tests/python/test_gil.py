@@ -114,3 +114,20 @@ def test_poll_does_not_need_the_gil_released(provider):
     for _ in range(10000):
         cq.poll()
     assert time.monotonic() - t0 < 2.0
+
+
+def test_ctrl_c_ends_a_long_wait(provider):
+    import os
+    import signal
+
+    import pytest
+
+    cq = conveyor.Device.open(provider).create_cq(16)
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cq.wait(10.0)
+    took = time.monotonic() - t0
+    timer.join()
+    assert took < 2.0, "cq.wait ignored SIGINT for %.2f s" % took
