@@ -1,0 +1,119 @@
+// bindings/python/src/bindings.hpp — the Python objects shared by the
+// binding translation units (module.cpp: errors, device, pd, mr; queue.cpp:
+// cq, qp, work requests; cm.cpp: listener, connect). Only the public API
+// (include/conveyor) is used, as any application would.
+//
+// Ownership: each Python object holds a C++ handle; C++ handles keep their
+// parents alive, and the Python objects additionally hold references to the
+// Python objects they were made from (a region holds the buffer it registered,
+// a QP its CQs), so no destruction order can leave a dangling pointer.
+//
+// The GIL: only calls that can block or spin release it (cq.wait, connect,
+// accept, the read_into/write_from helpers). An object that a GIL-free call is
+// using is marked busy; closing it meanwhile raises InvalidState rather than
+// pulling the handle out from under the other thread.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "conveyor/conveyor.hpp"
+
+namespace conveyor::python {
+
+namespace py = pybind11;
+
+// Raises the Python exception class for e.code (conveyor.ConveyorError or a
+// subclass) carrying code, errno and context. Needs the GIL.
+[[noreturn]] void raise_error(const error& e);
+[[noreturn]] void raise_error(errc code, std::string context);
+// Raises for a non-ok data-path status; `what` names the call.
+void check_status(status s, const char* what, std::size_t bad = SIZE_MAX);
+
+// Seconds (float, None = forever) as a C++ duration.
+std::chrono::nanoseconds to_timeout(const py::object& seconds);
+// bytes-like -> bytes copy (private data, encoded regions).
+std::vector<std::byte> to_bytes(const py::object& obj, const char* what);
+py::bytes from_bytes(std::span<const std::byte> b);
+
+// Counts the GIL-free calls using an object; close() refuses while any runs.
+class use_guard {
+ public:
+  explicit use_guard(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
+  ~use_guard() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+  use_guard(const use_guard&) = delete;
+  use_guard& operator=(const use_guard&) = delete;
+
+ private:
+  std::atomic<int>& n_;
+};
+
+struct py_device {
+  device dev;
+};
+
+struct py_pd {
+  protection_domain pd;
+  py::object device;  // keeps the Python device alive (the C++ one is kept anyway)
+};
+
+// A registration together with the buffer it covers. For a user buffer, view
+// is the Py_buffer exported by the object (holding it pins the object and,
+// for bytearray, forbids resizing); for allocate_memory, owned is true and the
+// memory belongs to the region. exports counts memoryviews handed out by
+// `memory`: the region cannot be closed while one exists.
+struct py_mr {
+  memory_region mr;
+  py::object pd;
+  py::object obj;  // the registered object (None for allocate_memory)
+  Py_buffer view{};
+  bool has_view = false;
+  bool owned = false;
+  int exports = 0;
+  ~py_mr();
+  void close();  // deregisters and releases the buffer; raises if views are exported
+  const memory_region& get() const;
+};
+
+struct py_cq {
+  completion_queue cq;
+  py::object device;
+  // Completions that the blocking helpers (read_into, write_from) took from
+  // the CQ on behalf of others; poll/wait return them first. GIL-protected.
+  std::deque<work_completion> stash;
+};
+
+struct py_qp {
+  queue_pair qp;
+  py::object pd, send_cq, recv_cq;
+  std::atomic<int> users{0};  // GIL-free calls under way (connect, accept, helpers)
+  std::uint64_t next_helper_id = 0;
+  queue_pair& get();
+};
+
+// An SGE argument: an Sge, a MemoryRegion (the whole region), or
+// (MemoryRegion, offset, length).
+sge to_sge(const py::handle& h);
+
+std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object recv_cq,
+                                 std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
+                                 std::uint32_t max_send_sge, std::uint32_t max_recv_sge,
+                                 std::uint32_t max_inline_data, bool sq_sig_all,
+                                 std::uint32_t max_rd_atomic, std::uint32_t max_dest_rd_atomic);
+
+// pd.register_memory: any buffer-protocol object (or CPU torch tensor).
+std::unique_ptr<py_mr> register_buffer(py::object pd, py::object obj, std::uint32_t rights);
+
+void init_module(py::module_& m);
+void bind_queue(py::module_& m);
+void bind_cm(py::module_& m);
+
+}  // namespace conveyor::python

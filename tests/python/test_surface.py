@@ -1,0 +1,139 @@
+"""The read-only surface: every attribute of the attribute and counter
+objects, read on live objects, with the values they must have; and a guard
+that every public name of the package is used by some test here."""
+
+import glob
+import inspect
+import os
+import re
+import time
+
+import conveyor
+from conveyor import Access
+from conftest import make_pair, wait_for
+
+
+def test_device_attr_and_ports(provider):
+    dev = conveyor.Device.open(provider)
+    a = dev.attr
+    assert isinstance(a, conveyor.DeviceAttr) and a.name == provider and a.provider == provider
+    for f in ("max_cqe", "max_inline_data", "max_mr", "max_msg_size", "max_qp_rd_atom", "max_sge_rd"):
+        assert isinstance(getattr(a, f), int) and getattr(a, f) > 0, f
+    assert isinstance(a.immediate_data, bool) and isinstance(a.send_with_invalidate, bool)
+    for port in a.ports:
+        assert isinstance(port, conveyor.PortAttr)
+        assert port.num >= 1 and isinstance(port.state, str) and isinstance(port.link_layer, str)
+        assert isinstance(port.mtu, int) and all(isinstance(x, str) for x in port.addresses)
+    infos = {d.name: d for d in conveyor.devices()}
+    assert infos[provider].reason == "" and isinstance(infos[provider].transport, conveyor.Transport)
+
+
+def test_connection_attr_caps_counters_and_request(provider):
+    p = make_pair(provider)
+    assert isinstance(p.t.lis, conveyor.Listener)
+    if provider == "soft":
+        assert p.t.lis.port > 0 and p.t.lis.address.endswith(":%d" % p.t.lis.port)
+    assert isinstance(p.i.info, conveyor.ConnectionInfo) and isinstance(p.i.qp, conveyor.QueuePair)
+    assert isinstance(p.i.pd, conveyor.ProtectionDomain) and isinstance(p.i.cq, conveyor.CompletionQueue)
+    a = p.i.qp.connection()
+    assert isinstance(a, conveyor.ConnectionAttr)
+    assert isinstance(a.local_address, str) and isinstance(a.peer_address, str)
+    assert isinstance(a.crc, bool) and isinstance(a.direct_mapping, bool) and isinstance(a.extensions, bool)
+    assert isinstance(a.rtr, str) and isinstance(a.data_path, str)
+    if provider == "soft":
+        assert a.mss > 0 and a.max_fpdu > 0 and a.mpa_revision in (1, 2) and a.data_path == ""
+        assert a.peer_address == p.t.qp.connection().local_address
+    else:
+        assert a.data_path in ("cma", "staged")
+    caps = p.i.qp.caps
+    assert isinstance(caps, conveyor.QpCaps)
+    assert caps.max_send_sge >= 1 and caps.max_recv_sge >= 1 and caps.max_inline_data >= 0
+
+    mr = p.i.pd.register_memory(bytearray(4096), Access.local_write)
+    p.i.qp.read_into(mr, p.i.peer.slice(0, 4096))
+    ci, ct = p.i.qp.counters(), p.t.qp.counters()
+    assert isinstance(ci, conveyor.QpCounters)
+    for c in (ci, ct):
+        for f in ("tx_bytes", "rx_bytes", "tx_fpdus", "rx_fpdus", "tx_syscalls", "rx_syscalls", "reads_served",
+                  "writes_placed", "atomics_served", "terminates_sent", "terminates_received", "direct_ops"):
+            assert isinstance(getattr(c, f), int) and getattr(c, f) >= 0, f
+    if provider == "soft":
+        assert ct.reads_served >= 1 and ci.rx_bytes >= 4096 and ci.tx_fpdus >= 1 and ci.rx_fpdus >= 1
+        assert ci.tx_syscalls >= 1 and ct.rx_syscalls >= 1
+    assert ci.terminates_sent == 0 and ct.terminates_received == 0
+
+
+def test_request_peer_address_and_disconnect(provider):
+    dev = conveyor.Device.open(provider)
+    pd, cq = dev.alloc_pd(), dev.create_cq(16)
+    from conftest import listen_address
+    import threading
+    lis = conveyor.Listener.bind(dev, listen_address(provider))
+    tq = pd.create_qp(cq)
+    seen = {}
+
+    def serve():
+        req = lis.accept(5.0)
+        assert isinstance(req, conveyor.ConnectRequest)
+        seen["peer"] = req.peer_address
+        req.accept(tq)
+
+    th = threading.Thread(target=serve)
+    th.start()
+    qp = pd.create_qp(cq)
+    conveyor.connect(qp, lis.address)
+    th.join()
+    if provider == "soft":
+        assert seen["peer"] == qp.connection().local_address
+    else:
+        assert isinstance(seen["peer"], str)
+    rmr = pd.register_memory(bytearray(16), Access.local_write)
+    tq.post_recv(rmr, 5)
+    qp.disconnect()  # the peer sees the end: its receive flushes
+    (wc,) = wait_for(cq, 1)
+    assert wc.wr_id == 5 and wc.status == conveyor.WcStatus.wr_flush_err
+    deadline = time.monotonic() + 5
+    while tq.state != conveyor.QpState.error and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tq.state == conveyor.QpState.error
+
+
+def test_work_request_objects():
+    s = conveyor.Sge(10, 20, 30)
+    w = conveyor.SendWr(conveyor.WrOpcode.rdma_write, local=[s, s], remote=conveyor.RemoteRegion(1000, 8, 7),
+                        wr_id=3, imm_data=9)
+    assert len(w.sg_list) == 2 and w.sg_list[0].length == 20
+    assert (w.remote_addr, w.rkey, w.imm_data, w.opcode) == (1000, 7, 9, conveyor.WrOpcode.rdma_write)
+    w.wr_id = 44
+    w.flags = conveyor.SendFlags.fence
+    assert w.wr_id == 44 and w.flags == int(conveyor.SendFlags.fence)
+    r = conveyor.RecvWr(s, wr_id=8)
+    assert r.wr_id == 8 and r.sg_list[0].addr == 10
+
+
+def test_completion_fields(pair):
+    i = pair.i
+    mr = i.pd.register_memory(bytearray(8), Access.local_write)
+    i.qp.post_read(mr, i.peer.slice(0, 8), wr_id=1)
+    (wc,) = wait_for(i.cq, 1)
+    assert isinstance(wc, conveyor.WorkCompletion)
+    assert wc.vendor_err == 0 and not wc.with_inv and wc.invalidated_rkey == 0 and wc.imm_data == 0
+
+
+def test_unsupported_is_exported():
+    assert issubclass(conveyor.Unsupported, conveyor.ConveyorError)
+    assert conveyor._errors._BY_CODE[int(conveyor.ErrorCode.unsupported)] is conveyor.Unsupported
+
+
+def test_every_public_name_is_used_by_a_test():
+    here = os.path.dirname(os.path.abspath(__file__))
+    text = "".join(open(f).read() for f in glob.glob(os.path.join(here, "*.py")) if not f.endswith("test_stubs.py"))
+    unused = []
+    for name in conveyor.__all__:
+        obj = getattr(conveyor, name)
+        if name not in text:
+            unused.append(name)
+        if inspect.isclass(obj) and not issubclass(obj, BaseException) and not hasattr(obj, "__members__"):
+            unused += ["%s.%s" % (name, m) for m in dir(obj)
+                       if not m.startswith("_") and not re.search(r"(\.%s\b|\"%s\")" % (m, m), text)]
+    assert not unused, "no test uses: %s" % unused
