@@ -2,7 +2,9 @@
 #include <conveyor/conveyor.hpp>
 
 #include "core/impl.hpp"
-#include "providers/soft/wire/wire.hpp"
+#include "core/byte_order.hpp"
+
+#include <cstring>
 
 namespace conveyor {
 
@@ -13,9 +15,9 @@ void remote_region::encode_to(std::span<std::byte, encoded_size> out) const noex
   std::memcpy(out.data(), "CVRR", 4);
   out[4] = std::byte{1};
   out[5] = out[6] = out[7] = std::byte{0};
-  wire::put_be64(out.data() + 8, addr);
-  wire::put_be64(out.data() + 16, length);
-  wire::put_be32(out.data() + 24, rkey);
+  detail::put_be64(out.data() + 8, addr);
+  detail::put_be64(out.data() + 16, length);
+  detail::put_be32(out.data() + 24, rkey);
 }
 
 std::vector<std::byte> remote_region::encode() const {
@@ -33,8 +35,8 @@ result<remote_region> remote_region::decode(std::span<const std::byte> b) {
   if (b[4] != std::byte{1})
     return make_error(errc::invalid_argument, "remote_region: unknown version " +
                                                   std::to_string(std::to_integer<int>(b[4])));
-  return remote_region{wire::get_be64(b.data() + 8), wire::get_be64(b.data() + 16),
-                       wire::get_be32(b.data() + 24)};
+  return remote_region{detail::get_be64(b.data() + 8), detail::get_be64(b.data() + 16),
+                       detail::get_be32(b.data() + 24)};
 }
 
 // ------------------------------------------------------------ memory_region ----

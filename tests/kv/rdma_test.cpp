@@ -5,6 +5,7 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <future>
@@ -278,7 +279,12 @@ TEST_P(kv_rdma, a_client_that_dies_mid_batch_leaves_nothing) {
     auto mr = pd.register_memory(std::span(reinterpret_cast<std::byte*>(req.data()), req.size()),
                                  conveyor::access::local_write)
                   .value();
-    for (int i = 0; i < 4; ++i) ASSERT_EQ(qp.post_send_msg(mr.as_sge(), i), conveyor::errc::ok);
+    // One post of four: the first reply finds no receive posted and moves this
+    // QP to ERROR, so four separate posts race that reply.
+    const auto sge = mr.as_sge();
+    std::array<conveyor::send_wr, 4> wrs{};
+    for (std::size_t i = 0; i < wrs.size(); ++i) wrs[i] = {.wr_id = i, .sg_list = std::span(&sge, 1)};
+    ASSERT_EQ(qp.post_send(wrs), conveyor::errc::ok);
     // No receives posted: the replies cannot land; then the client vanishes.
     for (int i = 0;
          i < 500 && s.rdma->stats().connections_total < static_cast<std::uint64_t>(round + 1); ++i)

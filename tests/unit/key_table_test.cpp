@@ -1,5 +1,5 @@
 // Unit tests for the key table: validation of every access, revocation, random bits.
-#include "core/key_table.hpp"
+#include "providers/swnic/key_table.hpp"
 
 #include <gtest/gtest.h>
 

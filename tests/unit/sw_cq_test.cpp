@@ -1,5 +1,5 @@
 // Unit tests for the software completion queue and the QP state machine table.
-#include "core/sw_cq.hpp"
+#include "providers/swnic/sw_cq.hpp"
 
 #include <gtest/gtest.h>
 #include <poll.h>

@@ -6,10 +6,9 @@
 // flag is set); in manual mode CQ poll/wait drive it.
 #pragma once
 
-#include "core/impl.hpp"
-#include "core/key_table.hpp"
-#include "core/sw_cq.hpp"
 #include "providers/shm/shm_segment.hpp"
+#include "providers/swnic/sw_device.hpp"
+#include "providers/swnic/sw_engine.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -23,14 +22,11 @@ namespace conveyor::shm {
 
 class shm_qp;
 
-class engine final : public detail::progress_source {
+class engine final : public swnic::sw_engine {
  public:
-  engine(bool own_thread, std::uint32_t spin_us);
+  engine(bool own_thread, std::uint32_t spin_us, bool park);
   ~engine() override;
-  engine(const engine&) = delete;
-  engine& operator=(const engine&) = delete;
 
-  bool ok() const noexcept { return epfd_ >= 0 && wake_ >= 0; }
   void attach(shm_qp* qp, int fd) noexcept;
   // On return the engine no longer touches qp.
   void detach(shm_qp* qp, int fd) noexcept;
@@ -40,28 +36,18 @@ class engine final : public detail::progress_source {
   // application keeps polling, until app_window passes without a poll or
   // idle() says the application is about to sleep.
   void progress() noexcept override;
-  void idle() noexcept override;
-  int wait_fd() const noexcept override { return epfd_; }
-  static constexpr std::chrono::microseconds app_window{1000};
 
  private:
-  void run();
+  void run() override;
   int poll_all_locked() noexcept;  // ring work done
   void sleep_flags_locked(bool on) noexcept;
   void socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock,
                             bool drain) noexcept;
 
-  int epfd_ = -1;
-  int wake_ = -1;
   const bool manual_;
-  std::uint32_t spin_us_;
-  std::atomic<bool> stop_{false};
-  std::atomic<std::int64_t> app_poll_ns_{0};  // last application progress (0: none)
-  std::atomic<bool> parked_{false};
   std::int64_t last_socket_check_ns_ = 0;  // under mu_
   std::mutex mu_;                          // live_ and every QP's engine-side state
   std::vector<shm_qp*> live_;
-  std::thread thread_;
 };
 
 // A region allocated through shm_pd::allocate_memory, as a peer may map it.
@@ -74,19 +60,15 @@ struct direct_region {
   std::uint64_t gen = 0;
 };
 
-class shm_device final : public detail::device_impl {
+class shm_device final : public swnic::sw_device {
  public:
   shm_device(std::string name, const device_options& opts, bool cma, bool direct);
   ~shm_device() override;
   result<std::shared_ptr<detail::pd_impl>> alloc_pd() override;
-  result<std::shared_ptr<detail::cq_impl>> create_cq(const cq_options& opts) override;
   result<std::unique_ptr<detail::listener_impl>> bind_listener(std::string_view address,
                                                                int backlog) override;
 
-  detail::key_table& keys() noexcept { return keys_; }
-  shm::engine& eng() noexcept { return *engine_; }
-  std::uint32_t next_qpn() noexcept { return qpn_.fetch_add(1); }
-  std::uint32_t next_pd_id() noexcept { return pd_id_.fetch_add(1); }
+  shm::engine& eng() noexcept { return *engine_owned_; }
   // Cross-memory attach allowed by configuration (CONVEYOR_SHM_CMA=off forces staging).
   bool cma_enabled() const noexcept { return cma_; }
   // Peers may map allocated regions (CONVEYOR_SHM_DIRECT=off: they may not, and
@@ -102,10 +84,7 @@ class shm_device final : public detail::device_impl {
 
  private:
   result<void> revocation_page_locked();
-  detail::key_table keys_;
-  std::unique_ptr<shm::engine> engine_;
-  std::atomic<std::uint32_t> qpn_{1};
-  std::atomic<std::uint32_t> pd_id_{1};
+  std::unique_ptr<shm::engine> engine_owned_;
   bool cma_;
   bool direct_;
   std::mutex direct_mu_;
@@ -116,35 +95,31 @@ class shm_device final : public detail::device_impl {
   std::uint64_t next_gen_ = 1;
 };
 
-class shm_pd final : public detail::pd_impl {
+class shm_pd final : public swnic::sw_pd {
  public:
-  shm_pd(std::shared_ptr<shm_device> dev, std::uint32_t id) : dev_(std::move(dev)), id_(id) {}
-  result<std::shared_ptr<detail::mr_impl>> register_memory(std::span<std::byte> buf,
-                                                           access rights) override;
+  shm_pd(std::shared_ptr<shm_device> dev, std::uint32_t id) : sw_pd(std::move(dev), id) {}
   result<std::shared_ptr<detail::mr_impl>> allocate_memory(std::size_t len, access rights) override;
-  result<std::shared_ptr<detail::qp_impl>> create_qp(const qp_init_attr& attr) override;
-  shm_device& dev() noexcept { return *dev_; }
-  std::uint32_t id() const noexcept { return id_; }
+  shm_device& dev() noexcept { return static_cast<shm_device&>(sw_pd::dev()); }
 
- private:
-  std::shared_ptr<shm_device> dev_;
-  std::uint32_t id_;
+ protected:
+  std::shared_ptr<detail::qp_impl> make_qp(std::shared_ptr<detail::sw_cq> scq,
+                                           std::shared_ptr<detail::sw_cq> rcq,
+                                           const qp_init_attr& attr, std::uint32_t qpn) override;
 };
 
-class shm_mr final : public detail::mr_impl {
+// A region allocated by shm_pd::allocate_memory: owns the memfd and its
+// mapping (map_len bytes), published for direct mapping until deregistered.
+class shm_mr final : public swnic::sw_mr {
  public:
-  shm_mr(std::shared_ptr<shm_pd> pd, std::span<std::byte> buf, access rights, std::uint32_t key);
-  // An allocated region: owns the memfd and its mapping (map_len bytes).
   shm_mr(std::shared_ptr<shm_pd> pd, std::span<std::byte> buf, access rights, std::uint32_t key,
          int memfd, std::size_t map_len);
   ~shm_mr() override;
   void deregister() noexcept override;
 
  private:
-  std::shared_ptr<shm_pd> pd_;
-  std::atomic<bool> live_{true};
-  int memfd_ = -1;
-  std::size_t map_len_ = 0;
+  shm_device& dev() noexcept { return static_cast<shm_pd&>(pd()).dev(); }
+  int memfd_;
+  std::size_t map_len_;
 };
 
 std::vector<device_info> list_devices();

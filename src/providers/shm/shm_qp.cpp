@@ -4,7 +4,8 @@
 #include "providers/shm/shm_qp.hpp"
 
 #include "core/log.hpp"
-#include "core/remote_atomic.hpp"
+#include "providers/swnic/opcodes.hpp"
+#include "providers/swnic/remote_atomic.hpp"
 #include "providers/shm/shm_device.hpp"
 #include "providers/shm/shm_memfd.hpp"
 
@@ -25,6 +26,10 @@
 namespace conveyor::shm {
 
 using detail::key_check;
+using swnic::is_atomic_op;
+using swnic::is_send_op;
+using swnic::is_write_op;
+using swnic::wc_of;
 
 namespace {
 // Payloads at least this long go by cross-memory attach when the peer can:
@@ -34,33 +39,6 @@ constexpr int max_rx_batch = 64;
 // Peer regions one QP keeps mapped (or remembers as unmappable) at most.
 constexpr std::size_t max_peer_maps = 4096;
 
-bool is_send_op(wr_opcode op) {
-  return op == wr_opcode::send || op == wr_opcode::send_with_imm || op == wr_opcode::send_with_inv;
-}
-bool is_write_op(wr_opcode op) {
-  return op == wr_opcode::rdma_write || op == wr_opcode::rdma_write_with_imm;
-}
-bool is_atomic_op(wr_opcode op) {
-  return op == wr_opcode::atomic_cmp_and_swp || op == wr_opcode::atomic_fetch_and_add;
-}
-wc_opcode wc_of(wr_opcode op) {
-  switch (op) {
-    case wr_opcode::send:
-    case wr_opcode::send_with_imm:
-    case wr_opcode::send_with_inv:
-      return wc_opcode::send;
-    case wr_opcode::rdma_write:
-    case wr_opcode::rdma_write_with_imm:
-      return wc_opcode::rdma_write;
-    case wr_opcode::rdma_read:
-      return wc_opcode::rdma_read;
-    case wr_opcode::atomic_cmp_and_swp:
-      return wc_opcode::comp_swap;
-    case wr_opcode::atomic_fetch_and_add:
-      return wc_opcode::fetch_add;
-  }
-  return wc_opcode::send;
-}
 int ring_req(int side) {
   return side;
 }
@@ -71,20 +49,8 @@ int ring_resp(int side) {
 
 shm_qp::shm_qp(std::shared_ptr<shm_pd> pd, std::shared_ptr<detail::sw_cq> scq,
                std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn)
-    : pd_(std::move(pd)),
-      dev_(&pd_->dev()),
-      scq_(std::move(scq)),
-      rcq_(std::move(rcq)),
-      caps_(attr.cap),
-      sig_all_(attr.sq_sig_all),
-      qpn_(qpn),
-      want_ird_(std::clamp<std::uint32_t>(attr.max_dest_rd_atomic, 1, 128)),
-      want_ord_(std::clamp<std::uint32_t>(attr.max_rd_atomic, 1, 128)) {
+    : sw_qp(pd, std::move(scq), std::move(rcq), attr, qpn), dev_(&pd->dev()) {
   sq_.resize(caps_.max_send_wr);
-  sq_sge_.resize(std::size_t(caps_.max_send_wr) * caps_.max_send_sge);
-  sq_inline_.resize(std::size_t(caps_.max_send_wr) * caps_.max_inline_data);
-  rq_.resize(caps_.max_recv_wr);
-  rq_sge_.resize(std::size_t(caps_.max_recv_wr) * caps_.max_recv_sge);
 }
 
 shm_qp::~shm_qp() {
@@ -92,147 +58,24 @@ shm_qp::~shm_qp() {
 }
 
 // ------------------------------------------------------------------ posting ----
-status shm_qp::validate_send(const send_wr& wr) const noexcept {
-  if (wr.sg_list.size() > caps_.max_send_sge) return errc::invalid_argument;
-  std::uint64_t total = 0;
-  for (const auto& s : wr.sg_list) total += s.length;
-  if (total > 0x7FFFFFFFull) return errc::invalid_argument;
-  if (is_atomic_op(wr.opcode) &&
-      (wr.sg_list.size() != 1 || wr.sg_list[0].length != 8 || (wr.remote_addr & 7) != 0))
-    return errc::invalid_argument;
-  if (has(wr.flags, send_flags::inline_data) &&
-      (total > caps_.max_inline_data || wr.opcode == wr_opcode::rdma_read ||
-       is_atomic_op(wr.opcode)))
-    return errc::invalid_argument;
-  return errc::ok;
+swnic::wqe_base& shm_qp::sq_entry_locked(std::uint32_t idx) noexcept {
+  sq_[idx] = swqe{};
+  return sq_[idx];
 }
 
-bool shm_qp::local_sges_ok(const send_wr& wr) noexcept {
-  if (has(wr.flags, send_flags::inline_data)) return true;
-  const bool sink = wr.opcode == wr_opcode::rdma_read || is_atomic_op(wr.opcode);
-  for (const auto& s : wr.sg_list) {
-    if (s.length == 0) continue;
-    detail::key_table::guard g;
-    std::byte* p = nullptr;
-    if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, s.length,
-                             sink ? access::local_write : access::none, g, &p) != key_check::ok)
-      return false;
+bool shm_qp::sq_accept_locked(std::uint32_t idx) noexcept {
+  swqe& w = sq_[idx];
+  w.cma = cma_tx_ && !w.inl && w.len >= cma_min && !is_atomic_op(w.op);
+  w.needs_resp = is_atomic_op(w.op) || (w.op == wr_opcode::rdma_read && !w.cma);
+  // Direct mapping: with nothing outstanding (completions stay in posting
+  // order) a mapped peer region is served right here, the SQ slot unused.
+  if (!pmaps_.empty() && sq_head_ == sq_tail_ && w.status == wc_status::success &&
+      try_direct_locked(w, idx)) {
+    w.done = true;
+    push_send_wc(w);
+    return false;
   }
   return true;
-}
-
-status shm_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept {
-  const qp_state st = state();
-  if (st != qp_state::rts) {
-    if (bad) *bad = 0;
-    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
-  }
-  bool wrote;
-  status rc = errc::ok;
-  {
-    std::lock_guard lk(tx_mu_);
-    std::size_t i = 0;
-    for (; i < wrs.size(); ++i) {
-      const send_wr& wr = wrs[i];
-      if (state() != qp_state::rts) {
-        rc = errc::qp_in_error;
-        break;
-      }
-      if (sq_tail_ - sq_head_ >= caps_.max_send_wr) {
-        rc = errc::again;
-        break;
-      }
-      rc = validate_send(wr);
-      if (rc != errc::ok) break;
-      const std::uint32_t idx = static_cast<std::uint32_t>(sq_tail_ % caps_.max_send_wr);
-      swqe& w = sq_[idx];
-      w = swqe{};
-      w.wr_id = wr.wr_id;
-      w.op = wr.opcode;
-      w.signaled = sig_all_ || has(wr.flags, send_flags::signaled);
-      w.inl = has(wr.flags, send_flags::inline_data);
-      w.nsge = static_cast<std::uint32_t>(wr.sg_list.size());
-      w.remote_addr = wr.remote_addr;
-      w.rkey = wr.rkey;
-      w.imm = wr.imm_data;
-      w.inv = wr.invalidate_rkey;
-      w.cmp_add = wr.compare_add;
-      w.swap = wr.swap;
-      // As in verbs, a bad lkey or range completes with loc_prot_err (the QP fails).
-      w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
-      std::uint64_t total = 0;
-      sge* dst = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
-      // data() + offset: with max_inline_data (or max_send_sge) 0 the vector is empty
-      // and indexing it would be undefined even though nothing is written.
-      std::byte* inl = sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
-      for (std::uint32_t k = 0; k < w.nsge; ++k) {
-        const sge& s = wr.sg_list[k];
-        if (w.inl) {
-          if (s.length) std::memcpy(inl + total, reinterpret_cast<const void*>(s.addr), s.length);
-        } else {
-          dst[k] = s;
-        }
-        total += s.length;
-      }
-      w.len = total;
-      w.cma = cma_tx_ && !w.inl && total >= cma_min && !is_atomic_op(w.op);
-      w.needs_resp = is_atomic_op(w.op) || (w.op == wr_opcode::rdma_read && !w.cma);
-      w.byte_len = w.op == wr_opcode::rdma_read ? static_cast<std::uint32_t>(total)
-                   : is_atomic_op(w.op)         ? 8u
-                                                : 0u;
-      // Direct mapping: with nothing outstanding (completions stay in posting
-      // order) a mapped peer region is served right here, the SQ slot unused.
-      if (!pmaps_.empty() && sq_head_ == sq_tail_ && w.status == wc_status::success &&
-          try_direct_locked(w, idx)) {
-        w.done = true;
-        push_send_wc(w);
-        continue;
-      }
-      ++sq_tail_;
-    }
-    if (bad && rc != errc::ok) *bad = i;
-    wrote = tx_progress_locked();
-  }
-  if (wrote) notify_peer();
-  return rc;
-}
-
-status shm_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
-  const qp_state st = state();
-  if (st == qp_state::error || st == qp_state::reset) {
-    if (bad) *bad = 0;
-    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
-  }
-  std::lock_guard lk(rq_mu_);
-  for (std::size_t i = 0; i < wrs.size(); ++i) {
-    const recv_wr& wr = wrs[i];
-    status rc = errc::ok;
-    if (rq_tail_ - rq_head_ >= caps_.max_recv_wr)
-      rc = errc::again;
-    else if (wr.sg_list.size() > caps_.max_recv_sge)
-      rc = errc::invalid_argument;
-    std::uint64_t total = 0;
-    for (const auto& s : wr.sg_list) {
-      if (rc != errc::ok) break;
-      total += s.length;
-      if (s.length == 0) continue;
-      detail::key_table::guard g;
-      std::byte* p = nullptr;
-      if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, s.length, access::local_write, g, &p) !=
-          key_check::ok)
-        rc = errc::invalid_argument;
-    }
-    if (rc != errc::ok) {
-      if (bad) *bad = i;
-      return rc;
-    }
-    const std::uint32_t idx = static_cast<std::uint32_t>(rq_tail_ % caps_.max_recv_wr);
-    rq_[idx] = rwqe{wr.wr_id, static_cast<std::uint32_t>(wr.sg_list.size()), total};
-    std::copy(wr.sg_list.begin(), wr.sg_list.end(),
-              rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge);
-    ++rq_tail_;
-  }
-  return errc::ok;
 }
 
 // --------------------------------------------------------------- send side ----
@@ -240,10 +83,10 @@ std::uint64_t shm_qp::gather_locked(const swqe& w, std::uint32_t idx, std::uint6
                                     std::byte* dst, std::uint64_t len) noexcept {
   if (len == 0) return 0;
   if (w.inl) {
-    std::memcpy(dst, sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data + off, len);
+    std::memcpy(dst, sq_inline(idx) + off, len);
     return len;
   }
-  const sge* s = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
+  const sge* s = sq_sges(idx);
   std::uint64_t done = 0;
   for (std::uint32_t k = 0; k < w.nsge && done < len; ++k) {
     if (off >= s[k].length) {
@@ -279,7 +122,7 @@ bool shm_qp::transmit_locked(swqe& w, std::uint32_t idx) noexcept {
     return p + slot_header;
   };
   auto put_sges = [&](msg_header& m) {
-    const sge* s = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
+    const sge* s = sq_sges(idx);
     iov_pair pairs[max_cma_sge];
     std::uint16_t n = 0;
     for (std::uint32_t k = 0; k < w.nsge; ++k) {
@@ -414,17 +257,6 @@ bool shm_qp::tx_progress_locked() noexcept {
   return false;
 }
 
-void shm_qp::push_send_wc(const swqe& w) noexcept {
-  if (!w.signaled && w.status == wc_status::success) return;
-  work_completion wc;
-  wc.wr_id = w.wr_id;
-  wc.status = w.status;
-  wc.opcode = wc_of(w.op);
-  wc.byte_len = w.status == wc_status::success ? w.byte_len : 0;
-  wc.qp_num = qpn_;
-  if (!scq_->push(wc)) state_.store(qp_state::error, std::memory_order_seq_cst);
-}
-
 bool shm_qp::retire_locked() noexcept {
   if (seg_.hdr == nullptr) return false;
   const std::uint64_t t = req_out().tail.load(std::memory_order_seq_cst);
@@ -492,16 +324,7 @@ void shm_qp::flush_locked(wc_status first) noexcept {
   }
   tx_off_ = 0;
   tx_imm_pending_ = false;
-  std::lock_guard lk(rq_mu_);
-  while (rq_head_ < rq_tail_) {
-    work_completion wc;
-    wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
-    wc.status = wc_status::wr_flush_err;
-    wc.opcode = wc_opcode::recv;
-    wc.qp_num = qpn_;
-    rcq_->push(wc);
-    ++rq_head_;
-  }
+  flush_rq();
 }
 
 void shm_qp::enter_error(wc_status first) noexcept {
@@ -760,7 +583,7 @@ bool shm_qp::take_recv(rwqe& out, sge* sges) noexcept {
   if (rq_head_ == rq_tail_) return false;
   const std::uint32_t idx = static_cast<std::uint32_t>(rq_head_ % caps_.max_recv_wr);
   out = rq_[idx];
-  std::copy_n(rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge, out.nsge, sges);
+  std::copy_n(rq_sges(idx), out.nsge, sges);
   return true;
 }
 
@@ -1137,7 +960,7 @@ bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
       len > pm.len - (w.remote_addr - pm.base))
     return false;
   std::byte* p = pm.ptr + (w.remote_addr - pm.base);
-  const sge* sg = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
+  const sge* sg = sq_sges(idx);
   if (w.op == wr_opcode::rdma_write) {
     gather_locked(w, idx, 0, p, w.len);
     c_tx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
@@ -1203,7 +1026,7 @@ int shm_qp::rx_responses() noexcept {
     }
     const std::uint32_t idx = static_cast<std::uint32_t>(m.id % caps_.max_send_wr);
     swqe& w = sq_[idx];
-    const sge* sg = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
+    const sge* sg = sq_sges(idx);
     if (w.done || !w.needs_resp || w.resp_done) {
       bad = true;
       break;
@@ -1272,39 +1095,11 @@ void shm_qp::disconnect() noexcept {
   connected_ = false;
 }
 
-result<void> shm_qp::modify(qp_state target) {
-  const qp_state cur = state();
-  if (!detail::qp_transition_allowed(cur, target) || target == qp_state::rtr ||
-      (target == qp_state::rts && cur != qp_state::rts))
-    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + ": cannot modify " +
-                                               std::string(to_string(cur)) + " -> " +
-                                               std::string(to_string(target)) +
-                                               " (RTR/RTS are reached by connecting)");
-  if (target == qp_state::error) {
-    enter_error(wc_status::wr_flush_err);
-    return {};
-  }
-  if (target == qp_state::reset || target == qp_state::init) {
-    disconnect();
-    std::lock_guard lk(tx_mu_);
-    std::lock_guard rl(rq_mu_);
-    sq_head_ = sq_next_ = sq_tail_ = 0;
-    rq_head_ = rq_tail_ = 0;
-    tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
-    reset_rx();
-    rsp_bad_ = false;
-    peer_gone_ = false;
-    attr_ = {};
-    state_.store(target);
-  }
-  return {};
-}
-
-result<qp_connection_attr> shm_qp::connection() const {
-  std::lock_guard lk(tx_mu_);
-  if (attr_.peer_address.empty())
-    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + " is not connected");
-  return attr_;
+void shm_qp::reset_locked() noexcept {
+  tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
+  reset_rx();
+  rsp_bad_ = false;
+  peer_gone_ = false;
 }
 
 qp_counters shm_qp::counters() const noexcept {

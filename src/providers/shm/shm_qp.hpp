@@ -14,10 +14,8 @@
 // right granted) before touching a byte, and answers READs and atomics.
 #pragma once
 
-#include "core/impl.hpp"
-#include "core/key_table.hpp"
-#include "core/sw_cq.hpp"
 #include "providers/shm/shm_segment.hpp"
+#include "providers/swnic/sw_qp.hpp"
 
 #include <sys/types.h>
 
@@ -50,19 +48,12 @@ struct conn_setup {
   qp_connection_attr attr;
 };
 
-class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this<shm_qp> {
+class shm_qp final : public swnic::sw_qp {
  public:
   shm_qp(std::shared_ptr<shm_pd> pd, std::shared_ptr<detail::sw_cq> scq,
          std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
   ~shm_qp() override;
 
-  std::uint32_t qp_num() const noexcept override { return qpn_; }
-  qp_state state() const noexcept override { return state_.load(std::memory_order_acquire); }
-  const qp_caps& caps() const noexcept override { return caps_; }
-  status post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept override;
-  status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept override;
-  result<void> modify(qp_state target) override;
-  result<qp_connection_attr> connection() const override;
   qp_counters counters() const noexcept override;
   void disconnect() noexcept override;
   result<connection_info> connect(std::string_view address, const connect_options& opts) override;
@@ -76,29 +67,13 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
 
   // ---- connection manager ----
   void start(conn_setup&& s);
-  shm_pd& pd() noexcept { return *pd_; }
-  std::uint32_t want_ird() const noexcept { return want_ird_; }
-  std::uint32_t want_ord() const noexcept { return want_ord_; }
 
  private:
-  struct swqe {
-    std::uint64_t wr_id;
-    wr_opcode op;
-    bool signaled, inl, cma, needs_resp, resp_done, done;
-    std::uint32_t nsge;
-    std::uint64_t len;
-    std::uint64_t remote_addr;
-    std::uint32_t rkey, imm, inv;
-    std::uint64_t cmp_add, swap;
-    wc_status status;
-    std::uint32_t byte_len;
-    std::uint64_t pos_begin, pos_end;  // request ring positions it occupies
+  struct swqe : swnic::wqe_base {
+    bool cma = false, needs_resp = false, resp_done = false, done = false;
+    std::uint64_t pos_begin = 0, pos_end = 0;  // request ring positions it occupies
   };
-  struct rwqe {
-    std::uint64_t wr_id;
-    std::uint32_t nsge;
-    std::uint64_t len;
-  };
+  using rwqe = swnic::rwqe;
   enum class exec { done, blocked, failed };
   // A peer region this side may map (direct mapping, docs/SHM.md).
   struct peer_map {
@@ -110,16 +85,22 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
     std::uint32_t word = 0;
   };
 
+  // sw_qp hooks
+  swnic::wqe_base& sq_entry_locked(std::uint32_t idx) noexcept override;
+  bool sq_accept_locked(std::uint32_t idx) noexcept override;
+  bool sq_transmit_locked() noexcept override { return tx_progress_locked(); }
+  void sq_doorbell() noexcept override { notify_peer(); }
+  void to_error() noexcept override { enter_error(wc_status::wr_flush_err); }
+  void teardown_for_reset() noexcept override { disconnect(); }
+  void reset_locked() noexcept override;
+
   // send side (tx_mu_)
-  status validate_send(const send_wr& wr) const noexcept;
-  bool local_sges_ok(const send_wr& wr) noexcept;
   bool tx_progress_locked() noexcept;                         // wrote something
   bool transmit_locked(swqe& w, std::uint32_t idx) noexcept;  // false: ring full
   std::uint64_t gather_locked(const swqe& w, std::uint32_t idx, std::uint64_t off, std::byte* dst,
                               std::uint64_t len) noexcept;
   bool retire_locked() noexcept;
   void flush_locked(wc_status first) noexcept;
-  void push_send_wc(const swqe& w) noexcept;
   bool check_peer_error_locked() noexcept;
   // direct mapping (tx_mu_)
   bool try_direct_locked(swqe& w, std::uint32_t idx) noexcept;  // served it now
@@ -158,14 +139,7 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   ring_ctl& resp_out() const noexcept { return seg_.hdr->resp[seg_.side]; }
   ring_ctl& resp_in() const noexcept { return seg_.hdr->resp[1 - seg_.side]; }
 
-  std::shared_ptr<shm_pd> pd_;
   shm_device* dev_;
-  std::shared_ptr<detail::sw_cq> scq_, rcq_;
-  qp_caps caps_;
-  bool sig_all_;
-  std::uint32_t qpn_;
-  std::uint32_t want_ird_, want_ord_;
-  std::atomic<qp_state> state_{qp_state::init};
 
   // connection
   int sock_ = -1;
@@ -175,15 +149,10 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   bool cma_tx_ = false, cma_rx_ = false;
   std::atomic<bool> attached_{false};
   std::atomic<bool> peer_gone_{false};
-  qp_connection_attr attr_;
   bool connected_ = false;
 
-  // SQ (tx_mu_)
-  mutable std::mutex tx_mu_;
+  // SQ (tx_mu_; the base's sq_head_/sq_next_/sq_tail_: retire / transmit / post)
   std::vector<swqe> sq_;
-  std::vector<sge> sq_sge_;
-  std::vector<std::byte> sq_inline_;
-  std::uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;  // retire / transmit / post
   std::uint64_t tx_off_ = 0;                               // bytes of sq_next_ already in the ring
   bool tx_imm_pending_ = false;  // WRITE_WITH_IMM: data written, immediate not yet
   std::uint64_t tx_head_ = 0;    // our request ring's head (we produce it)
@@ -195,12 +164,6 @@ class shm_qp final : public detail::qp_impl, public std::enable_shared_from_this
   const std::atomic<std::uint64_t>* peer_rev_ = nullptr;  // the peer's revocation page
   std::uint64_t peer_rev_ino_ = 0;
   std::unordered_map<std::uint32_t, peer_map> pmaps_;
-
-  // RQ (rq_mu_)
-  std::mutex rq_mu_;
-  std::vector<rwqe> rq_;
-  std::vector<sge> rq_sge_;
-  std::uint64_t rq_head_ = 0, rq_tail_ = 0;
 
   // receive side (engine only)
   std::uint64_t rx_tail_ = 0;   // the peer's request ring: next to execute

@@ -2,43 +2,18 @@
 
 #include "providers/soft/engine/soft_qp.hpp"
 
-#include <poll.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
 
 namespace conveyor::soft {
 
-engine::engine(bool own_thread, std::uint32_t spin_us, bool park) : spin_us_(spin_us), park_(park) {
-  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-  wake_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epfd_ >= 0 && wake_ >= 0) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
-    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_, &ev);
-  }
-  if (own_thread && ok()) {
-    thread_ = std::thread([this] { run(); });
-    // Named so tools can tell the provider's engine (the "NIC") from the
-    // application's threads in /proc/PID/task/*/comm (conveyor kv bench --server-pid).
-    ::pthread_setname_np(thread_.native_handle(), "cv-soft-engine");
-  }
+engine::engine(bool own_thread, std::uint32_t spin_us, bool park) : sw_engine(spin_us, park) {
+  if (own_thread) start_thread("cv-soft-engine");
 }
 
-engine::~engine() {
-  stop_.store(true);
-  if (wake_ >= 0) {
-    std::uint64_t one = 1;
-    [[maybe_unused]] auto r = ::write(wake_, &one, sizeof one);
-  }
-  if (thread_.joinable()) thread_.join();
-  if (epfd_ >= 0) ::close(epfd_);
-  if (wake_ >= 0) ::close(wake_);
-}
+engine::~engine() { stop_thread(); }
 
 void engine::attach(soft_qp* qp, int fd) noexcept {
   {
@@ -94,8 +69,7 @@ void engine::handle(const epoll_event* evs, int n) noexcept {
   for (int i = 0; i < n; ++i) {
     auto* qp = static_cast<soft_qp*>(evs[i].data.ptr);
     if (qp == nullptr) {
-      std::uint64_t v;
-      [[maybe_unused]] auto r = ::read(wake_, &v, sizeof v);
+      drain_wake();
       continue;
     }
     {
@@ -139,24 +113,8 @@ int engine::poll_once() noexcept {
   return dispatch(0);
 }
 
-namespace {
-std::int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
-void engine::idle() noexcept {
-  app_poll_ns_.store(0);
-  if (parked_.load()) {
-    std::uint64_t one = 1;
-    [[maybe_unused]] auto r = ::write(wake_, &one, sizeof one);
-  }
-}
-
 void engine::progress() noexcept {
-  if (park_ && thread_.joinable()) app_poll_ns_.store(now_ns(), std::memory_order_relaxed);
+  note_app_poll();
   std::unique_lock pl(progress_mu_, std::try_to_lock);
   if (!pl.owns_lock()) return;
   progress_thread_ = std::this_thread::get_id();
@@ -168,27 +126,11 @@ void engine::run() {
   using clk = std::chrono::steady_clock;
   auto last_activity = clk::now();
   const auto spin = std::chrono::microseconds(spin_us_);
-  const std::int64_t window = std::chrono::nanoseconds(app_window).count();
-  while (!stop_.load(std::memory_order_relaxed)) {
+  while (!stopping()) {
     // An application thread is polling and progressing the sockets itself: stay
     // off epoll so arrivals do not wake this thread too (on 2 cores that wake-up
     // preempts the poller). idle() or the window running out brings it back.
-    std::int64_t last = app_poll_ns_.load();
-    if (last != 0 && now_ns() - last < window) {
-      parked_.store(true);
-      last = app_poll_ns_.load();  // re-check after publishing parked_ (idle() race)
-      const std::int64_t left = last == 0 ? 0 : window - (now_ns() - last);
-      if (left > 0) {
-        pollfd p{wake_, POLLIN, 0};
-        timespec ts{0, static_cast<long>(left)};
-        if (::ppoll(&p, 1, &ts, nullptr) > 0) {
-          std::uint64_t v;
-          [[maybe_unused]] auto r = ::read(wake_, &v, sizeof v);
-        }
-      }
-      parked_.store(false);
-      continue;
-    }
+    if (park_while_app_polls()) continue;
     const bool spinning = clk::now() - last_activity < spin;
     // Wait for readiness without the progress lock, then dispatch under it: an
     // application thread polling a CQ may be progressing the same sockets.

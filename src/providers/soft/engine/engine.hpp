@@ -4,7 +4,7 @@
 // idle engine costs no CPU); in manual mode CQ poll/wait calls progress().
 #pragma once
 
-#include "core/sw_cq.hpp"
+#include "providers/swnic/sw_engine.hpp"
 
 #include <sys/epoll.h>
 
@@ -20,14 +20,13 @@ namespace conveyor::soft {
 
 class soft_qp;
 
-class engine final : public detail::progress_source {
+class engine final : public swnic::sw_engine {
  public:
   engine(bool own_thread, std::uint32_t spin_us, bool park);
   ~engine() override;
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
-  bool ok() const noexcept { return epfd_ >= 0 && wake_ >= 0; }
   // Adds a connected QP's socket (EPOLLIN); the QP must detach() before it dies.
   void attach(soft_qp* qp, int fd) noexcept;
   // Removes the QP; on return the engine no longer touches it.
@@ -49,12 +48,9 @@ class engine final : public detail::progress_source {
   // sockets, so the engine thread parks (stays off epoll, costs no wake-ups)
   // until no poll has happened for app_window or idle() is called.
   void progress() noexcept override;
-  void idle() noexcept override;
-  int wait_fd() const noexcept override { return epfd_; }
-  static constexpr std::chrono::microseconds app_window{1000};
 
  private:
-  void run();
+  void run() override;
   int dispatch(int timeout_ms) noexcept;  // events handled
   void handle(const epoll_event* evs, int n) noexcept;
   // One non-blocking progress step of a spinning thread (under progress_mu_):
@@ -66,13 +62,6 @@ class engine final : public detail::progress_source {
   static constexpr std::uint32_t hot_streak_min = 4;   // arrivals in a row on one QP
   static constexpr std::uint32_t hot_epoll_every = 8;  // steps
 
-  int epfd_ = -1;
-  int wake_ = -1;
-  std::uint32_t spin_us_;
-  bool park_;
-  std::atomic<bool> stop_{false};
-  std::atomic<std::int64_t> app_poll_ns_{0};  // last application progress (0: none)
-  std::atomic<bool> parked_{false};
   std::mutex mu_;                 // live_ and current_
   std::condition_variable cv_;
   std::unordered_set<soft_qp*> live_;
@@ -84,7 +73,6 @@ class engine final : public detail::progress_source {
   std::uint32_t steps_ = 0;       // poll_once calls (progress_mu_)
   std::atomic<std::thread::id> progress_thread_{};
   std::mutex progress_mu_;        // one progressing thread at a time (manual mode)
-  std::thread thread_;
 };
 
 }  // namespace conveyor::soft

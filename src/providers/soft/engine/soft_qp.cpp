@@ -3,7 +3,8 @@
 #include "providers/soft/engine/soft_qp.hpp"
 
 #include "core/log.hpp"
-#include "core/remote_atomic.hpp"
+#include "providers/swnic/opcodes.hpp"
+#include "providers/swnic/remote_atomic.hpp"
 #include "providers/soft/soft_device.hpp"
 
 #include <sys/epoll.h>
@@ -19,6 +20,10 @@ namespace conveyor::soft {
 
 using namespace wire;
 using detail::key_check;
+using swnic::is_atomic_op;
+using swnic::is_send_op;
+using swnic::is_write_op;
+using swnic::wc_of;
 
 namespace {
 constexpr std::size_t rxbuf_size = 256 * 1024;
@@ -28,28 +33,6 @@ constexpr std::size_t header_lookahead = 128;  // read-ahead after bulk payload
 constexpr std::size_t max_fpdu_size = 65536;   // ULPDU_Length is 16 bits
 constexpr std::uint64_t mss_check_interval = 1u << 20;
 
-bool is_send_op(wr_opcode op) {
-  return op == wr_opcode::send || op == wr_opcode::send_with_imm || op == wr_opcode::send_with_inv;
-}
-bool is_write_op(wr_opcode op) {
-  return op == wr_opcode::rdma_write || op == wr_opcode::rdma_write_with_imm;
-}
-bool is_atomic_op(wr_opcode op) {
-  return op == wr_opcode::atomic_cmp_and_swp || op == wr_opcode::atomic_fetch_and_add;
-}
-wc_opcode wc_of(wr_opcode op) {
-  switch (op) {
-    case wr_opcode::send:
-    case wr_opcode::send_with_imm:
-    case wr_opcode::send_with_inv: return wc_opcode::send;
-    case wr_opcode::rdma_write:
-    case wr_opcode::rdma_write_with_imm: return wc_opcode::rdma_write;
-    case wr_opcode::rdma_read: return wc_opcode::rdma_read;
-    case wr_opcode::atomic_cmp_and_swp: return wc_opcode::comp_swap;
-    case wr_opcode::atomic_fetch_and_add: return wc_opcode::fetch_add;
-  }
-  return wc_opcode::send;
-}
 // What the initiator sees for a Terminate (layer, type, code).
 wc_status status_of_terminate(const terminate_msg& t) {
   if (t.layer == term_layer::rdmap) {
@@ -73,15 +56,8 @@ wc_status status_of_terminate(const terminate_msg& t) {
 
 soft_qp::soft_qp(std::shared_ptr<soft_pd> pd, std::shared_ptr<detail::sw_cq> scq,
                  std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn)
-    : pd_(std::move(pd)), dev_(&pd_->dev()), scq_(std::move(scq)), rcq_(std::move(rcq)),
-      caps_(attr.cap), sig_all_(attr.sq_sig_all), qpn_(qpn),
-      want_ird_(std::clamp<std::uint32_t>(attr.max_dest_rd_atomic, 1, 128)),
-      want_ord_(std::clamp<std::uint32_t>(attr.max_rd_atomic, 1, 128)) {
+    : sw_qp(pd, std::move(scq), std::move(rcq), attr, qpn), dev_(&pd->dev()) {
   sq_.resize(caps_.max_send_wr);
-  sq_sge_.resize(std::size_t(caps_.max_send_wr) * caps_.max_send_sge);
-  sq_inline_.resize(std::size_t(caps_.max_send_wr) * caps_.max_inline_data);
-  rq_.resize(caps_.max_recv_wr);
-  rq_sge_.resize(std::size_t(caps_.max_recv_wr) * caps_.max_recv_sge);
   arena_.reset(new std::byte[arena_size]);
   rxbuf_.reset(new std::byte[rxbuf_size]);
   marks_.reserve(max_iov);
@@ -91,130 +67,22 @@ soft_qp::soft_qp(std::shared_ptr<soft_pd> pd, std::shared_ptr<detail::sw_cq> scq
 soft_qp::~soft_qp() { disconnect(); }
 
 // ------------------------------------------------------------------ posting ----
-status soft_qp::validate_send(const send_wr& wr) noexcept {
-  if (wr.sg_list.size() > caps_.max_send_sge) return errc::invalid_argument;
-  const bool inl = has(wr.flags, send_flags::inline_data);
-  std::uint64_t total = 0;
-  for (const auto& s : wr.sg_list) total += s.length;
-  if (total > 0x7FFFFFFFull) return errc::invalid_argument;
+swnic::wqe_base& soft_qp::sq_entry_locked(std::uint32_t idx) noexcept {
+  sq_[idx] = swqe{};
+  return sq_[idx];
+}
+
+// Immediate data and atomics are RFC 7306: only when the handshake negotiated it.
+status soft_qp::check_send(const send_wr& wr) const noexcept {
   if ((wr.opcode == wr_opcode::send_with_imm || wr.opcode == wr_opcode::rdma_write_with_imm ||
        is_atomic_op(wr.opcode)) && !cp_.ext)
     return errc::unsupported;
-  if (is_atomic_op(wr.opcode)) {
-    if (wr.sg_list.size() != 1 || wr.sg_list[0].length != 8 || (wr.remote_addr & 7) != 0)
-      return errc::invalid_argument;
-  }
-  if (inl) {
-    if (total > caps_.max_inline_data || wr.opcode == wr_opcode::rdma_read || is_atomic_op(wr.opcode))
-      return errc::invalid_argument;
-    return errc::ok;
-  }
   return errc::ok;
 }
 
-bool soft_qp::local_sges_ok(const send_wr& wr) noexcept {
-  if (has(wr.flags, send_flags::inline_data)) return true;
-  const bool sink = wr.opcode == wr_opcode::rdma_read || is_atomic_op(wr.opcode);
-  for (const auto& s : wr.sg_list) {
-    if (s.length == 0) continue;
-    detail::key_table::guard g;
-    std::byte* p = nullptr;
-    if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, s.length,
-                             sink ? access::local_write : access::none, g, &p) != key_check::ok)
-      return false;
-  }
-  return true;
-}
-
-status soft_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept {
-  const qp_state st = state();
-  if (st != qp_state::rts) {
-    if (bad) *bad = 0;
-    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
-  }
-  std::lock_guard lk(tx_mu_);
-  status rc = errc::ok;
-  std::size_t i = 0;
-  for (; i < wrs.size(); ++i) {
-    const send_wr& wr = wrs[i];
-    if (state() != qp_state::rts) { rc = errc::qp_in_error; break; }
-    if (sq_tail_ - sq_head_ >= caps_.max_send_wr) { rc = errc::again; break; }
-    rc = validate_send(wr);
-    if (rc != errc::ok) break;
-    const std::uint32_t idx = static_cast<std::uint32_t>(sq_tail_ % caps_.max_send_wr);
-    swqe& w = sq_[idx];
-    w = swqe{};
-    w.wr_id = wr.wr_id;
-    w.op = wr.opcode;
-    w.signaled = sig_all_ || has(wr.flags, send_flags::signaled);
-    w.fence = has(wr.flags, send_flags::fence);
-    w.solicited = has(wr.flags, send_flags::solicited);
-    w.inl = has(wr.flags, send_flags::inline_data);
-    w.nsge = static_cast<std::uint32_t>(wr.sg_list.size());
-    w.remote_addr = wr.remote_addr;
-    w.rkey = wr.rkey;
-    w.imm = wr.imm_data;
-    w.inv = wr.invalidate_rkey;
-    w.cmp_add = wr.compare_add;
-    w.swap = wr.swap;
-    w.st = wqe_st::queued;
-    // As in verbs, a bad lkey or range is not a posting error: the request
-    // completes with loc_prot_err when it reaches the wire, and the QP fails.
-    w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
-    std::uint64_t total = 0;
-    sge* dst = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
-    // .data() + offset: with max_inline_data 0 the buffer is empty (no element to index).
-    std::byte* inl = sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
-    for (std::uint32_t k = 0; k < w.nsge; ++k) {
-      const sge& s = wr.sg_list[k];
-      if (w.inl) {
-        if (s.length) std::memcpy(inl + total, reinterpret_cast<const void*>(s.addr), s.length);
-      } else {
-        dst[k] = s;
-      }
-      total += s.length;
-    }
-    w.len = total;
-    ++sq_tail_;
-  }
-  if (bad && rc != errc::ok) *bad = i;
-  tx_progress_locked();  // one doorbell for the batch
-  return rc;
-}
-
-status soft_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
-  const qp_state st = state();
-  if (st == qp_state::error || st == qp_state::reset) {
-    if (bad) *bad = 0;
-    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
-  }
-  std::lock_guard lk(rq_mu_);
-  for (std::size_t i = 0; i < wrs.size(); ++i) {
-    const recv_wr& wr = wrs[i];
-    status rc = errc::ok;
-    if (rq_tail_ - rq_head_ >= caps_.max_recv_wr) rc = errc::again;
-    else if (wr.sg_list.size() > caps_.max_recv_sge) rc = errc::invalid_argument;
-    std::uint64_t total = 0;
-    for (const auto& s : wr.sg_list) {
-      if (rc != errc::ok) break;
-      total += s.length;
-      if (s.length == 0) continue;
-      detail::key_table::guard g;
-      std::byte* p = nullptr;
-      if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, s.length, access::local_write, g, &p) !=
-          key_check::ok)
-        rc = errc::invalid_argument;
-    }
-    if (rc != errc::ok) {
-      if (bad) *bad = i;
-      return rc;
-    }
-    const std::uint32_t idx = static_cast<std::uint32_t>(rq_tail_ % caps_.max_recv_wr);
-    rq_[idx] = rwqe{wr.wr_id, static_cast<std::uint32_t>(wr.sg_list.size()), total};
-    std::copy(wr.sg_list.begin(), wr.sg_list.end(), &rq_sge_[std::size_t(idx) * caps_.max_recv_sge]);
-    ++rq_tail_;
-  }
-  return errc::ok;
+bool soft_qp::sq_transmit_locked() noexcept {
+  tx_progress_locked();
+  return false;
 }
 
 // --------------------------------------------------------------- send side ----
@@ -222,10 +90,10 @@ std::size_t soft_qp::gather_sq(const swqe& w, std::uint32_t idx, std::uint64_t o
                                std::uint64_t len, iovec* out, int max) noexcept {
   if (len == 0) return 0;
   if (w.inl) {
-    out[0] = {&sq_inline_[std::size_t(idx) * caps_.max_inline_data + off], len};
+    out[0] = {const_cast<std::byte*>(sq_inline(idx) + off), len};
     return 1;
   }
-  const sge* s = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+  const sge* s = sq_sges(idx);
   std::size_t n = 0;
   for (std::uint32_t k = 0; k < w.nsge && len > 0 && n < std::size_t(max); ++k) {
     if (off >= s[k].length) {
@@ -366,7 +234,7 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
     } while (cur_off_ < w.len);
     ++tx_msn_[qn::send];
   } else if (w.op == wr_opcode::rdma_read) {
-    const sge* s = &sq_sge_[std::size_t(idx) * caps_.max_send_sge];
+    const sge* s = sq_sges(idx);
     read_request rr;
     rr.sink_stag = w.nsge ? s[0].lkey : 1;
     rr.sink_to = w.nsge ? s[0].addr : 0;
@@ -614,15 +482,7 @@ void soft_qp::retire_locked() noexcept {
   while (sq_head_ < sq_next_ || (sq_head_ < sq_tail_ && state() == qp_state::error)) {
     swqe& w = sq_[sq_head_ % caps_.max_send_wr];
     if (w.st != wqe_st::done) break;
-    if (w.signaled || w.status != wc_status::success) {
-      work_completion wc;
-      wc.wr_id = w.wr_id;
-      wc.status = w.status;
-      wc.opcode = wc_of(w.op);
-      wc.byte_len = w.byte_len;
-      wc.qp_num = qpn_;
-      if (!scq_->push(wc)) state_.store(qp_state::error);
-    }
+    push_send_wc(w);
     ++sq_head_;
   }
 }
@@ -774,7 +634,7 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
       const outstanding& o = out_reads_.front();
       const swqe& w = sq_[o.wqe];
       std::uint64_t moff = (h_.to - o.sink_to) + off;
-      const sge* s = &sq_sge_[std::size_t(o.wqe) * caps_.max_send_sge];
+      const sge* s = sq_sges(o.wqe);
       int n = 0;
       for (std::uint32_t k = 0; k < w.nsge && len > 0 && n < max; ++k) {
         if (moff >= s[k].length) { moff -= s[k].length; continue; }
@@ -789,7 +649,7 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
       std::lock_guard lk(rq_mu_);
       if (rq_head_ == rq_tail_) return -1;
       const auto idx = static_cast<std::uint32_t>(rq_head_ % caps_.max_recv_wr);
-      const sge* s = &rq_sge_[std::size_t(idx) * caps_.max_recv_sge];
+      const sge* s = rq_sges(idx);
       std::uint64_t moff = rx_msg_off_ + off;
       int n = 0;
       for (std::uint32_t k = 0; k < rq_[idx].nsge && len > 0 && n < max; ++k) {
@@ -928,7 +788,7 @@ bool soft_qp::rx_header() noexcept {
         protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_no_buffer, wc_status::success);
         return false;
       }
-      const rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
+      const swnic::rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
       if (rx_msg_off_ + h_.payload_len > r.len) {
         lk.unlock();
         // Our receive completes with loc_len_err; the sender sees a Terminate.
@@ -1141,7 +1001,7 @@ bool soft_qp::rx_message_done() noexcept {
         // receive being filled since its header was checked.
         std::lock_guard lk(rq_mu_);
         if (rq_head_ == rq_tail_) return false;
-        const rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
+        const swnic::rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
         wc.wr_id = r.wr_id;
         ++rq_head_;
       }
@@ -1218,7 +1078,7 @@ bool soft_qp::rx_message_done() noexcept {
       --ord_used_;
       confirm_before_locked(o.sq_pos);
       swqe& w = sq_[o.wqe];
-      const sge& s = sq_sge_[std::size_t(o.wqe) * caps_.max_send_sge];
+      const sge& s = sq_sges(o.wqe)[0];
       std::memcpy(reinterpret_cast<void*>(s.addr), &rx_ctl_value_, 8);
       w.byte_len = 8;
       complete_send_locked(w, wc_status::success);
@@ -1376,32 +1236,10 @@ void soft_qp::flush_locked(wc_status first, std::uint32_t vendor) noexcept {
   irq_.clear();
   irq_framing_ = 0;
   // Retire everything with completions (errors always complete).
-  while (sq_head_ < sq_tail_) {
-    swqe& w = sq_[sq_head_ % caps_.max_send_wr];
-    work_completion wc;
-    wc.wr_id = w.wr_id;
-    wc.status = w.status;
-    wc.opcode = wc_of(w.op);
-    wc.byte_len = w.byte_len;
-    wc.qp_num = qpn_;
-    wc.vendor_err = w.status == wc_status::success ? 0 : vendor;
-    if (w.signaled || w.status != wc_status::success) scq_->push(wc);
-    ++sq_head_;
-  }
+  for (; sq_head_ < sq_tail_; ++sq_head_) push_send_wc(sq_[sq_head_ % caps_.max_send_wr], vendor);
   cur_off_ = 0;
   cur_imm_sent_ = false;
-  std::lock_guard lk(rq_mu_);
-  while (rq_head_ < rq_tail_) complete_recv_error_rq_locked(wc_status::wr_flush_err);
-}
-
-void soft_qp::complete_recv_error_rq_locked(wc_status st) noexcept {
-  work_completion wc;
-  wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
-  wc.status = st;
-  wc.opcode = wc_opcode::recv;
-  wc.qp_num = qpn_;
-  rcq_->push(wc);
-  ++rq_head_;
+  flush_rq();
 }
 
 void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
@@ -1435,37 +1273,14 @@ void soft_qp::disconnect() noexcept {
   close_socket();
 }
 
-result<void> soft_qp::modify(qp_state target) {
-  const qp_state cur = state();
-  if (!detail::qp_transition_allowed(cur, target) || target == qp_state::rtr ||
-      (target == qp_state::rts && cur != qp_state::rts))
-    return make_error(errc::invalid_state,
-                      "QP " + std::to_string(qpn_) + ": cannot modify " + std::string(to_string(cur)) +
-                          " -> " + std::string(to_string(target)) +
-                          " (RTR/RTS are reached by connecting)");
-  if (target == qp_state::error) {
-    enter_error(wc_status::wr_flush_err, 0);
-    return {};
-  }
-  if (target == qp_state::reset || target == qp_state::init) {
-    if (fd_ >= 0) disconnect();
-    std::lock_guard lk(tx_mu_);
-    std::lock_guard rl(rq_mu_);
-    sq_head_ = sq_next_ = sq_tail_ = 0;
-    rq_head_ = rq_tail_ = 0;
-    for (auto& m : tx_msn_) m = 1;
-    for (auto& m : rx_msn_) m = 1;
-    term_pending_ = term_sent_ = false;
-    state_.store(target);
-  }
-  return {};
+void soft_qp::teardown_for_reset() noexcept {
+  if (fd_ >= 0) disconnect();
 }
 
-result<qp_connection_attr> soft_qp::connection() const {
-  std::lock_guard lk(tx_mu_);
-  if (attr_.mss == 0)
-    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + " is not connected");
-  return attr_;
+void soft_qp::reset_locked() noexcept {
+  for (auto& m : tx_msn_) m = 1;
+  for (auto& m : rx_msn_) m = 1;
+  term_pending_ = term_sent_ = false;
 }
 
 qp_counters soft_qp::counters() const noexcept {

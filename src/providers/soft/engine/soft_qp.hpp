@@ -16,11 +16,9 @@
 // deregistration takes effect at once.
 #pragma once
 
-#include "core/impl.hpp"
-#include "core/key_table.hpp"
-#include "core/sw_cq.hpp"
 #include "providers/soft/net/tcp.hpp"
 #include "providers/soft/wire/wire.hpp"
+#include "providers/swnic/sw_qp.hpp"
 
 #include <sys/uio.h>
 
@@ -43,19 +41,12 @@ struct conn_params {
   bool answer_read_rtr = false;  // the responder got a zero-length Read RTR to answer
 };
 
-class soft_qp final : public detail::qp_impl, public std::enable_shared_from_this<soft_qp> {
+class soft_qp final : public swnic::sw_qp {
  public:
   soft_qp(std::shared_ptr<soft_pd> pd, std::shared_ptr<detail::sw_cq> scq,
           std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
   ~soft_qp() override;
 
-  std::uint32_t qp_num() const noexcept override { return qpn_; }
-  qp_state state() const noexcept override { return state_.load(std::memory_order_acquire); }
-  const qp_caps& caps() const noexcept override { return caps_; }
-  status post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept override;
-  status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept override;
-  result<void> modify(qp_state target) override;
-  result<qp_connection_attr> connection() const override;
   qp_counters counters() const noexcept override;
   void disconnect() noexcept override;
   result<connection_info> connect(std::string_view address, const connect_options& opts) override;
@@ -68,33 +59,15 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   // Connection manager: the handshake is done; take the socket and go to RTS.
   // sent_read_rtr: we (initiator) sent a zero-length Read RTR and await its response.
   void start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr, bool sent_read_rtr);
-  soft_pd& pd() noexcept { return *pd_; }
   // How long a QP in ERROR keeps its socket for the Terminate to leave.
   static constexpr std::chrono::milliseconds linger_time{1000};
-  std::uint32_t want_ird() const noexcept { return want_ird_; }
-  std::uint32_t want_ord() const noexcept { return want_ord_; }
 
  private:
   enum class wqe_st : std::uint8_t { queued, unconfirmed, awaiting, done };
-  struct swqe {
-    std::uint64_t wr_id;
-    wr_opcode op;
-    bool signaled, fence, solicited, inl;
-    std::uint32_t nsge;
-    std::uint64_t len;
-    std::uint64_t remote_addr;
-    std::uint32_t rkey, imm, inv;
-    std::uint64_t cmp_add, swap;
-    wqe_st st;
-    wc_status status;
-    std::uint32_t byte_len;
-    std::uint32_t msn;            // untagged MSN used (send/read/atomic) for Terminate matching
-    std::uint64_t atomic_result;  // fetched original value
-  };
-  struct rwqe {
-    std::uint64_t wr_id;
-    std::uint32_t nsge;
-    std::uint64_t len;
+  struct swqe : swnic::wqe_base {
+    wqe_st st = wqe_st::queued;
+    std::uint32_t msn = 0;            // untagged MSN used (send/read/atomic) for Terminate matching
+    std::uint64_t atomic_result = 0;  // fetched original value
   };
   // An outbound READ/atomic/confirm waiting for its response.
   struct outstanding {
@@ -136,6 +109,14 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
     std::size_t end;
   };
 
+  // ---- sw_qp hooks ----
+  swnic::wqe_base& sq_entry_locked(std::uint32_t idx) noexcept override;
+  status check_send(const send_wr& wr) const noexcept override;
+  bool sq_transmit_locked() noexcept override;
+  void to_error() noexcept override { enter_error(wc_status::wr_flush_err, 0); }
+  void teardown_for_reset() noexcept override;
+  void reset_locked() noexcept override;
+
   // ---- send side (under tx_mu_) ----
   void tx_progress_locked() noexcept;
   bool build_batch_locked() noexcept;
@@ -153,8 +134,6 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   std::size_t gather_sq(const swqe& w, std::uint32_t idx, std::uint64_t off, std::uint64_t len,
                         iovec* out, int max) noexcept;
   void confirm_before_locked(std::uint64_t sq_pos) noexcept;
-  status validate_send(const send_wr& wr) noexcept;
-  bool local_sges_ok(const send_wr& wr) noexcept;
 
   // ---- receive side (engine) ----
   void rx_progress() noexcept;
@@ -181,22 +160,13 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   // ---- errors and teardown ----
   void enter_error(wc_status first_status, std::uint32_t vendor) noexcept;
   void flush_locked(wc_status first_status, std::uint32_t vendor) noexcept;
-  void complete_recv_error_rq_locked(wc_status st) noexcept;  // head of the RQ, under rq_mu_
 
-  std::shared_ptr<soft_pd> pd_;
   soft_device* dev_;
-  std::shared_ptr<detail::sw_cq> scq_, rcq_;
-  qp_caps caps_;
-  bool sig_all_;
-  std::uint32_t qpn_;
-  std::uint32_t want_ird_, want_ord_;
-  std::atomic<qp_state> state_{qp_state::init};
 
   // connection
   int fd_ = -1;
   std::atomic<bool> attached_{false};
   conn_params cp_;
-  qp_connection_attr attr_;
   std::size_t max_fpdu_ = 1460;      // tx_mu_ once connected
   // TCP's MSS starts bounded by half the initial window (32 KiB on loopback)
   // and grows with it (to 65483 there): bulk framing re-reads it, as Linux siw
@@ -204,12 +174,8 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   std::uint64_t tx_framed_ = 0;      // payload bytes framed
   std::uint64_t mss_check_at_ = 0;   // re-read the MSS when tx_framed_ gets here
 
-  // SQ (tx_mu_)
-  mutable std::mutex tx_mu_;
+  // SQ (tx_mu_; the base's sq_head_/sq_next_/sq_tail_: retire / transmit / post)
   std::vector<swqe> sq_;
-  std::vector<sge> sq_sge_;
-  std::vector<std::byte> sq_inline_;
-  std::uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;  // retire / transmit / post
   std::uint64_t cur_off_ = 0;       // bytes of the current SQ message already framed
   bool cur_imm_sent_ = false;       // send_with_imm: the Immediate Data part went out
   std::deque<outstanding> out_reads_;   // in order of request
@@ -232,12 +198,6 @@ class soft_qp final : public detail::qp_impl, public std::enable_shared_from_thi
   std::vector<mark> marks_;
   std::vector<batch_key> batch_keys_;
   bool want_write_ = false;
-
-  // RQ (rq_mu_)
-  std::mutex rq_mu_;
-  std::vector<rwqe> rq_;
-  std::vector<sge> rq_sge_;
-  std::uint64_t rq_head_ = 0, rq_tail_ = 0;
 
   // receive state (engine thread only; rx_mu_ for teardown)
   std::mutex rx_mu_;

@@ -44,6 +44,9 @@ class sw_cq final : public cq_impl {
   // queue reports overflow from now on).
   bool push(const work_completion& wc) noexcept;
   bool overflowed() const noexcept { return overflow_.load(std::memory_order_relaxed); }
+  // The object `keep` pointed to: the device whose CQ this is. A QP may use only
+  // CQs of its own device (polling one in manual mode drives that device's engine).
+  const void* owner() const noexcept { return keep_.get(); }
 
  private:
   std::size_t take(std::span<work_completion> out) noexcept;

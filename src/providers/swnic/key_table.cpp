@@ -1,4 +1,4 @@
-#include "core/key_table.hpp"
+#include "providers/swnic/key_table.hpp"
 
 #include <thread>
 

@@ -1,4 +1,4 @@
-#include "core/sw_cq.hpp"
+#include "providers/swnic/sw_cq.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>

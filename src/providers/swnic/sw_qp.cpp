@@ -1,0 +1,226 @@
+// The software QP base: posting, the state machine, receive-queue flushing.
+#include "providers/swnic/sw_qp.hpp"
+
+#include "providers/swnic/opcodes.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace conveyor::swnic {
+
+using detail::key_check;
+
+sw_qp::sw_qp(std::shared_ptr<sw_pd> pd, std::shared_ptr<detail::sw_cq> scq,
+             std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn)
+    : pd_(std::move(pd)),
+      scq_(std::move(scq)),
+      rcq_(std::move(rcq)),
+      caps_(attr.cap),
+      sig_all_(attr.sq_sig_all),
+      qpn_(qpn),
+      want_ird_(std::clamp<std::uint32_t>(attr.max_dest_rd_atomic, 1, max_rd_atom)),
+      want_ord_(std::clamp<std::uint32_t>(attr.max_rd_atomic, 1, max_rd_atom)) {
+  sq_sge_.resize(std::size_t(caps_.max_send_wr) * caps_.max_send_sge);
+  sq_inline_.resize(std::size_t(caps_.max_send_wr) * caps_.max_inline_data);
+  rq_.resize(caps_.max_recv_wr);
+  rq_sge_.resize(std::size_t(caps_.max_recv_wr) * caps_.max_recv_sge);
+}
+
+// ------------------------------------------------------------------ posting ----
+status sw_qp::validate_send(const send_wr& wr) const noexcept {
+  if (wr.sg_list.size() > caps_.max_send_sge) return errc::invalid_argument;
+  std::uint64_t total = 0;
+  for (const auto& s : wr.sg_list) total += s.length;
+  if (total > 0x7FFFFFFFull) return errc::invalid_argument;
+  if (const status rc = check_send(wr); rc != errc::ok) return rc;
+  if (is_atomic_op(wr.opcode) &&
+      (wr.sg_list.size() != 1 || wr.sg_list[0].length != 8 || (wr.remote_addr & 7) != 0))
+    return errc::invalid_argument;
+  if (has(wr.flags, send_flags::inline_data) &&
+      (total > caps_.max_inline_data || writes_local(wr.opcode)))
+    return errc::invalid_argument;
+  return errc::ok;
+}
+
+bool sw_qp::local_sges_ok(const send_wr& wr) noexcept {
+  if (has(wr.flags, send_flags::inline_data)) return true;
+  const access need = writes_local(wr.opcode) ? access::local_write : access::none;
+  for (const auto& s : wr.sg_list) {
+    if (s.length == 0) continue;
+    detail::key_table::guard g;
+    std::byte* p = nullptr;
+    if (pd_->dev().keys().acquire(s.lkey, pd_->id(), s.addr, s.length, need, g, &p) !=
+        key_check::ok)
+      return false;
+  }
+  return true;
+}
+
+status sw_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept {
+  const qp_state st = state();
+  if (st != qp_state::rts) {
+    if (bad) *bad = 0;
+    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
+  }
+  status rc = errc::ok;
+  bool ring;
+  {
+    std::lock_guard lk(tx_mu_);
+    std::size_t i = 0;
+    for (; i < wrs.size(); ++i) {
+      const send_wr& wr = wrs[i];
+      if (state() != qp_state::rts) {
+        rc = errc::qp_in_error;
+        break;
+      }
+      if (sq_tail_ - sq_head_ >= caps_.max_send_wr) {
+        rc = errc::again;
+        break;
+      }
+      rc = validate_send(wr);
+      if (rc != errc::ok) break;
+      const std::uint32_t idx = static_cast<std::uint32_t>(sq_tail_ % caps_.max_send_wr);
+      wqe_base& w = sq_entry_locked(idx);
+      w.wr_id = wr.wr_id;
+      w.op = wr.opcode;
+      w.signaled = sig_all_ || has(wr.flags, send_flags::signaled);
+      w.fence = has(wr.flags, send_flags::fence);
+      w.solicited = has(wr.flags, send_flags::solicited);
+      w.inl = has(wr.flags, send_flags::inline_data);
+      w.nsge = static_cast<std::uint32_t>(wr.sg_list.size());
+      w.remote_addr = wr.remote_addr;
+      w.rkey = wr.rkey;
+      w.imm = wr.imm_data;
+      w.inv = wr.invalidate_rkey;
+      w.cmp_add = wr.compare_add;
+      w.swap = wr.swap;
+      // As in verbs, a bad lkey or range is not a posting error: the request
+      // completes with loc_prot_err when it reaches the transport, and the QP fails.
+      w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
+      std::uint64_t total = 0;
+      sge* dst = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
+      std::byte* inl = sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
+      for (std::uint32_t k = 0; k < w.nsge; ++k) {
+        const sge& s = wr.sg_list[k];
+        if (w.inl) {
+          if (s.length) std::memcpy(inl + total, reinterpret_cast<const void*>(s.addr), s.length);
+        } else {
+          dst[k] = s;
+        }
+        total += s.length;
+      }
+      w.len = total;
+      w.byte_len = w.op == wr_opcode::rdma_read ? static_cast<std::uint32_t>(total)
+                   : is_atomic_op(w.op)         ? 8u
+                                                : 0u;
+      if (sq_accept_locked(idx)) ++sq_tail_;
+    }
+    if (bad && rc != errc::ok) *bad = i;
+    ring = sq_transmit_locked();  // one doorbell for the batch
+  }
+  if (ring) sq_doorbell();
+  return rc;
+}
+
+status sw_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
+  const qp_state st = state();
+  if (st == qp_state::error || st == qp_state::reset) {
+    if (bad) *bad = 0;
+    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
+  }
+  std::lock_guard lk(rq_mu_);
+  for (std::size_t i = 0; i < wrs.size(); ++i) {
+    const recv_wr& wr = wrs[i];
+    status rc = errc::ok;
+    if (rq_tail_ - rq_head_ >= caps_.max_recv_wr)
+      rc = errc::again;
+    else if (wr.sg_list.size() > caps_.max_recv_sge)
+      rc = errc::invalid_argument;
+    std::uint64_t total = 0;
+    for (const auto& s : wr.sg_list) {
+      if (rc != errc::ok) break;
+      total += s.length;
+      if (s.length == 0) continue;
+      detail::key_table::guard g;
+      std::byte* p = nullptr;
+      if (pd_->dev().keys().acquire(s.lkey, pd_->id(), s.addr, s.length, access::local_write, g,
+                                    &p) != key_check::ok)
+        rc = errc::invalid_argument;
+    }
+    if (rc != errc::ok) {
+      if (bad) *bad = i;
+      return rc;
+    }
+    const std::uint32_t idx = static_cast<std::uint32_t>(rq_tail_ % caps_.max_recv_wr);
+    rq_[idx] = rwqe{wr.wr_id, static_cast<std::uint32_t>(wr.sg_list.size()), total};
+    std::copy(wr.sg_list.begin(), wr.sg_list.end(),
+              rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge);
+    ++rq_tail_;
+  }
+  return errc::ok;
+}
+
+// ------------------------------------------------------------- completions ----
+bool sw_qp::push_send_wc(const wqe_base& w, std::uint32_t vendor) noexcept {
+  if (!w.signaled && w.status == wc_status::success) return true;
+  work_completion wc;
+  wc.wr_id = w.wr_id;
+  wc.status = w.status;
+  wc.opcode = wc_of(w.op);
+  wc.byte_len = w.status == wc_status::success ? w.byte_len : 0;
+  wc.qp_num = qpn_;
+  wc.vendor_err = w.status == wc_status::success ? 0 : vendor;
+  if (scq_->push(wc)) return true;
+  state_.store(qp_state::error, std::memory_order_seq_cst);
+  return false;
+}
+
+void sw_qp::complete_recv_error_rq_locked(wc_status st) noexcept {
+  work_completion wc;
+  wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
+  wc.status = st;
+  wc.opcode = wc_opcode::recv;
+  wc.qp_num = qpn_;
+  rcq_->push(wc);
+  ++rq_head_;
+}
+
+void sw_qp::flush_rq() noexcept {
+  std::lock_guard lk(rq_mu_);
+  while (rq_head_ < rq_tail_) complete_recv_error_rq_locked(wc_status::wr_flush_err);
+}
+
+// ----------------------------------------------------------- state machine ----
+result<void> sw_qp::modify(qp_state target) {
+  const qp_state cur = state();
+  if (!detail::qp_transition_allowed(cur, target) || target == qp_state::rtr ||
+      (target == qp_state::rts && cur != qp_state::rts))
+    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + ": cannot modify " +
+                                               std::string(to_string(cur)) + " -> " +
+                                               std::string(to_string(target)) +
+                                               " (RTR/RTS are reached by connecting)");
+  if (target == qp_state::error) {
+    to_error();
+    return {};
+  }
+  if (target == qp_state::reset || target == qp_state::init) {
+    teardown_for_reset();
+    std::lock_guard lk(tx_mu_);
+    std::lock_guard rl(rq_mu_);
+    sq_head_ = sq_next_ = sq_tail_ = 0;
+    rq_head_ = rq_tail_ = 0;
+    attr_ = {};
+    reset_locked();
+    state_.store(target);
+  }
+  return {};
+}
+
+result<qp_connection_attr> sw_qp::connection() const {
+  std::lock_guard lk(tx_mu_);
+  if (attr_.peer_address.empty())
+    return make_error(errc::invalid_state, "QP " + std::to_string(qpn_) + " is not connected");
+  return attr_;
+}
+
+}  // namespace conveyor::swnic

@@ -1,0 +1,128 @@
+// The software providers' queue pair base: the send and receive queues
+// (preallocated slots, SGE and inline arenas), posting with every check a
+// work request gets before it is queued, the verbs state machine, receive-
+// queue flushing and completion reporting. A provider derives, keeps its own
+// SQ slots (a struct deriving from wqe_base) and implements the hooks: how a
+// queued request reaches the peer (its wire or its rings), how the QP errors,
+// disconnects and resets.
+#pragma once
+
+#include "core/impl.hpp"
+#include "providers/swnic/key_table.hpp"
+#include "providers/swnic/sw_cq.hpp"
+#include "providers/swnic/sw_device.hpp"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace conveyor::swnic {
+
+// What posting records of a send work request; a provider's SQ slot derives
+// from it and adds its transmit state.
+struct wqe_base {
+  std::uint64_t wr_id = 0;
+  wr_opcode op = wr_opcode::send;
+  bool signaled = false, fence = false, solicited = false, inl = false;
+  std::uint32_t nsge = 0;
+  std::uint64_t len = 0;
+  std::uint64_t remote_addr = 0;
+  std::uint32_t rkey = 0, imm = 0, inv = 0;
+  std::uint64_t cmp_add = 0, swap = 0;
+  wc_status status = wc_status::success;
+  std::uint32_t byte_len = 0;  // what the completion reports on success
+};
+
+struct rwqe {
+  std::uint64_t wr_id;
+  std::uint32_t nsge;
+  std::uint64_t len;
+};
+
+class sw_qp : public detail::qp_impl {
+ public:
+  std::uint32_t qp_num() const noexcept final { return qpn_; }
+  qp_state state() const noexcept final { return state_.load(std::memory_order_acquire); }
+  const qp_caps& caps() const noexcept final { return caps_; }
+  status post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept final;
+  status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept final;
+  result<void> modify(qp_state target) final;
+  result<qp_connection_attr> connection() const final;
+
+  sw_pd& pd() noexcept { return *pd_; }
+  // IRD/ORD this QP asks for in the handshake (clamped to the device's limit).
+  std::uint32_t want_ird() const noexcept { return want_ird_; }
+  std::uint32_t want_ord() const noexcept { return want_ord_; }
+
+ protected:
+  sw_qp(std::shared_ptr<sw_pd> pd, std::shared_ptr<detail::sw_cq> scq,
+        std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
+
+  // ---- hooks ----
+  // post_send, under tx_mu_: a cleared slot for SQ index idx; the base fills the
+  // wqe_base part.
+  virtual wqe_base& sq_entry_locked(std::uint32_t idx) noexcept = 0;
+  // The provider's own rule for a request the base found well-formed.
+  virtual status check_send(const send_wr&) const noexcept { return errc::ok; }
+  // The slot is filled: false if the provider served it at once (it then
+  // reported its completion and the slot is not queued).
+  virtual bool sq_accept_locked(std::uint32_t) noexcept { return true; }
+  // After a batch, under tx_mu_: move what was queued; true when the peer
+  // should be told, which sq_doorbell() then does without the lock.
+  virtual bool sq_transmit_locked() noexcept = 0;
+  virtual void sq_doorbell() noexcept {}
+  // modify(): to ERROR; before RESET/INIT the connection is torn down, then the
+  // provider clears its own state under tx_mu_ and rq_mu_.
+  virtual void to_error() noexcept = 0;
+  virtual void teardown_for_reset() noexcept = 0;
+  virtual void reset_locked() noexcept = 0;
+
+  // ---- helpers ----
+  // The local SGEs of wr name live memory of this PD with the rights it needs.
+  bool local_sges_ok(const send_wr& wr) noexcept;
+  const sge* sq_sges(std::uint32_t idx) const noexcept {
+    return sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
+  }
+  // .data() + offset: with max_inline_data 0 the arena is empty (no element to index).
+  const std::byte* sq_inline(std::uint32_t idx) const noexcept {
+    return sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
+  }
+  const sge* rq_sges(std::uint32_t idx) const noexcept {
+    return rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge;
+  }
+  // Reports w's completion when it is signaled or failed (failed ones always
+  // complete). A full CQ loses it and moves the QP to ERROR: false.
+  bool push_send_wc(const wqe_base& w, std::uint32_t vendor = 0) noexcept;
+  // Completes the head of the RQ with st (rq_mu_ held; the RQ is not empty).
+  void complete_recv_error_rq_locked(wc_status st) noexcept;
+  // Every posted receive completes with wr_flush_err (takes rq_mu_).
+  void flush_rq() noexcept;
+
+  std::shared_ptr<sw_pd> pd_;
+  std::shared_ptr<detail::sw_cq> scq_, rcq_;
+  const qp_caps caps_;
+  const bool sig_all_;
+  const std::uint32_t qpn_;
+  const std::uint32_t want_ird_, want_ord_;
+  std::atomic<qp_state> state_{qp_state::init};
+  qp_connection_attr attr_;  // tx_mu_; peer_address is empty until connected
+
+  // SQ (tx_mu_): slots [sq_head_, sq_tail_) are posted, [sq_head_, sq_next_)
+  // handed to the transport, retired in order at sq_head_.
+  mutable std::mutex tx_mu_;
+  std::uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;
+
+  // RQ (rq_mu_)
+  std::mutex rq_mu_;
+  std::vector<rwqe> rq_;
+  std::uint64_t rq_head_ = 0, rq_tail_ = 0;
+
+ private:
+  status validate_send(const send_wr& wr) const noexcept;
+  std::vector<sge> sq_sge_;
+  std::vector<std::byte> sq_inline_;
+  std::vector<sge> rq_sge_;
+};
+
+}  // namespace conveyor::swnic
