@@ -390,6 +390,22 @@ TEST_P(queues, modify_to_error_flushes_outstanding_sends) {
   EXPECT_TRUE(flushed) << "64 READs of 64 KiB all completed before modify(error) returned";
 }
 
+// A CQ belongs to its device: polling it in manual mode drives that device's
+// engine, so a QP of another device (same provider or not) must refuse it.
+TEST_P(queues, a_qp_refuses_a_cq_of_another_device) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  // init.pd's own CQs are fine; the target's (another device) are not, as
+  // send CQ or as receive CQ.
+  auto own = init.pd.create_qp({.send_cq = &init.scq, .recv_cq = &init.rcq});
+  ASSERT_TRUE(own.has_value()) << own.error().to_string();
+  auto s = init.pd.create_qp({.send_cq = &tgt.scq, .recv_cq = &init.rcq});
+  ASSERT_FALSE(s.has_value()) << "a QP took a send CQ of another device";
+  EXPECT_EQ(name(s.error().code), name(errc::invalid_argument)) << s.error().to_string();
+  auto r = init.pd.create_qp({.send_cq = &init.scq, .recv_cq = &tgt.scq});
+  ASSERT_FALSE(r.has_value()) << "a QP took a receive CQ of another device";
+  EXPECT_EQ(name(r.error().code), name(errc::invalid_argument)) << r.error().to_string();
+}
+
 INSTANTIATE_TEST_SUITE_P(providers, queues, testing::ValuesIn(all_params()), param_name);
 
 }  // namespace
