@@ -12,6 +12,7 @@
 // descriptors the peer serves by cross-memory attach; otherwise it stages the
 // bytes through the rings. The socket then stays open as doorbell and as the
 // liveness signal (EOF/HUP when the peer closes or dies).
+#include "providers/shm/shm_attach.hpp"
 #include "providers/shm/shm_device.hpp"
 #include "providers/shm/shm_memfd.hpp"
 #include "providers/shm/shm_qp.hpp"
@@ -43,126 +44,7 @@ namespace conveyor::shm {
 
 using clk = std::chrono::steady_clock;
 
-// ------------------------------------------------------------ ptrace scope ----
-// A peer serves our bulk requests by cross-memory attach and maps our allocated
-// regions with pidfd_getfd: both need ptrace permission over this process.
-// Under Yama ptrace_scope 1 only ancestors and the one process named with
-// PR_SET_PTRACER may attach, and Yama keeps one pid per process: so while
-// exactly one peer needs it, that peer's pid is declared; while two or more
-// distinct peers do, no single pid can say it and PR_SET_PTRACER_ANY is the
-// narrowest there is (any process of our uid); when none does, nothing is.
-// Nothing is declared for a device with cross-memory attach off, nor for a
-// peer that reported it could not reach us. Other scopes: 0 needs nothing,
-// 2/3 cannot be helped (the probe fails and requests are staged).
 namespace {
-class ptracer_registry {
- public:
-  static ptracer_registry& get() {
-    // Never destroyed: a QP outliving static destruction may still release.
-    static ptracer_registry* r = new ptracer_registry;
-    return *r;
-  }
-  void add(pid_t pid) {
-    std::lock_guard lk(mu_);
-    ++peers_[pid];
-    apply_locked();
-  }
-  void remove(pid_t pid) {
-    std::lock_guard lk(mu_);
-    auto it = peers_.find(pid);
-    if (it == peers_.end()) return;
-    if (--it->second == 0) peers_.erase(it);
-    apply_locked();
-  }
-  long declared() {
-    std::lock_guard lk(mu_);
-    return declared_;
-  }
-
- private:
-  ptracer_registry() {
-    std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
-    int scope = -1;
-    yama1_ = f >> scope && scope == 1;
-  }
-  void apply_locked() {
-    const long want = peers_.empty()       ? 0
-                      : peers_.size() == 1 ? static_cast<long>(peers_.begin()->first)
-                                           : -1;
-    if (want == declared_) return;
-    declared_ = want;
-    if (!yama1_) return;
-    const unsigned long arg = want == -1 ? PR_SET_PTRACER_ANY : static_cast<unsigned long>(want);
-    const int r = ::prctl(PR_SET_PTRACER, arg, 0, 0, 0);
-    if (detail::log_enabled(detail::log_level::info))
-      detail::log_line(detail::log_level::info,
-                       std::string("shm: Yama ptrace_scope 1: tracer for cross-memory attach ") +
-                           (want == 0    ? "cleared"
-                            : want == -1 ? "any process (more than one peer)"
-                                         : "pid " + std::to_string(want)) +
-                           (r == 0 ? "" : " (prctl failed)"));
-  }
-  std::mutex mu_;
-  std::map<pid_t, int> peers_;  // peers that may attach, and how many connections each
-  long declared_ = 0;           // 0 none, -1 any, else a pid
-  bool yama1_ = false;
-};
-
-// One connection's grant; released on failure unless handed to the QP.
-class attach_grant {
- public:
-  attach_grant() = default;
-  attach_grant(const attach_grant&) = delete;
-  attach_grant& operator=(const attach_grant&) = delete;
-  ~attach_grant() { reset(); }
-  void grant(pid_t pid) {
-    reset();
-    if (pid <= 0) return;
-    ptracer_registry::get().add(pid);
-    pid_ = pid;
-  }
-  void reset() {
-    if (pid_ > 0) ptracer_registry::get().remove(pid_);
-    pid_ = 0;
-  }
-  pid_t release() { return std::exchange(pid_, 0); }
-
- private:
-  pid_t pid_ = 0;
-};
-}  // namespace
-
-void release_peer_attach(pid_t pid) noexcept {
-  if (pid > 0) ptracer_registry::get().remove(pid);
-}
-long declared_ptracer() noexcept {
-  return ptracer_registry::get().declared();
-}
-
-namespace {
-
-// A word whose address and value each side publishes so that the peer can
-// test whether cross-memory attach into this process works.
-std::uint64_t& probe_word() {
-  static std::uint64_t w = [] {
-    std::random_device rd;
-    return (std::uint64_t(rd()) << 32) | rd() | 1;
-  }();
-  return w;
-}
-
-bool probe_peer(pid_t pid, std::uint64_t addr, std::uint64_t value, int* err) {
-  if (pid <= 0 || addr == 0) {
-    *err = ESRCH;
-    return false;
-  }
-  std::uint64_t got = 0;
-  iovec local{&got, sizeof got};
-  iovec remote{reinterpret_cast<void*>(addr), sizeof got};
-  const ssize_t r = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-  *err = r < 0 ? errno : 0;
-  return r == sizeof got && got == value;
-}
 
 std::string seconds_text(std::chrono::milliseconds ms) {
   char b[32];
@@ -530,21 +412,11 @@ result<void> shm_conn_request::reject(std::span<const std::byte> reason) {
 }
 
 result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const std::byte> pd) {
-  auto* sq = dynamic_cast<shm_qp*>(qp.impl());
-  if (!sq)
-    return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP of another provider");
-  if (&sq->pd().dev() != dev_.get())
-    return make_error(errc::invalid_argument,
-                      "accept from " + peer_ + ": QP belongs to another device");
+  auto target = swnic::accept_target(qp, *dev_, "accept from " + peer_, pd.size());
+  if (!target) return std::unexpected(target.error());
+  auto* sq = static_cast<shm_qp*>(*target);  // a QP of this (shm) device
   if (!fd_)
     return make_error(errc::invalid_state, "accept from " + peer_ + ": request already answered");
-  if (sq->state() != qp_state::init)
-    return make_error(errc::invalid_state, "accept from " + peer_ + ": QP " +
-                                               std::to_string(sq->qp_num()) + " is " +
-                                               std::string(to_string(sq->state())) + ", not INIT");
-  if (pd.size() > max_private_data)
-    return make_error(errc::invalid_argument, "accept: private data longer than " +
-                                                  std::to_string(max_private_data) + " bytes");
   const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
   const auto deadline = clk::now() + hs;
   // The initiator probes us once it has our accept: declare it first.
@@ -623,12 +495,7 @@ result<std::unique_ptr<detail::listener_impl>> shm_device::bind_listener(std::st
 }
 
 result<connection_info> shm_qp::connect(std::string_view address, const connect_options& opts) {
-  if (state() != qp_state::init)
-    return make_error(errc::invalid_state, "connect QP " + std::to_string(qpn_) + ": state is " +
-                                               std::string(to_string(state())) + ", not INIT");
-  if (opts.private_data.size() > max_private_data)
-    return make_error(errc::invalid_argument, "connect: private data longer than " +
-                                                  std::to_string(max_private_data) + " bytes");
+  if (auto ok = check_connect(opts); !ok) return std::unexpected(ok.error());
   socklen_t len = 0;
   auto sa = parse_address(address, &len);
   if (!sa) return std::unexpected(sa.error());

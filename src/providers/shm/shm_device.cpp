@@ -41,10 +41,7 @@ void engine::attach(shm_qp* qp, int fd) noexcept {
   {
     std::lock_guard lk(mu_);
     live_.push_back(qp);
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.ptr = qp;
-    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+    watch_fd(EPOLL_CTL_ADD, fd, qp, EPOLLIN | EPOLLRDHUP);
   }
   // Wake a sleeping engine thread so it includes the new QP in its sleep flags.
   kick();
@@ -275,11 +272,8 @@ result<std::shared_ptr<detail::mr_impl>> shm_pd::allocate_memory(std::size_t len
   return std::shared_ptr<detail::mr_impl>(std::move(mr));
 }
 
-std::shared_ptr<detail::qp_impl> shm_pd::make_qp(std::shared_ptr<detail::sw_cq> scq,
-                                                 std::shared_ptr<detail::sw_cq> rcq,
-                                                 const qp_init_attr& attr, std::uint32_t qpn) {
-  auto self = std::static_pointer_cast<shm_pd>(shared_from_this());
-  return std::make_shared<shm_qp>(std::move(self), std::move(scq), std::move(rcq), attr, qpn);
+std::shared_ptr<detail::qp_impl> shm_pd::make_qp(swnic::qp_args&& a) {
+  return std::make_shared<shm_qp>(std::move(a));
 }
 
 shm_mr::shm_mr(std::shared_ptr<shm_pd> pd, std::span<std::byte> buf, access rights,

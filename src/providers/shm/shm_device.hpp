@@ -102,9 +102,7 @@ class shm_pd final : public swnic::sw_pd {
   shm_device& dev() noexcept { return static_cast<shm_device&>(sw_pd::dev()); }
 
  protected:
-  std::shared_ptr<detail::qp_impl> make_qp(std::shared_ptr<detail::sw_cq> scq,
-                                           std::shared_ptr<detail::sw_cq> rcq,
-                                           const qp_init_attr& attr, std::uint32_t qpn) override;
+  std::shared_ptr<detail::qp_impl> make_qp(swnic::qp_args&& a) override;
 };
 
 // A region allocated by shm_pd::allocate_memory: owns the memfd and its

@@ -14,6 +14,7 @@
 // right granted) before touching a byte, and answers READs and atomics.
 #pragma once
 
+#include "providers/shm/shm_attach.hpp"
 #include "providers/shm/shm_segment.hpp"
 #include "providers/swnic/sw_qp.hpp"
 
@@ -30,11 +31,6 @@ namespace conveyor::shm {
 class shm_pd;
 class shm_device;
 
-// Yama ptrace scope (shm_cm.cpp): a connection's declaration of its peer as a
-// tracer ends with release_peer_attach; declared_ptracer() says what this
-// process has declared now (0 nothing, -1 any process, else a pid).
-void release_peer_attach(pid_t pid) noexcept;
-long declared_ptracer() noexcept;
 
 // What the connection manager hands a QP when the handshake is done.
 struct conn_setup {
@@ -50,11 +46,9 @@ struct conn_setup {
 
 class shm_qp final : public swnic::sw_qp {
  public:
-  shm_qp(std::shared_ptr<shm_pd> pd, std::shared_ptr<detail::sw_cq> scq,
-         std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
+  explicit shm_qp(swnic::qp_args&& a);
   ~shm_qp() override;
 
-  qp_counters counters() const noexcept override;
   void disconnect() noexcept override;
   result<connection_info> connect(std::string_view address, const connect_options& opts) override;
 
@@ -93,6 +87,7 @@ class shm_qp final : public swnic::sw_qp {
   void to_error() noexcept override { enter_error(wc_status::wr_flush_err); }
   void teardown_for_reset() noexcept override { disconnect(); }
   void reset_locked() noexcept override;
+  void provider_counters(qp_counters& c) const noexcept override;
 
   // send side (tx_mu_)
   bool tx_progress_locked() noexcept;                         // wrote something
@@ -191,8 +186,7 @@ class shm_qp final : public swnic::sw_qp {
   wc_status pending_local_ = wc_status::success;
 
   // counters
-  std::atomic<std::uint64_t> c_tx_bytes_{0}, c_rx_bytes_{0}, c_tx_msgs_{0}, c_rx_msgs_{0},
-      c_reads_{0}, c_writes_{0}, c_atomics_{0}, c_bells_{0}, c_direct_{0};
+  std::atomic<std::uint64_t> c_tx_msgs_{0}, c_rx_msgs_{0}, c_bells_{0}, c_direct_{0};
 };
 
 }  // namespace conveyor::shm

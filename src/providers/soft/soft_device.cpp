@@ -22,11 +22,8 @@ result<std::shared_ptr<detail::pd_impl>> soft_device::alloc_pd() {
   return std::make_shared<soft_pd>(std::move(self), next_pd_id());
 }
 
-std::shared_ptr<detail::qp_impl> soft_pd::make_qp(std::shared_ptr<detail::sw_cq> scq,
-                                                  std::shared_ptr<detail::sw_cq> rcq,
-                                                  const qp_init_attr& attr, std::uint32_t qpn) {
-  auto self = std::static_pointer_cast<soft_pd>(shared_from_this());
-  return std::make_shared<soft_qp>(std::move(self), std::move(scq), std::move(rcq), attr, qpn);
+std::shared_ptr<detail::qp_impl> soft_pd::make_qp(swnic::qp_args&& a) {
+  return std::make_shared<soft_qp>(std::move(a));
 }
 
 std::vector<device_info> list_devices() {

@@ -27,9 +27,7 @@ class soft_pd final : public swnic::sw_pd {
   soft_device& dev() noexcept { return static_cast<soft_device&>(sw_pd::dev()); }
 
  protected:
-  std::shared_ptr<detail::qp_impl> make_qp(std::shared_ptr<detail::sw_cq> scq,
-                                           std::shared_ptr<detail::sw_cq> rcq,
-                                           const qp_init_attr& attr, std::uint32_t qpn) override;
+  std::shared_ptr<detail::qp_impl> make_qp(swnic::qp_args&& a) override;
 };
 
 }  // namespace conveyor::soft

@@ -2,6 +2,7 @@
 #include "providers/swnic/sw_device.hpp"
 
 #include "providers/swnic/sw_engine.hpp"
+#include "providers/swnic/sw_qp.hpp"
 
 #include <cstdlib>
 
@@ -95,7 +96,8 @@ result<std::shared_ptr<detail::qp_impl>> sw_pd::create_qp(const qp_init_attr& at
   if (c.max_inline_data > max_inline)
     return make_error(errc::invalid_argument,
                       where + ": max_inline_data must be at most " + std::to_string(max_inline));
-  return make_qp(std::move(scq), std::move(rcq), attr, dev_->next_qpn());
+  auto self = std::static_pointer_cast<sw_pd>(shared_from_this());
+  return make_qp({std::move(self), std::move(scq), std::move(rcq), attr, dev_->next_qpn()});
 }
 
 sw_mr::sw_mr(std::shared_ptr<sw_pd> pd, std::span<std::byte> buf, access rights, std::uint32_t key)

@@ -16,6 +16,7 @@
 namespace conveyor::swnic {
 
 class sw_engine;
+struct qp_args;
 
 // Limits every software device shares (device_attr reports them).
 inline constexpr std::uint32_t max_wr = 16384;
@@ -64,9 +65,7 @@ class sw_pd : public detail::pd_impl {
 
  protected:
   // Called by create_qp once the CQs and capabilities passed every check.
-  virtual std::shared_ptr<detail::qp_impl> make_qp(std::shared_ptr<detail::sw_cq> scq,
-                                                   std::shared_ptr<detail::sw_cq> rcq,
-                                                   const qp_init_attr& attr, std::uint32_t qpn) = 0;
+  virtual std::shared_ptr<detail::qp_impl> make_qp(qp_args&& a) = 0;
 
  private:
   std::shared_ptr<sw_device> dev_;

@@ -43,6 +43,13 @@ void sw_engine::stop_thread() noexcept {
   if (thread_.joinable()) thread_.join();
 }
 
+void sw_engine::watch_fd(int op, int fd, void* owner, std::uint32_t events) noexcept {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = owner;
+  ::epoll_ctl(epfd_, op, fd, &ev);
+}
+
 void sw_engine::kick() noexcept {
   if (wake_ < 0) return;
   std::uint64_t one = 1;

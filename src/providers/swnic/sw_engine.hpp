@@ -49,6 +49,8 @@ class sw_engine : public detail::progress_source {
   // run(): if an application polled within app_window, park until the window
   // passes or idle() wakes us, and return true (the loop goes round again).
   bool park_while_app_polls() noexcept;
+  // epoll_ctl on epfd_ with the QP (or other object) as the event's data.ptr.
+  void watch_fd(int op, int fd, void* owner, std::uint32_t events) noexcept;
   void kick() noexcept;        // wakes a thread blocked on epfd_ or parked
   void drain_wake() noexcept;  // consumes kick()s
 

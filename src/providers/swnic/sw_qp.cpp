@@ -10,20 +10,34 @@ namespace conveyor::swnic {
 
 using detail::key_check;
 
-sw_qp::sw_qp(std::shared_ptr<sw_pd> pd, std::shared_ptr<detail::sw_cq> scq,
-             std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn)
-    : pd_(std::move(pd)),
-      scq_(std::move(scq)),
-      rcq_(std::move(rcq)),
-      caps_(attr.cap),
-      sig_all_(attr.sq_sig_all),
-      qpn_(qpn),
-      want_ird_(std::clamp<std::uint32_t>(attr.max_dest_rd_atomic, 1, max_rd_atom)),
-      want_ord_(std::clamp<std::uint32_t>(attr.max_rd_atomic, 1, max_rd_atom)) {
+sw_qp::sw_qp(qp_args&& a)
+    : pd_(std::move(a.pd)),
+      scq_(std::move(a.scq)),
+      rcq_(std::move(a.rcq)),
+      caps_(a.attr.cap),
+      sig_all_(a.attr.sq_sig_all),
+      qpn_(a.qpn),
+      want_ird_(std::clamp<std::uint32_t>(a.attr.max_dest_rd_atomic, 1, max_rd_atom)),
+      want_ord_(std::clamp<std::uint32_t>(a.attr.max_rd_atomic, 1, max_rd_atom)) {
   sq_sge_.resize(std::size_t(caps_.max_send_wr) * caps_.max_send_sge);
   sq_inline_.resize(std::size_t(caps_.max_send_wr) * caps_.max_inline_data);
   rq_.resize(caps_.max_recv_wr);
   rq_sge_.resize(std::size_t(caps_.max_recv_wr) * caps_.max_recv_sge);
+}
+
+result<sw_qp*> accept_target(queue_pair& qp, const sw_device& dev, const std::string& where,
+                             std::size_t private_data_len) {
+  auto* sq = dynamic_cast<sw_qp*>(qp.impl());
+  if (sq == nullptr || &sq->pd().dev() != &dev)
+    return make_error(errc::invalid_argument,
+                      where + (sq == nullptr ? ": QP of another provider" : ": QP belongs to another device"));
+  if (sq->state() != qp_state::init)
+    return make_error(errc::invalid_state, where + ": QP " + std::to_string(sq->qp_num()) + " is " +
+                                               std::string(to_string(sq->state())) + ", not INIT");
+  if (private_data_len > max_private_data)
+    return make_error(errc::invalid_argument, "accept: private data longer than " +
+                                                  std::to_string(max_private_data) + " bytes");
+  return sq;
 }
 
 // ------------------------------------------------------------------ posting ----
@@ -214,6 +228,27 @@ result<void> sw_qp::modify(qp_state target) {
     state_.store(target);
   }
   return {};
+}
+
+result<void> sw_qp::check_connect(const connect_options& opts) const {
+  if (state() != qp_state::init)
+    return make_error(errc::invalid_state, "connect QP " + std::to_string(qpn_) + ": state is " +
+                                               std::string(to_string(state())) + ", not INIT");
+  if (opts.private_data.size() > max_private_data)
+    return make_error(errc::invalid_argument, "connect: private data longer than " +
+                                                  std::to_string(max_private_data) + " bytes");
+  return {};
+}
+
+qp_counters sw_qp::counters() const noexcept {
+  qp_counters c;
+  c.tx_bytes = c_tx_bytes_.load();
+  c.rx_bytes = c_rx_bytes_.load();
+  c.reads_served = c_reads_.load();
+  c.writes_placed = c_writes_.load();
+  c.atomics_served = c_atomics_.load();
+  provider_counters(c);
+  return c;
 }
 
 result<qp_connection_attr> sw_qp::connection() const {

@@ -40,6 +40,22 @@ struct rwqe {
   std::uint64_t len;
 };
 
+// What sw_pd::create_qp hands the provider's QP constructor, checked.
+struct qp_args {
+  std::shared_ptr<sw_pd> pd;
+  std::shared_ptr<detail::sw_cq> scq, rcq;
+  qp_init_attr attr;
+  std::uint32_t qpn;
+};
+
+class sw_qp;
+
+// The checks every software provider's accept() makes on the QP it is given:
+// a QP of `dev` (so of this provider), in INIT, private data within limits.
+// `where` names the request ("accept from <peer>").
+result<sw_qp*> accept_target(queue_pair& qp, const sw_device& dev, const std::string& where,
+                             std::size_t private_data_len);
+
 class sw_qp : public detail::qp_impl {
  public:
   std::uint32_t qp_num() const noexcept final { return qpn_; }
@@ -49,6 +65,7 @@ class sw_qp : public detail::qp_impl {
   status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept final;
   result<void> modify(qp_state target) final;
   result<qp_connection_attr> connection() const final;
+  qp_counters counters() const noexcept final;
 
   sw_pd& pd() noexcept { return *pd_; }
   // IRD/ORD this QP asks for in the handshake (clamped to the device's limit).
@@ -56,8 +73,7 @@ class sw_qp : public detail::qp_impl {
   std::uint32_t want_ord() const noexcept { return want_ord_; }
 
  protected:
-  sw_qp(std::shared_ptr<sw_pd> pd, std::shared_ptr<detail::sw_cq> scq,
-        std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
+  explicit sw_qp(qp_args&& a);
 
   // ---- hooks ----
   // post_send, under tx_mu_: a cleared slot for SQ index idx; the base fills the
@@ -77,8 +93,13 @@ class sw_qp : public detail::qp_impl {
   virtual void to_error() noexcept = 0;
   virtual void teardown_for_reset() noexcept = 0;
   virtual void reset_locked() noexcept = 0;
+  // counters(): what only this provider counts (the base fills bytes and
+  // operations served).
+  virtual void provider_counters(qp_counters&) const noexcept {}
 
   // ---- helpers ----
+  // connect(): the QP is in INIT and the private data within limits.
+  result<void> check_connect(const connect_options& opts) const;
   // The local SGEs of wr name live memory of this PD with the rights it needs.
   bool local_sges_ok(const send_wr& wr) noexcept;
   const sge* sq_sges(std::uint32_t idx) const noexcept {
@@ -112,6 +133,10 @@ class sw_qp : public detail::qp_impl {
   // handed to the transport, retired in order at sq_head_.
   mutable std::mutex tx_mu_;
   std::uint64_t sq_head_ = 0, sq_next_ = 0, sq_tail_ = 0;
+
+  // counters both providers keep
+  std::atomic<std::uint64_t> c_tx_bytes_{0}, c_rx_bytes_{0}, c_reads_{0}, c_writes_{0},
+      c_atomics_{0};
 
   // RQ (rq_mu_)
   std::mutex rq_mu_;

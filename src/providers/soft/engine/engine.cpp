@@ -20,24 +20,15 @@ void engine::attach(soft_qp* qp, int fd) noexcept {
     std::lock_guard lk(mu_);
     live_.insert(qp);
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP;
-  ev.data.ptr = qp;
-  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  watch_fd(EPOLL_CTL_ADD, fd, qp, EPOLLIN | EPOLLRDHUP);
 }
 
 void engine::set_interest(soft_qp* qp, int fd, bool read, bool write) noexcept {
-  epoll_event ev{};
-  ev.events = (read ? EPOLLIN | EPOLLRDHUP : 0u) | (write ? EPOLLOUT : 0u);
-  ev.data.ptr = qp;
-  ::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+  watch_fd(EPOLL_CTL_MOD, fd, qp, (read ? EPOLLIN | EPOLLRDHUP : 0u) | (write ? EPOLLOUT : 0u));
 }
 
 void engine::watch(soft_qp* qp, int fd) noexcept {
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = qp;
-  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  watch_fd(EPOLL_CTL_ADD, fd, qp, EPOLLIN);
 }
 
 void engine::quiesce(soft_qp* qp) noexcept {

@@ -234,17 +234,9 @@ result<void> soft_conn_request::reject(std::span<const std::byte> reason) {
 }
 
 result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<const std::byte> pd) {
-  auto* sq = dynamic_cast<soft_qp*>(qp.impl());
-  if (!sq) return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP of another provider");
-  if (&sq->pd().dev() != dev_.get())
-    return make_error(errc::invalid_argument, "accept from " + peer_ + ": QP belongs to another device");
-  if (sq->state() != qp_state::init)
-    return make_error(errc::invalid_state, "accept from " + peer_ + ": QP " +
-                                               std::to_string(sq->qp_num()) + " is " +
-                                               std::string(to_string(sq->state())) + ", not INIT");
-  if (pd.size() > max_private_data)
-    return make_error(errc::invalid_argument, "accept: private data longer than " +
-                                                  std::to_string(max_private_data) + " bytes");
+  auto target = swnic::accept_target(qp, *dev_, "accept from " + peer_, pd.size());
+  if (!target) return std::unexpected(target.error());
+  auto* sq = static_cast<soft_qp*>(*target);  // a QP of this (soft) device
   const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
   const auto deadline = clk::now() + hs;
   mpa_frame rep = reply_base();
@@ -337,12 +329,7 @@ result<std::unique_ptr<detail::listener_impl>> soft_device::bind_listener(std::s
 }
 
 result<connection_info> soft_qp::connect(std::string_view address, const connect_options& opts) {
-  if (state() != qp_state::init)
-    return make_error(errc::invalid_state, "connect QP " + std::to_string(qpn_) + ": state is " +
-                                               std::string(to_string(state())) + ", not INIT");
-  if (opts.private_data.size() > max_private_data)
-    return make_error(errc::invalid_argument, "connect: private data longer than " +
-                                                  std::to_string(max_private_data) + " bytes");
+  if (auto ok = check_connect(opts); !ok) return std::unexpected(ok.error());
   auto ep = net::parse_endpoint(address);
   if (!ep) return std::unexpected(ep.error());
   const std::string peer = ep->to_string();

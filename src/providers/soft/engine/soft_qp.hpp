@@ -43,11 +43,9 @@ struct conn_params {
 
 class soft_qp final : public swnic::sw_qp {
  public:
-  soft_qp(std::shared_ptr<soft_pd> pd, std::shared_ptr<detail::sw_cq> scq,
-          std::shared_ptr<detail::sw_cq> rcq, const qp_init_attr& attr, std::uint32_t qpn);
+  explicit soft_qp(swnic::qp_args&& a);
   ~soft_qp() override;
 
-  qp_counters counters() const noexcept override;
   void disconnect() noexcept override;
   result<connection_info> connect(std::string_view address, const connect_options& opts) override;
 
@@ -116,6 +114,7 @@ class soft_qp final : public swnic::sw_qp {
   void to_error() noexcept override { enter_error(wc_status::wr_flush_err, 0); }
   void teardown_for_reset() noexcept override;
   void reset_locked() noexcept override;
+  void provider_counters(qp_counters& c) const noexcept override;
 
   // ---- send side (under tx_mu_) ----
   void tx_progress_locked() noexcept;
@@ -225,9 +224,8 @@ class soft_qp final : public swnic::sw_qp {
   std::uint32_t rx_ctl_id_ = 0;      // atomic response request id
 
   // counters
-  std::atomic<std::uint64_t> c_tx_bytes_{0}, c_rx_bytes_{0}, c_tx_fpdus_{0}, c_rx_fpdus_{0},
-      c_tx_sys_{0}, c_rx_sys_{0}, c_reads_{0}, c_writes_{0}, c_atomics_{0}, c_term_tx_{0},
-      c_term_rx_{0};
+  std::atomic<std::uint64_t> c_tx_fpdus_{0}, c_rx_fpdus_{0}, c_tx_sys_{0}, c_rx_sys_{0},
+      c_term_tx_{0}, c_term_rx_{0};
 };
 
 }  // namespace conveyor::soft

@@ -1,0 +1,48 @@
+// What the soft QP's source files share (soft_qp.cpp, soft_qp_tx.cpp,
+// soft_qp_rx.cpp, soft_qp_place.cpp, soft_qp_respond.cpp); never included
+// elsewhere.
+#pragma once
+
+#include "providers/soft/engine/soft_qp.hpp"
+#include "providers/swnic/opcodes.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace conveyor::soft::qp_parts {
+
+using namespace wire;
+using detail::key_check;
+using swnic::is_atomic_op;
+using swnic::is_send_op;
+using swnic::is_write_op;
+using swnic::wc_of;
+
+inline constexpr std::size_t rxbuf_size = 256 * 1024;
+inline constexpr std::size_t small_inline_copy = 64;  // payload up to this is copied next to its header
+inline constexpr std::size_t max_batch_bytes = 8u << 20;
+inline constexpr std::size_t header_lookahead = 128;  // read-ahead after bulk payload
+inline constexpr std::size_t max_fpdu_size = 65536;   // ULPDU_Length is 16 bits
+inline constexpr std::uint64_t mss_check_interval = 1u << 20;
+
+// What the initiator sees for a Terminate (layer, type, code).
+inline wc_status status_of_terminate(const terminate_msg& t) {
+  if (t.layer == term_layer::rdmap) {
+    if (t.etype == term::rdmap_remote_prot) return wc_status::rem_access_err;
+    if (t.ecode == term::rdmap_cannot_invalidate) return wc_status::rem_inv_req_err;
+    if (t.ecode == term::rdmap_unexpected_op) return wc_status::rem_inv_req_err;
+    return wc_status::rem_op_err;
+  }
+  if (t.layer == term_layer::ddp) {
+    if (t.etype == term::ddp_tagged) return wc_status::rem_access_err;
+    if (t.etype == term::ddp_untagged) {
+      if (t.ecode == term::ddp_u_no_buffer) return wc_status::rnr_retry_exc_err;
+      if (t.ecode == term::ddp_u_too_long) return wc_status::rem_inv_req_err;
+      return wc_status::rem_op_err;
+    }
+    return wc_status::rem_op_err;
+  }
+  return wc_status::retry_exc_err;
+}
+
+}  // namespace conveyor::soft::qp_parts
