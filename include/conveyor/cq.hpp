@@ -30,6 +30,7 @@
 namespace conveyor {
 
 namespace detail {
+struct handle_access;
 class cq_impl;
 }
 
@@ -92,10 +93,8 @@ class completion_queue {
   int fd() const noexcept;
   void arm() noexcept;
 
-  detail::cq_impl* impl() const noexcept { return impl_.get(); }
-  const std::shared_ptr<detail::cq_impl>& shared_impl() const noexcept { return impl_; }
-
  private:
+  friend struct detail::handle_access;  // the library reaches the implementation
   std::shared_ptr<detail::cq_impl> impl_;
 };
 

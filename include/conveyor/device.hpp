@@ -27,6 +27,7 @@ namespace conveyor {
 class protection_domain;
 
 namespace detail {
+struct handle_access;
 class device_impl;
 }
 
@@ -159,9 +160,12 @@ class device {
   result<protection_domain> alloc_pd();
   result<completion_queue> create_cq(const cq_options& opts = {});
 
-  const std::shared_ptr<detail::device_impl>& shared_impl() const noexcept { return impl_; }
+  // Another handle to this same device (its objects, engine and key table):
+  // for code that needs a device of its own while this one lives on.
+  device share() const noexcept;
 
  private:
+  friend struct detail::handle_access;  // the library reaches the implementation
   std::shared_ptr<detail::device_impl> impl_;
 };
 

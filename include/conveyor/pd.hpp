@@ -21,6 +21,7 @@
 namespace conveyor {
 
 namespace detail {
+struct handle_access;
 class pd_impl;
 }
 
@@ -57,9 +58,9 @@ class protection_domain {
   // Creates an RC QP in state INIT (ready for post_recv and for connecting).
   result<queue_pair> create_qp(const qp_init_attr& attr);
 
-  const std::shared_ptr<detail::pd_impl>& shared_impl() const noexcept { return impl_; }
 
  private:
+  friend struct detail::handle_access;  // the library reaches the implementation
   std::shared_ptr<detail::pd_impl> impl_;
 };
 

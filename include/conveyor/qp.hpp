@@ -27,6 +27,7 @@
 namespace conveyor {
 
 namespace detail {
+struct handle_access;
 class qp_impl;
 }
 
@@ -176,10 +177,8 @@ class queue_pair {
   // Orderly close: the peer sees the connection end; outstanding requests flush.
   void disconnect() noexcept;
 
-  detail::qp_impl* impl() const noexcept { return impl_.get(); }
-  const std::shared_ptr<detail::qp_impl>& shared_impl() const noexcept { return impl_; }
-
  private:
+  friend struct detail::handle_access;  // the library reaches the implementation
   std::shared_ptr<detail::qp_impl> impl_;
 };
 

@@ -186,6 +186,7 @@ result<queue_pair> protection_domain::create_qp(const qp_init_attr& attr) {
 
 // -------------------------------------------------------------------- device ----
 device::device(std::shared_ptr<device_impl> impl) noexcept : impl_(std::move(impl)) {}
+device device::share() const noexcept { return device(impl_); }
 device::~device() = default;
 const device_attr& device::attr() const noexcept { return impl_->attr(); }
 const device_options& device::options() const noexcept { return impl_->options(); }
@@ -260,7 +261,7 @@ listener& listener::operator=(listener&&) noexcept = default;
 listener::~listener() = default;
 result<listener> listener::bind(const device& dev, std::string_view address, int backlog) {
   if (!dev) return make_error(errc::invalid_state, "listener::bind: empty device handle");
-  auto r = dev.shared_impl()->bind_listener(address, backlog);
+  auto r = detail::handle_access::shared(dev)->bind_listener(address, backlog);
   if (!r) return std::unexpected(r.error());
   return listener(std::move(*r));
 }
@@ -276,7 +277,7 @@ result<connect_request> listener::accept(std::chrono::milliseconds timeout) {
 result<connection_info> connect(queue_pair& qp, std::string_view address,
                                 const connect_options& opts) {
   if (!qp) return make_error(errc::invalid_state, "connect: empty queue_pair handle");
-  return qp.impl()->connect(address, opts);
+  return detail::handle_access::impl(qp)->connect(address, opts);
 }
 
 }  // namespace conveyor

@@ -107,6 +107,17 @@ class listener_impl {
   virtual result<std::unique_ptr<conn_request_impl>> accept(std::chrono::milliseconds timeout) = 0;
 };
 
+// How the library reaches the implementation behind a public handle (the
+// handles make this their friend; nothing public exposes it).
+struct handle_access {
+  static cq_impl* impl(const completion_queue& c) noexcept { return c.impl_.get(); }
+  static const std::shared_ptr<cq_impl>& shared(const completion_queue& c) noexcept {
+    return c.impl_;
+  }
+  static qp_impl* impl(const queue_pair& q) noexcept { return q.impl_.get(); }
+  static const std::shared_ptr<device_impl>& shared(const device& d) noexcept { return d.impl_; }
+};
+
 // The verbs QP state machine: which transitions modify() may request.
 bool qp_transition_allowed(qp_state from, qp_state to) noexcept;
 

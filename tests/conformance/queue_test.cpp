@@ -406,6 +406,32 @@ TEST_P(queues, a_qp_refuses_a_cq_of_another_device) {
   EXPECT_EQ(name(r.error().code), name(errc::invalid_argument)) << r.error().to_string();
 }
 
+// device::share(): a second handle to the same device, which keeps it (its
+// keys, its engine) alive after the first handle is gone.
+TEST_P(queues, a_shared_device_handle_is_the_same_device_and_keeps_it_alive) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto shared = init.dev.share();
+  ASSERT_TRUE(static_cast<bool>(shared));
+  EXPECT_EQ(shared.name(), init.dev.name());
+  EXPECT_EQ(&shared.attr(), &init.dev.attr()) << "share() opened another device";
+  // A CQ of the shared handle is a CQ of the QP's own device.
+  auto cq = shared.create_cq({.depth = 16});
+  CVT_ASSERT_OK(cq);
+  auto qp = init.pd.create_qp({.send_cq = &*cq, .recv_cq = &*cq});
+  ASSERT_TRUE(qp.has_value()) << qp.error().to_string();
+  // The second handle alone keeps a device alive.
+  auto dev = conveyor::device::open(std::string(init.dev.name()));
+  CVT_ASSERT_OK(dev);
+  auto only = dev->share();
+  { conveyor::device gone = std::move(*dev); }
+  auto pd = only.alloc_pd();
+  CVT_ASSERT_OK(pd);
+  auto cq2 = only.create_cq({.depth = 16});
+  CVT_ASSERT_OK(cq2);
+  auto qp2 = pd->create_qp({.send_cq = &*cq2, .recv_cq = &*cq2});
+  ASSERT_TRUE(qp2.has_value()) << qp2.error().to_string();
+}
+
 INSTANTIATE_TEST_SUITE_P(providers, queues, testing::ValuesIn(all_params()), param_name);
 
 }  // namespace

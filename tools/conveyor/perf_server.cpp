@@ -382,7 +382,7 @@ int run_perf_server(const perf_options& o) {
       }
       bool served = false;
       try {
-        perf_endpoint ep(device(dev.shared_impl()), o,
+        perf_endpoint ep(dev.share(), o,
                          data_layout::make(hello->max_size, hello->tx_depth, hello->qps));
         ep.create_qps(hello->qps, hello->tx_depth, hello->rx_depth);
         ep.post_ctl_recvs();

@@ -80,8 +80,8 @@ result<std::shared_ptr<detail::qp_impl>> sw_pd::create_qp(const qp_init_attr& at
   const std::string where = "create_qp on " + dev_->attr().name;
   if (!attr.send_cq || !attr.recv_cq || !*attr.send_cq || !*attr.recv_cq)
     return make_error(errc::invalid_argument, where + ": send_cq and recv_cq are required");
-  auto scq = std::dynamic_pointer_cast<detail::sw_cq>(attr.send_cq->shared_impl());
-  auto rcq = std::dynamic_pointer_cast<detail::sw_cq>(attr.recv_cq->shared_impl());
+  auto scq = std::dynamic_pointer_cast<detail::sw_cq>(detail::handle_access::shared(*attr.send_cq));
+  auto rcq = std::dynamic_pointer_cast<detail::sw_cq>(detail::handle_access::shared(*attr.recv_cq));
   if (!scq || !rcq) return make_error(errc::invalid_argument, where + ": CQ of another provider");
   if (!dev_->owns(*scq) || !dev_->owns(*rcq))
     return make_error(errc::invalid_argument, where + ": CQ of another device");

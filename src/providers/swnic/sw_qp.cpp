@@ -27,7 +27,7 @@ sw_qp::sw_qp(qp_args&& a)
 
 result<sw_qp*> accept_target(queue_pair& qp, const sw_device& dev, const std::string& where,
                              std::size_t private_data_len) {
-  auto* sq = dynamic_cast<sw_qp*>(qp.impl());
+  auto* sq = dynamic_cast<sw_qp*>(detail::handle_access::impl(qp));
   if (sq == nullptr || &sq->pd().dev() != &dev)
     return make_error(errc::invalid_argument,
                       where + (sq == nullptr ? ": QP of another provider" : ": QP belongs to another device"));

@@ -1120,8 +1120,8 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   const std::string w = "create_qp on " + dev_->where();
   if (!attr.send_cq || !attr.recv_cq || !*attr.send_cq || !*attr.recv_cq)
     return make_error(errc::invalid_argument, w + ": send_cq and recv_cq are required");
-  auto* scq = dynamic_cast<verbs_cq*>(attr.send_cq->impl());
-  auto* rcq = dynamic_cast<verbs_cq*>(attr.recv_cq->impl());
+  auto* scq = dynamic_cast<verbs_cq*>(detail::handle_access::impl(*attr.send_cq));
+  auto* rcq = dynamic_cast<verbs_cq*>(detail::handle_access::impl(*attr.recv_cq));
   if (!scq || !rcq) return make_error(errc::invalid_argument, w + ": CQ of another provider");
   const auto& c = attr.cap;
   const auto& da = dev_->dattr();
@@ -1179,7 +1179,7 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   a.cap.max_send_sge = std::min<std::uint32_t>(ia.cap.max_send_sge, static_cast<std::uint32_t>(da.max_sge));
   a.cap.max_recv_sge = std::min<std::uint32_t>(ia.cap.max_recv_sge, static_cast<std::uint32_t>(da.max_sge));
   auto self = std::static_pointer_cast<verbs_pd>(shared_from_this());
-  auto q = std::make_shared<verbs_qp>(std::move(self), attr.send_cq->shared_impl(), attr.recv_cq->shared_impl(),
+  auto q = std::make_shared<verbs_qp>(std::move(self), detail::handle_access::shared(*attr.send_cq), detail::handle_access::shared(*attr.recv_cq),
                                       qp, a);
   if (auto r = q->to_init(); !r) return std::unexpected(r.error());
   return std::shared_ptr<detail::qp_impl>(std::move(q));
@@ -1479,7 +1479,7 @@ class verbs_request final : public detail::conn_request_impl {
   std::span<const std::byte> private_data() const noexcept override { return pdata_; }
   std::string peer_address() const override { return peer_; }
   result<connection_info> accept(queue_pair& qp, std::span<const std::byte> pd) override {
-    auto* q = dynamic_cast<verbs_qp*>(qp.impl());
+    auto* q = dynamic_cast<verbs_qp*>(detail::handle_access::impl(qp));
     if (q == nullptr)
       return make_error(errc::invalid_argument, "accept from " + peer_ + " on " + dev_->where() +
                                                     ": the QP is not a verbs QP");
