@@ -92,9 +92,13 @@ class memory_region {
   access rights() const noexcept;
 
   // The whole region (or a slice) as an SGE for local use in work requests.
+  // An SGE's length is 32 bits: a longer slice saturates at 2^32 - 1 bytes,
+  // which every post refuses with invalid_argument (a message is at most
+  // device_attr::max_msg_size), never a silently shorter transfer.
   sge as_sge() const noexcept { return slice(0, size()); }
   sge slice(std::size_t offset, std::size_t len) const noexcept {
-    return {addr() + offset, static_cast<std::uint32_t>(len), lkey()};
+    constexpr std::size_t max_len = 0xFFFFFFFFu;
+    return {addr() + offset, static_cast<std::uint32_t>(len < max_len ? len : max_len), lkey()};
   }
   // What a peer needs: {addr, length, rkey}.
   remote_region remote() const noexcept { return {addr(), size(), rkey()}; }

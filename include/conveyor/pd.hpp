@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <type_traits>
 
 #include "conveyor/error.hpp"
 #include "conveyor/mr.hpp"
@@ -38,12 +39,19 @@ class protection_domain {
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
   // Registers any user buffer (it must outlive the registration). Errors:
-  // invalid_argument (empty span, no rights, remote_write/atomic without
-  // local_write), resource_exhausted (key table full).
+  // invalid_argument (empty span, remote_write/atomic without local_write),
+  // resource_exhausted (key table full). Rights `none` make a region that is
+  // only a local source (SEND/WRITE data), as in verbs.
   result<memory_region> register_memory(std::span<std::byte> buf, access rights);
-  template <class T>
-  result<memory_region> register_memory(std::span<T> buf, access rights) {
-    return register_memory(std::as_writable_bytes(buf), rights);
+  // Any span, of any extent. A span of const elements is read-only memory: it
+  // takes only rights that never write it (none, remote_read); local_write,
+  // remote_write and remote_atomic are invalid_argument.
+  template <class T, std::size_t N>
+  result<memory_region> register_memory(std::span<T, N> buf, access rights) {
+    if constexpr (std::is_const_v<T>)
+      return register_read_only(std::as_bytes(buf), rights);
+    else
+      return register_memory(std::span<std::byte>(std::as_writable_bytes(buf)), rights);
   }
 
   // Allocates `len` bytes of zeroed, page-aligned memory owned by the returned
@@ -60,6 +68,7 @@ class protection_domain {
 
 
  private:
+  result<memory_region> register_read_only(std::span<const std::byte> buf, access rights);
   friend struct detail::handle_access;  // the library reaches the implementation
   std::shared_ptr<detail::pd_impl> impl_;
 };

@@ -171,6 +171,18 @@ result<memory_region> protection_domain::register_memory(std::span<std::byte> bu
   if (!r) return std::unexpected(r.error());
   return memory_region(std::move(*r));
 }
+result<memory_region> protection_domain::register_read_only(std::span<const std::byte> buf,
+                                                           access rights) {
+  if (has(rights, access::local_write) || has(rights, access::remote_write) ||
+      has(rights, access::remote_atomic))
+    return make_error(errc::invalid_argument,
+                      "register_memory: read-only (const) memory takes no write rights "
+                      "(local_write, remote_write, remote_atomic); remote_read and none are allowed");
+  // Nothing writes a region without one of those rights: every engine and NIC
+  // checks them on each access.
+  return register_memory(std::span<std::byte>(const_cast<std::byte*>(buf.data()), buf.size()),
+                         rights);
+}
 result<memory_region> protection_domain::allocate_memory(std::size_t len, access rights) {
   if (!impl_) return make_error(errc::invalid_state, "allocate_memory: empty protection_domain");
   auto r = impl_->allocate_memory(len, rights);
