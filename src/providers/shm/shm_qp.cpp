@@ -80,6 +80,7 @@ void shm_qp::flush_locked(wc_status first) noexcept {
   }
   tx_off_ = 0;
   tx_imm_pending_ = false;
+  ord_used_ = 0;
   flush_rq();
 }
 
@@ -131,6 +132,7 @@ void shm_qp::disconnect() noexcept {
 void shm_qp::reset_locked() noexcept {
   tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
   reset_rx();
+  irq_ends_.clear();
   rsp_bad_ = false;
   peer_gone_ = false;
 }

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -151,6 +152,7 @@ class shm_qp final : public swnic::sw_qp {
   std::uint64_t tx_off_ = 0;                               // bytes of sq_next_ already in the ring
   bool tx_imm_pending_ = false;  // WRITE_WITH_IMM: data written, immediate not yet
   std::uint64_t tx_head_ = 0;    // our request ring's head (we produce it)
+  std::uint32_t ord_used_ = 0;   // READs/atomics transmitted and not retired (<= attr_.ord)
   std::uint64_t seen_tail_ = 0;  // the peer's consumer tail last retired against
 
   // direct mapping of the peer's allocated regions (tx_mu_)
@@ -181,6 +183,10 @@ class shm_qp final : public swnic::sw_qp {
   std::uint32_t rx_send_imm_ = 0;
   rwqe rx_recv_{};
   sge rx_recv_sge_[16]{};
+  // IRD: where each staged READ/atomic response we produced ends in our
+  // response ring, until the peer's consumer tail passes it; at most attr_.ird.
+  std::deque<std::uint64_t> irq_ends_;
+  bool irq_full() noexcept;  // prunes what the peer consumed; true at attr_.ird
   bool rsp_bad_ = false;            // the peer moved our response ring's tail past what we produced
   std::atomic<bool> dirty_{false};  // we changed shared state: the peer may need a doorbell
   wc_status pending_local_ = wc_status::success;

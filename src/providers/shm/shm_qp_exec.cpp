@@ -299,6 +299,13 @@ shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noex
     return exec::done;
   }
   // Staged: stream the bytes through our response ring, as much as fits now.
+  // IRD bounds the responses the peer leaves unconsumed (checked once, before
+  // the first slot: a READ resumed after a full ring was already admitted).
+  if (rx_read_off_ == 0 && irq_full()) {
+    g.release();
+    fail_request(wc_status::rem_op_err, wc_status::success);  // the peer ignored our IRD
+    return exec::failed;
+  }
   const int ring = ring_resp(seg_.side);
   do {
     if (!resp_space(1)) {
@@ -320,13 +327,26 @@ shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noex
     ++rsp_head_;
     rx_read_off_ += chunk;
   } while (rx_read_off_ < m.total);
+  irq_ends_.push_back(rsp_head_);
   c_tx_bytes_.fetch_add(m.total, std::memory_order_relaxed);
   c_reads_.fetch_add(1, std::memory_order_relaxed);
   return exec::done;
 }
 
+bool shm_qp::irq_full() noexcept {
+  // The tail is the peer's word: a lie only lets it hold more responses than
+  // IRD up to the ring's capacity, which bounds them anyway.
+  const std::uint64_t t = resp_out().tail.load(std::memory_order_seq_cst);
+  while (!irq_ends_.empty() && irq_ends_.front() <= t) irq_ends_.pop_front();
+  return irq_ends_.size() >= attr_.ird;
+}
+
 shm_qp::exec shm_qp::rx_atomic(const msg_header& m) noexcept {
   if (!resp_space(1)) return exec::blocked;
+  if (irq_full()) {
+    fail_request(wc_status::rem_op_err, wc_status::success);  // the peer ignored our IRD
+    return exec::failed;
+  }
   detail::key_table::guard g;
   std::byte* p = nullptr;
   const key_check kc =
@@ -347,6 +367,7 @@ shm_qp::exec shm_qp::rx_atomic(const msg_header& m) noexcept {
   r.cmp = orig;
   std::memcpy(seg_.slot(ring_resp(seg_.side), rsp_head_), &r, sizeof r);
   ++rsp_head_;
+  irq_ends_.push_back(rsp_head_);
   c_atomics_.fetch_add(1, std::memory_order_relaxed);
   return exec::done;
 }

@@ -193,8 +193,14 @@ bool shm_qp::tx_progress_locked() noexcept {
       if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
       break;
     }
-    if (tx_off_ == 0 && !tx_imm_pending_) w.pos_begin = ~std::uint64_t(0);
+    const bool needs_ord = w.op == wr_opcode::rdma_read || is_atomic_op(w.op);
+    if (tx_off_ == 0 && !tx_imm_pending_) {
+      // ORD: the READs/atomics outstanding at the peer at once, as negotiated.
+      if (needs_ord && ord_used_ >= attr_.ord) break;
+      w.pos_begin = ~std::uint64_t(0);
+    }
     if (!transmit_locked(w, idx)) break;
+    if (needs_ord) ++ord_used_;
     tx_off_ = 0;
     ++sq_next_;
   }
@@ -217,6 +223,7 @@ bool shm_qp::retire_locked() noexcept {
       if (w.needs_resp && !w.resp_done) break;
       w.done = true;
     }
+    if ((w.op == wr_opcode::rdma_read || is_atomic_op(w.op)) && ord_used_ > 0) --ord_used_;
     push_send_wc(w);
     ++sq_head_;
     any = true;

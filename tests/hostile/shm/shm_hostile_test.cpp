@@ -513,6 +513,43 @@ TEST(shm_hostile, read_resumed_after_a_full_response_ring_uses_the_validated_req
   EXPECT_EQ(t.finish(), "exit 0");
 }
 
+// IRD on shm: a peer that keeps more READs waiting for their responses than the
+// IRD the handshake agreed (16 here) has the first one past it refused
+// (rem_op_err at its position, as soft answers with a Terminate) instead of
+// holding the target to whatever the ring can carry.
+TEST(shm_hostile, reads_beyond_the_negotiated_ird_are_refused) {
+  target_child t(2);
+  const auto r = parse_ready(t.line());
+  ASSERT_TRUE(r) << "target setup";
+  {
+    raw_peer p;
+    ASSERT_TRUE(p.connect(t.address(), true));
+    ASSERT_EQ(t.line().value_or(""), "connected");
+    constexpr std::uint64_t ird = 16, n = 20;
+    for (std::uint64_t k = 0; k < n; ++k) {
+      shm::msg_header m{};
+      m.op = shm::msg_op::read;
+      m.flags = shm::msg_flag::first | shm::msg_flag::last;
+      m.rkey = r->rkey;
+      m.raddr = r->addr + 64 * k;
+      m.total = 64;
+      m.id = k;
+      p.put(k, m);
+    }
+    p.req().head.store(n);  // and never consume a response
+    ASSERT_TRUE(p.wait_for([&] { return p.req().err_status.load() != 0; }))
+        << "the target answered " << p.resp().head.load() << " READs past its IRD";
+    EXPECT_EQ(p.req().err_status.load(), static_cast<std::uint32_t>(wc_status::rem_op_err) + 1);
+    EXPECT_EQ(p.req().err_pos.load(), ird) << "the first READ past the IRD is the one refused";
+    EXPECT_EQ(p.resp().head.load(), ird) << "responses produced";
+  }
+  const auto lines = t.until("canary");
+  ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
+  EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
+  expect_legit_served(t, *r, 1);
+  EXPECT_EQ(t.finish(), "exit 0");
+}
+
 // Finding 6: a two-slot SEND whose last slot claims a 4 GiB total. Before the
 // fix the receive completed with byte_len 4294967295 for a 4 KiB buffer; now
 // the SEND is refused (rem_inv_req_err at the lying slot) and the QP fails.
