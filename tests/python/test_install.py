@@ -33,6 +33,9 @@ def test_installed_package_works():
         for f in ("__init__.py", "__init__.pyi", "_async.py", "_errors.py", "py.typed"):
             assert f in files, files
         assert any(f.startswith("_conveyor.") and f.endswith(".so") for f in files), files
+        if os.path.isdir(os.path.join(BUILD, "python", "conveyor_gloo")):  # built with torch
+            gloo = sorted(os.listdir(os.path.join(site, "conveyor_gloo")))
+            assert "__init__.py" in gloo and "__main__.py" in gloo, gloo
         code = ("import conveyor, threading\n"
                 "assert conveyor.__file__.startswith(%r), conveyor.__file__\n"
                 "print(conveyor.devices())\n"

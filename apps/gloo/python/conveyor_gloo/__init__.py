@@ -23,7 +23,7 @@ def _find():
     if explicit:
         return explicit
     # next to the module, the build tree (build/python -> build/lib), an install
-    # (<prefix>/lib/python3/dist-packages/conveyor_gloo -> <prefix>/lib)
+    # (<prefix>/lib/python3.X/dist-packages/conveyor_gloo -> <prefix>/lib)
     for d in (_HERE, os.path.join(_HERE, "..", "..", "lib"), os.path.join(_HERE, "..", "..", "..")):
         p = os.path.join(d, _NAME)
         if os.path.exists(p):
