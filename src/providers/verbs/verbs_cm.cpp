@@ -73,6 +73,18 @@ result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32
   if (pd_->dev().gid_override() >= 0)
     a.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(pd_->dev().gid_override());
   a.max_dest_rd_atomic = static_cast<std::uint8_t>(ird);
+  // The user's transport parameters (verbs_transport_params) over the CM's.
+  const rc_attrs want = apply_transport_params(
+      rc_attrs{.min_rnr_timer = a.min_rnr_timer, .path_mtu_bytes = mtu_bytes(a.path_mtu)},
+      transport_);
+  if (transport_.min_rnr_timer) {
+    a.min_rnr_timer = want.min_rnr_timer;
+    mask |= IBV_QP_MIN_RNR_TIMER;
+  }
+  if (transport_.path_mtu != 0) {
+    a.path_mtu = mtu_from_bytes(want.path_mtu_bytes);
+    mask |= IBV_QP_PATH_MTU;
+  }
   if (int rc = ibv_modify_qp(qp_, &a, mask); rc != 0)
     return make_error(errc::io_error,
                       "connect " + where() + ": modify to RTR (mtu " + mtu_name(a.path_mtu) +
@@ -82,15 +94,24 @@ result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32
   cattr_.mss = mtu_bytes(a.path_mtu);
   log(detail::log_level::info, where() + ": RTR path mtu " + mtu_name(a.path_mtu) +
                                    ", sgid index " + std::to_string(a.ah_attr.grh.sgid_index) +
-                                   ", dest QP " + std::to_string(a.dest_qp_num));
+                                   ", dest QP " + std::to_string(a.dest_qp_num) +
+                                   ", min_rnr_timer " + std::to_string(a.min_rnr_timer));
   a = ibv_qp_attr{};
   a.qp_state = IBV_QPS_RTS;
   if (rdma_init_qp_attr(id, &a, &mask) != 0)
     return make_error(errc::io_error,
                       "connect " + where() + ": rdma_init_qp_attr(RTS): " + err_text(errno), errno);
   a.max_rd_atomic = static_cast<std::uint8_t>(ord);
+  const rc_attrs rts = apply_transport_params(rc_attrs{.timeout = a.timeout}, transport_);
+  a.retry_cnt = rts.retry_cnt;
+  a.rnr_retry = rts.rnr_retry;
+  a.timeout = rts.timeout;
+  mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
   if (int rc = ibv_modify_qp(qp_, &a, mask); rc != 0)
-    return make_error(errc::io_error, "connect " + where() + ": modify to RTS: " + err_text(rc),
+    return make_error(errc::io_error,
+                      "connect " + where() + ": modify to RTS (timeout " +
+                          std::to_string(a.timeout) + ", retry_cnt " + std::to_string(a.retry_cnt) +
+                          ", rnr_retry " + std::to_string(a.rnr_retry) + "): " + err_text(rc),
                       rc);
   return {};
 }
@@ -104,13 +125,27 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
   cattr_.ord = ord;
   ibv_qp_attr qa{};
   ibv_qp_init_attr qi{};
-  if (ibv_query_qp(qp_, &qa, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PATH_MTU,
+  const bool timed = !pd_->dev().iwarp();  // IB/RoCE: the QP's own timeout and retries
+  if (ibv_query_qp(qp_, &qa,
+                   IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PATH_MTU |
+                       IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY,
                    &qi) == 0) {
     // What the device set after negotiation (iWARP: MPA v2 IRD/ORD in the kernel).
     if (qa.max_rd_atomic > 0) cattr_.ord = qa.max_rd_atomic;
     if (qa.max_dest_rd_atomic > 0) cattr_.ird = qa.max_dest_rd_atomic;
-    if (!pd_->dev().iwarp()) cattr_.mss = mtu_bytes(qa.path_mtu);
+    if (timed) cattr_.mss = mtu_bytes(qa.path_mtu);
+  } else {
+    qa.timeout = transport_.timeout.value_or(0);
+    qa.retry_cnt = transport_.retry_count;
   }
+  port_down_grace_ =
+      verbs::port_down_grace(pd_->dev().options().port_down_grace, timed, qa.timeout, qa.retry_cnt);
+  if (timed)
+    log(detail::log_level::info, where() + ": RTS timeout " + std::to_string(qa.timeout) +
+                                     ", retry_cnt " + std::to_string(qa.retry_cnt) +
+                                     ", rnr_retry " + std::to_string(qa.rnr_retry) +
+                                     "; a port down for longer than " +
+                                     std::to_string(port_down_grace_.count()) + " ms fails it");
   if (cattr_.mss == 0) {  // iWARP: the port's MTU (the kernel's TCP segment size is not exposed)
     ibv_port_attr pa{};
     if (ibv_query_port(pd_->dev().ctx(), pd_->dev().port(), &pa) == 0)
@@ -144,18 +179,10 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
   socklen_t len = 0;
   auto dst = parse_address(address, len);
   if (!dst) return std::unexpected(dst.error());
-  rdma_event_channel* ch = rdma_create_event_channel();
-  if (ch == nullptr)
-    return make_error(
-        errc::io_error,
-        w + ": rdma_create_event_channel: " + err_text(errno) + " (is rdma_ucm loaded?)", errno);
-  set_nonblock(ch->fd);
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
-    int e = errno;
-    rdma_destroy_event_channel(ch);
-    return make_error(errc::io_error, w + ": rdma_create_id: " + err_text(e), e);
-  }
+  auto ep = create_cm_id(w);
+  if (!ep) return std::unexpected(ep.error());
+  rdma_event_channel* ch = ep->ch;
+  rdma_cm_id* id = ep->id;
   bool handed_off = false;
   auto fail = [&](errc code, std::string what, int e = 0) -> std::unexpected<error> {
     if (!handed_off) destroy_id_detached(id, ch);
@@ -204,8 +231,8 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
         cp.private_data_len = static_cast<std::uint8_t>(wrapped.size());
         cp.responder_resources = static_cast<std::uint8_t>(ird);
         cp.initiator_depth = static_cast<std::uint8_t>(ord);
-        cp.retry_count = 7;
-        cp.rnr_retry_count = 6;
+        cp.retry_count = transport_.retry_count;
+        cp.rnr_retry_count = transport_.rnr_retry;
         cp.qp_num = qp_->qp_num;
         if (!dev.iwarp()) {
           ibv_qp_attr a{};
@@ -316,8 +343,8 @@ result<connection_info> verbs_qp::accept_on(rdma_cm_id* id, rdma_event_channel* 
   cp.private_data_len = static_cast<std::uint8_t>(wrapped.size());
   cp.responder_resources = static_cast<std::uint8_t>(ird);
   cp.initiator_depth = static_cast<std::uint8_t>(ord);
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 6;
+  cp.retry_count = transport_.retry_count;
+  cp.rnr_retry_count = transport_.rnr_retry;
   cp.qp_num = qp_->qp_num;
   if (rdma_accept(id, &cp) != 0)
     return fail(errc::io_error, "rdma_accept: " + err_text(errno), errno);
@@ -410,17 +437,7 @@ class verbs_listener final : public detail::listener_impl {
   }
   ~verbs_listener() override {
     // Refuse what is queued, then release the port before returning.
-    rdma_cm_event* ev = nullptr;
-    while (rdma_get_cm_event(ch_, &ev) == 0) {
-      if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-        rdma_cm_id* child = ev->id;
-        rdma_reject(child, nullptr, 0);
-        rdma_ack_cm_event(ev);
-        rdma_destroy_id(child);
-      } else {
-        rdma_ack_cm_event(ev);
-      }
-    }
+    drain_events(ch_);
     rdma_destroy_id(id_);
     rdma_destroy_event_channel(ch_);
   }
@@ -478,18 +495,10 @@ result<std::unique_ptr<detail::listener_impl>> verbs_device::bind_listener(std::
   socklen_t len = 0;
   auto sa = parse_address(address, len);
   if (!sa) return std::unexpected(sa.error());
-  rdma_event_channel* ch = rdma_create_event_channel();
-  if (ch == nullptr)
-    return make_error(
-        errc::io_error,
-        w + ": rdma_create_event_channel: " + err_text(errno) + " (is rdma_ucm loaded?)", errno);
-  set_nonblock(ch->fd);
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
-    int e = errno;
-    rdma_destroy_event_channel(ch);
-    return make_error(errc::io_error, w + ": rdma_create_id: " + err_text(e), e);
-  }
+  auto ep = create_cm_id(w);
+  if (!ep) return std::unexpected(ep.error());
+  rdma_event_channel* ch = ep->ch;
+  rdma_cm_id* id = ep->id;
   auto fail = [&](errc code, std::string what, int e) -> std::unexpected<error> {
     rdma_destroy_id(id);
     rdma_destroy_event_channel(ch);

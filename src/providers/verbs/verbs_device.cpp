@@ -141,20 +141,99 @@ void verbs_device::cq_failed(const void* cq) noexcept {
   }
 }
 
-std::vector<device_event> verbs_device::fail_qps(std::uint8_t port,
-                                                 std::string_view cause) noexcept {
+std::vector<device_event> verbs_device::fail_selected(
+    const std::function<std::optional<std::string>(const verbs_qp&)>& pick) noexcept {
   std::vector<device_event> out;
   try {
     std::lock_guard lk(qps_mu_);  // a QP leaves the table before it is destroyed
     for (auto& [n, q] : qps_) {
-      if (port != 0 && (!q->connected() || q->port() != port)) continue;
+      const auto cause = pick(*q);
+      if (!cause) continue;
       const bool already = q->state() == qp_state::error;
       if (!already) q->fail();
+      if (!q->claim_error_report()) continue;
       out.push_back(
           qp_failed_event(q->connected() ? q->where() : where() + " QP " + std::to_string(n),
-                          q->port(), n, cause, already));
+                          q->port(), n, *cause, already));
     }
   } catch (...) {  // (allocation failure) the QPs failed so far stay failed
+  }
+  return out;
+}
+
+std::vector<device_event> verbs_device::fail_qps(std::uint8_t port,
+                                                 std::string_view cause) noexcept {
+  try {
+    const std::string c(cause);
+    return fail_selected([&](const verbs_qp& q) -> std::optional<std::string> {
+      if (port != 0 && (!q.connected() || q.port() != port)) return std::nullopt;
+      return c;
+    });
+  } catch (...) {
+    return {};
+  }
+}
+
+std::vector<device_event> verbs_device::port_went_down(
+    std::uint8_t port, clock_type::time_point now, std::size_t& pending,
+    std::chrono::milliseconds& soonest) noexcept {
+  ports_down_.down(port, now);
+  pending = 0;
+  soonest = max_port_down_grace;
+  {
+    std::lock_guard lk(qps_mu_);
+    for (auto& [n, q] : qps_) {
+      if (!q->connected() || q->port() != port || q->port_down_grace().count() == 0) continue;
+      ++pending;
+      soonest = std::min(soonest, q->port_down_grace());
+    }
+  }
+  return expire_port_down(now);
+}
+
+std::vector<device_event> verbs_device::expire_port_down(clock_type::time_point now) noexcept {
+  next_expiry_.reset();
+  if (!ports_down_.any_down()) return {};
+  try {
+    return fail_selected([&](const verbs_qp& q) -> std::optional<std::string> {
+      if (!q.connected()) return std::nullopt;
+      const auto since = ports_down_.down_since(q.port());
+      if (!since) return std::nullopt;
+      if (!ports_down_.expired(q.port(), q.port_down_grace(), now)) {
+        const auto at = *since + q.port_down_grace();
+        if (!next_expiry_ || at < *next_expiry_) next_expiry_ = at;
+        return std::nullopt;
+      }
+      const auto g = q.port_down_grace().count();
+      if (g == 0) return "port " + std::to_string(q.port()) + " went down";
+      return "port " + std::to_string(q.port()) + " stayed down longer than its grace period (" +
+             std::to_string(g) + " ms)";
+    });
+  } catch (...) {
+    return {};
+  }
+}
+
+std::vector<device_event> verbs_device::port_came_back(std::uint8_t port,
+                                                       std::chrono::milliseconds down_for,
+                                                       std::size_t& kept) noexcept {
+  kept = 0;
+  std::vector<device_event> out;
+  try {
+    std::lock_guard lk(qps_mu_);
+    for (auto& [n, q] : qps_) {
+      if (!q->connected() || q->port() != port) continue;
+      if (q->state() != qp_state::error) {
+        ++kept;
+        continue;
+      }
+      if (!q->claim_error_report()) continue;
+      out.push_back(qp_failed_event(q->where(), port, n,
+                                    "port " + std::to_string(port) + " was down for " +
+                                        std::to_string(down_for.count()) + " ms",
+                                    true));
+    }
+  } catch (...) {
   }
   return out;
 }
@@ -167,8 +246,20 @@ void verbs_device::async_loop() {
           "device " + ibdev_ + ": the on_event callback threw; the event is dropped");
   };
   while (!stop_) {
+    // QPs on a down port fail once their grace period has passed; the wait
+    // below ends at the next such deadline.
+    if (auto expired = expire_port_down(clock_type::now()); !expired.empty()) {
+      for (const auto& x : expired) log(detail::log_level::warn, x.description);
+      for (const auto& x : expired) deliver(x);
+    }
+    int wait_ms = 100;
+    if (next_expiry_) {
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(*next_expiry_ - clock_type::now()).count();
+      wait_ms = static_cast<int>(std::clamp<long long>(left, 1, 100));
+    }
     pollfd p{ctx_->async_fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) {
+    if (::poll(&p, 1, wait_ms) <= 0) {
       // A removed device whose driver cannot disassociate (rxe, siw) reports
       // nothing on this fd; its uverbs node vanishing is the sign.
       if (!fatal_ && !dev_path_.empty() && ::access(dev_path_.c_str(), F_OK) != 0 &&
@@ -222,6 +313,9 @@ void verbs_device::async_loop() {
       }
       auto t = translate_async_event(f);
       std::vector<device_event> failed;
+      std::size_t pending = 0, kept = 0;  // QPs a port_down/port_active leaves connected
+      std::chrono::milliseconds soonest{0};
+      std::optional<std::chrono::milliseconds> back_after;
       switch (t.effect) {
         case async_effect::fail_qp:
           if (q != nullptr) q->mark_error();
@@ -234,19 +328,34 @@ void verbs_device::async_loop() {
           break;
         case async_effect::port_down:
           if (options().fail_qps_on_port_down)
-            failed = fail_qps(f.event_port, "port " + std::to_string(f.event_port) + " went down");
+            failed = port_went_down(f.event_port, clock_type::now(), pending, soonest);
           break;
         case async_effect::device_fatal:
           fatal_ = true;  // (the removal check then stays quiet)
           failed = fail_qps(0, "the device failed");
           break;
         case async_effect::none:
+          if (ev.event_type == IBV_EVENT_PORT_ACTIVE) {
+            if (const auto d = ports_down_.up(f.event_port, clock_type::now())) {
+              failed = port_came_back(f.event_port, *d, kept);
+              back_after = d;
+            }
+          }
           break;
       }
       ibv_ack_async_event(&ev);
       if (!failed.empty())
         t.event.description += " (" + std::to_string(failed.size()) + " QP" +
                                (failed.size() == 1 ? "" : "s") + " on it: qp_error events follow)";
+      if (pending > 0)
+        t.event.description += " (" + std::to_string(pending) + " connected QP" +
+                               (pending == 1 ? "" : "s") +
+                               " on it: failed if it stays down longer than " +
+                               std::to_string(soonest.count()) + " ms)";
+      if (back_after)
+        t.event.description += " (down for " + std::to_string(back_after->count()) + " ms; " +
+                               std::to_string(kept) + " connected QP" + (kept == 1 ? "" : "s") +
+                               " on it kept)";
       log(t.level, t.event.description);
       for (const auto& e : failed) log(detail::log_level::warn, e.description);
       // The port's (or device's) event first, then one per QP it failed.

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "core/impl.hpp"
+#include "providers/verbs/verbs_transport.hpp"
 #include "providers/verbs/verbs_util.hpp"
 
 #include <infiniband/verbs.h>
@@ -28,8 +29,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +79,8 @@ class verbs_device final : public detail::device_impl {
   // (0: every QP, connected or not) and not in ERROR yet; returns one qp_error
   // event per such QP, those already in ERROR included, for the caller to
   // deliver outside the lock.
+  // A QP already reported (one qp_error event per QP, ever) is failed but not
+  // reported again.
   std::vector<device_event> fail_qps(std::uint8_t port, std::string_view cause) noexcept;
   std::string where() const { return "device " + ibdev_ + " port " + std::to_string(port_); }
 
@@ -87,6 +92,21 @@ class verbs_device final : public detail::device_impl {
 
  private:
   void async_loop();
+  // The port-down grace period (device_options::port_down_grace): the port's
+  // down time starts; QPs whose grace is 0 fail at once (their events are
+  // returned); `pending`/`soonest` say how many wait and the smallest grace.
+  std::vector<device_event> port_went_down(std::uint8_t port, clock_type::time_point now,
+                                           std::size_t& pending,
+                                           std::chrono::milliseconds& soonest) noexcept;
+  // Fails the QPs on down ports whose grace period has passed.
+  std::vector<device_event> expire_port_down(clock_type::time_point now) noexcept;
+  // The port is back: QPs on it that the device failed meanwhile get their
+  // qp_error event (the others keep their connection; `kept` counts them).
+  std::vector<device_event> port_came_back(std::uint8_t port, std::chrono::milliseconds down_for,
+                                           std::size_t& kept) noexcept;
+  // fail_qps for the QPs `pick` selects, each with its own cause.
+  std::vector<device_event> fail_selected(
+      const std::function<std::optional<std::string>(const verbs_qp&)>& pick) noexcept;
 
   ibv_context* ctx_;
   ibv_device_attr dattr_{};
@@ -100,6 +120,8 @@ class verbs_device final : public detail::device_impl {
   std::thread async_thread_;
   std::mutex qps_mu_;
   std::unordered_map<std::uint32_t, verbs_qp*> qps_;
+  port_down_clock ports_down_;                         // (async thread only)
+  std::optional<clock_type::time_point> next_expiry_;  // the next QP's grace ends (async thread)
 };
 
 // ---------------------------------------------------------------------- pd ----
@@ -213,6 +235,10 @@ class verbs_qp final : public detail::qp_impl {
     state_ = qp_state::error;
     move_to_error(qp_);
   }
+  // How long its port may stay down before it is failed (set once connected).
+  std::chrono::milliseconds port_down_grace() const noexcept { return port_down_grace_; }
+  // True the first time only: the QP's one qp_error event is being delivered.
+  bool claim_error_report() noexcept { return !error_reported_.exchange(true); }
 
  private:
   status map_post_error(int rc) noexcept;
@@ -225,11 +251,14 @@ class verbs_qp final : public detail::qp_impl {
   ibv_qp* qp_;
   qp_caps caps_;
   std::uint32_t want_ord_ = 16, want_ird_ = 16;
+  verbs_transport_params transport_;
+  std::chrono::milliseconds port_down_grace_{0};  // written before connected_ is set
   mutable std::atomic<qp_state> state_{qp_state::init};
   std::shared_ptr<conn_state> conn_;
   qp_connection_attr cattr_;
   std::string peer_;
   std::atomic<bool> connected_{false};
+  std::atomic<bool> error_reported_{false};
   std::uint8_t conn_port_ = 0;  // written before connected_ is set
 };
 

@@ -17,6 +17,7 @@ verbs_qp::verbs_qp(std::shared_ptr<verbs_pd> pd, std::shared_ptr<detail::cq_impl
   caps_ = a.cap;
   want_ord_ = a.max_rd_atomic;
   want_ird_ = a.max_dest_rd_atomic;
+  transport_ = a.verbs_transport;
   qp_->qp_context = this;
   pd_->dev().add_qp(qp_->qp_num, this);
 }
@@ -300,6 +301,8 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   auto* scq = dynamic_cast<verbs_cq*>(attr.send_cq->impl());
   auto* rcq = dynamic_cast<verbs_cq*>(attr.recv_cq->impl());
   if (!scq || !rcq) return make_error(errc::invalid_argument, w + ": CQ of another provider");
+  if (auto why = check_transport_params(attr.verbs_transport); !why.empty())
+    return make_error(errc::invalid_argument, w + ": verbs_transport: " + why);
   const auto& c = attr.cap;
   const auto& da = dev_->dattr();
   if (c.max_send_wr == 0 || c.max_send_wr > static_cast<std::uint32_t>(da.max_qp_wr) ||

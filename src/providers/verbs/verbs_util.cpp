@@ -38,6 +38,14 @@ const char* mtu_name(ibv_mtu m) {
   return "?";
 }
 
+ibv_mtu mtu_from_bytes(std::uint32_t bytes) {
+  if (bytes >= 4096) return IBV_MTU_4096;
+  if (bytes >= 2048) return IBV_MTU_2048;
+  if (bytes >= 1024) return IBV_MTU_1024;
+  if (bytes >= 512) return IBV_MTU_512;
+  return IBV_MTU_256;
+}
+
 result<sockaddr_storage> parse_address(std::string_view address, socklen_t& len) {
   sockaddr_storage ss{};
   auto colon = address.rfind(':');
@@ -108,22 +116,40 @@ rdma_cm_event* next_event(rdma_event_channel* ch, clock_type::time_point deadlin
   }
 }
 
+void drain_events(rdma_event_channel* ch) {
+  rdma_cm_event* ev = nullptr;
+  while (rdma_get_cm_event(ch, &ev) == 0) {
+    if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      rdma_cm_id* child = ev->id;
+      rdma_reject(child, nullptr, 0);
+      rdma_ack_cm_event(ev);
+      rdma_destroy_id(child);
+    } else {
+      rdma_ack_cm_event(ev);
+    }
+  }
+}
+
+result<cm_endpoint> create_cm_id(const std::string& what) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  if (ch == nullptr)
+    return make_error(
+        errc::io_error,
+        what + ": rdma_create_event_channel: " + err_text(errno) + " (is rdma_ucm loaded?)", errno);
+  set_nonblock(ch->fd);
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
+    int e = errno;
+    rdma_destroy_event_channel(ch);
+    return make_error(errc::io_error, what + ": rdma_create_id: " + err_text(e), e);
+  }
+  return cm_endpoint{ch, id};
+}
+
 void destroy_id_detached(rdma_cm_id* id, rdma_event_channel* ch) {
   std::thread([id, ch] {
-    if (ch != nullptr) {
-      // Drain events already queued so rdma_destroy_id does not wait for their ack.
-      rdma_cm_event* ev = nullptr;
-      while (rdma_get_cm_event(ch, &ev) == 0) {
-        if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-          rdma_cm_id* child = ev->id;
-          rdma_reject(child, nullptr, 0);
-          rdma_ack_cm_event(ev);
-          rdma_destroy_id(child);
-        } else {
-          rdma_ack_cm_event(ev);
-        }
-      }
-    }
+    // Drain events already queued so rdma_destroy_id does not wait for their ack.
+    if (ch != nullptr) drain_events(ch);
     if (id != nullptr) rdma_destroy_id(id);
     if (ch != nullptr) rdma_destroy_event_channel(ch);
   }).detach();

@@ -39,6 +39,8 @@ std::vector<std::byte> wrap_private(bool iwarp, std::span<const std::byte> d);
 std::vector<std::byte> unwrap_private(bool iwarp, const void* p, std::size_t len);
 
 const char* mtu_name(ibv_mtu m);
+// 256..4096 (a power of two; anything else rounds down, below 256 is 256).
+ibv_mtu mtu_from_bytes(std::uint32_t bytes);
 inline std::uint32_t mtu_bytes(ibv_mtu m) {
   return 128u << static_cast<int>(m);
 }
@@ -54,6 +56,14 @@ bool set_nonblock(int fd);
 // Waits for the next event on a channel (non-blocking fd), bounded.
 // Returns nullptr with errno = ETIMEDOUT on timeout.
 rdma_cm_event* next_event(rdma_event_channel* ch, clock_type::time_point deadline);
+// Acks every event queued on `ch`, rejecting (and destroying) connection requests.
+void drain_events(rdma_event_channel* ch);
+// A non-blocking event channel and a TCP-port-space cm_id on it; errors start with `what`.
+struct cm_endpoint {
+  rdma_event_channel* ch = nullptr;
+  rdma_cm_id* id = nullptr;
+};
+result<cm_endpoint> create_cm_id(const std::string& what);
 // Destroys a cm_id and its channel on a detached thread: acks whatever still
 // arrives, never blocks the caller.
 void destroy_id_detached(rdma_cm_id* id, rdma_event_channel* ch);
