@@ -59,6 +59,19 @@ void watch(std::shared_ptr<conn_state> c) {
 
 }  // namespace
 
+rdma_conn_param verbs_qp::conn_param(const std::vector<std::byte>& wrapped, std::uint32_t ird,
+                                     std::uint32_t ord) const noexcept {
+  rdma_conn_param cp{};
+  cp.private_data = wrapped.data();
+  cp.private_data_len = static_cast<std::uint8_t>(wrapped.size());
+  cp.responder_resources = static_cast<std::uint8_t>(ird);
+  cp.initiator_depth = static_cast<std::uint8_t>(ord);
+  cp.retry_count = transport_.retry_count;
+  cp.rnr_retry_count = transport_.rnr_retry;
+  cp.qp_num = qp_->qp_num;
+  return cp;
+}
+
 result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32_t ord) {
   ibv_qp_attr a{};
   int mask = 0;
@@ -225,15 +238,8 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
         break;
       }
       case RDMA_CM_EVENT_ROUTE_RESOLVED: {
-        auto wrapped = wrap_private(dev.iwarp(), opts.private_data);
-        rdma_conn_param cp{};
-        cp.private_data = wrapped.data();
-        cp.private_data_len = static_cast<std::uint8_t>(wrapped.size());
-        cp.responder_resources = static_cast<std::uint8_t>(ird);
-        cp.initiator_depth = static_cast<std::uint8_t>(ord);
-        cp.retry_count = transport_.retry_count;
-        cp.rnr_retry_count = transport_.rnr_retry;
-        cp.qp_num = qp_->qp_num;
+        const auto wrapped = wrap_private(dev.iwarp(), opts.private_data);
+        rdma_conn_param cp = conn_param(wrapped, ird, ord);
         if (!dev.iwarp()) {
           ibv_qp_attr a{};
           int mask = 0;
@@ -337,15 +343,8 @@ result<connection_info> verbs_qp::accept_on(rdma_cm_id* id, rdma_event_channel* 
       return fail(r.error().code, r.error().context, r.error().sys_errno);
     }
   }
-  auto wrapped = wrap_private(dev.iwarp(), pdata);
-  rdma_conn_param cp{};
-  cp.private_data = wrapped.data();
-  cp.private_data_len = static_cast<std::uint8_t>(wrapped.size());
-  cp.responder_resources = static_cast<std::uint8_t>(ird);
-  cp.initiator_depth = static_cast<std::uint8_t>(ord);
-  cp.retry_count = transport_.retry_count;
-  cp.rnr_retry_count = transport_.rnr_retry;
-  cp.qp_num = qp_->qp_num;
+  const auto wrapped = wrap_private(dev.iwarp(), pdata);
+  rdma_conn_param cp = conn_param(wrapped, ird, ord);
   if (rdma_accept(id, &cp) != 0)
     return fail(errc::io_error, "rdma_accept: " + err_text(errno), errno);
   const auto deadline = clock_type::now() + timeout;

@@ -243,6 +243,9 @@ class verbs_qp final : public detail::qp_impl {
  private:
   status map_post_error(int rc) noexcept;
   // verbs_cm.cpp
+  // What connect and accept hand rdma_cm: `wrapped` (wrap_private) must outlive it.
+  rdma_conn_param conn_param(const std::vector<std::byte>& wrapped, std::uint32_t ird,
+                             std::uint32_t ord) const noexcept;
   result<void> ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32_t ord);
   void finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird, std::uint32_t ord);
 
