@@ -13,9 +13,11 @@
 // may be used from different threads as their own headers state.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,8 +86,9 @@ struct device_options {
   // next event waits. It must not destroy the device or its objects. Empty:
   // events are only logged.
   std::function<void(const device_event&)> on_event;
-  // verbs: when a port goes down (port_down), move every connected QP on it to
-  // ERROR at once, so each outstanding request completes (wr_flush_err) and
+  // verbs: when a port goes down (port_down) and stays down longer than
+  // port_down_grace, move every connected QP on it to ERROR, so each
+  // outstanding request completes (wr_flush_err) and
   // new posts return qp_in_error, with one qp_error event per QP naming its
   // device, port, number and peer (a QP the device had already failed gets
   // one too). Left to itself, rxe fails a requester whose packets no longer
@@ -94,6 +97,17 @@ struct device_options {
   // leaves it to the device (a link that comes back soon enough then keeps
   // the connections). soft and shm ignore it.
   bool fail_qps_on_port_down = true;
+  // verbs, with fail_qps_on_port_down: how long a port may stay down before
+  // its connected QPs are failed as above. A link that comes back sooner keeps
+  // them (requests in flight meanwhile may still fail by the device's doing:
+  // rxe fails a requester whose packets no longer route, and the user then
+  // gets a qp_error event for that QP when the port comes back). Unset: each
+  // QP's own, what its transport retries would ride out: its local ACK timeout
+  // times (retry count + 1) (verbs_transport_params), at most 60 s; 5 s for a
+  // QP without those
+  // parameters (iWARP: the kernel's TCP retransmits) or that waits for ever
+  // (timeout 0). 0 ms: at once, when the port_down event arrives.
+  std::optional<std::chrono::milliseconds> port_down_grace{};
 };
 
 // One port of a device: where it is reachable and whether its link is up.
@@ -104,6 +118,8 @@ struct port_attr {
   std::uint32_t mtu = 0;               // path MTU in bytes; 0 where it does not apply
   std::vector<std::string> addresses;  // IP addresses (soft), GIDs (verbs), ...
 };
+
+enum class atomic_scope : std::uint8_t { none, rdma, global };
 
 struct device_attr {
   std::string name;
@@ -123,6 +139,12 @@ struct device_attr {
   std::uint32_t max_msg_size = 0;
   std::uint32_t max_qp_rd_atom = 0;  // IRD/ORD limit
   bool atomics = false;          // between two peers that both support them
+  // What a remote atomic is atomic against (verbs' atomic_cap): only other
+  // RDMA atomics through this device (`rdma`, IBV_ATOMIC_HCA: a CPU store to
+  // the word may interleave), or also the owner's CPU and every other accessor
+  // (`global`, IBV_ATOMIC_GLOB; soft and shm use one locked instruction on the
+  // word). `none` when atomics is false.
+  atomic_scope atomic_cap = atomic_scope::none;
   bool immediate_data = false;   // likewise
   bool send_with_invalidate = true;
   std::vector<port_attr> ports;

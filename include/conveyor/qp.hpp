@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -86,6 +87,40 @@ struct qp_caps {
   std::uint32_t max_inline_data = 256;
 };
 
+// verbs on InfiniBand and RoCE: the reliable connection's transport
+// parameters, as ibv_modify_qp takes them. The connection manager applies them
+// to this QP when it moves it to RTR and RTS, in connect() and in
+// connect_request::accept() alike (each side sets its own QP's). The defaults
+// are what the provider used before they were settable. iWARP devices (their
+// transport is the kernel's or the NIC's TCP), soft and shm ignore them.
+// pd.create_qp refuses a value out of range with errc::invalid_argument.
+//   pd.create_qp({.send_cq = &cq, .recv_cq = &cq,
+//                 .verbs_transport = {.retry_count = 3, .timeout = 14, .path_mtu = 1024}});
+struct verbs_transport_params {
+  // Resends of a request that no acknowledgement answered within `timeout`
+  // before it completes with retry_exc_err (and the QP fails): 0..7.
+  std::uint8_t retry_count = 7;
+  // Resends of a request the peer answered "receiver not ready" (a SEND that
+  // found no receive posted) before rnr_retry_exc_err: 0..6, or 7 for ever.
+  std::uint8_t rnr_retry = 6;
+  // How long this side asks a peer whose SEND found no receive to wait before
+  // resending: the IB RNR timer code, 1..31 (1 = 0.01 ms, 14 = 1.28 ms,
+  // 31 = 491.52 ms) or 0 (655.36 ms). Unset: the connection manager's (0 on Linux).
+  std::optional<std::uint8_t> min_rnr_timer{};
+  // Local ACK timeout: a request unacknowledged for 4.096 us x 2^timeout is
+  // resent (retry_count times): 1..31 (14 = 67 ms, 17 = 537 ms, 19 = 2.1 s), or
+  // 0 to wait for ever. Unset: what rdma_cm derives from the path (19 on
+  // Linux 6.1 over RoCE). It also sets how long a port may stay
+  // down before the QP is failed (device_options::port_down_grace).
+  std::optional<std::uint8_t> timeout{};
+  // Largest payload of one packet, in bytes: 256, 512, 1024, 2048 or 4096. The
+  // connection uses the smaller of this and the path's MTU (connection().mss
+  // reports the result). 0: the path's MTU. Set the same on both sides: a
+  // responder refuses a message whose packets are not its own path MTU
+  // (rxe completes the request with rem_inv_req_err).
+  std::uint32_t path_mtu = 0;
+};
+
 struct qp_init_attr {
   completion_queue* send_cq = nullptr;  // required; must outlive nothing (kept alive)
   completion_queue* recv_cq = nullptr;  // required
@@ -95,6 +130,8 @@ struct qp_init_attr {
   // the connection negotiates the final values with the peer.
   std::uint32_t max_rd_atomic = 16;
   std::uint32_t max_dest_rd_atomic = 16;
+  // verbs on IB/RoCE: retries, timers and path MTU (see verbs_transport_params).
+  verbs_transport_params verbs_transport{};
 };
 
 // What the connection negotiated (valid once the QP reached RTS).

@@ -1,7 +1,10 @@
 // More READs (and atomics) outstanding than the negotiated ORD: the engine must
 // queue them, never exceed the peer's IRD, and complete every one correctly.
+#include <chrono>
 #include <cstring>
+#include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <conveyor/conveyor.hpp>
@@ -21,6 +24,21 @@ using conveyor::wr_opcode;
 
 class ord_limit : public pair_test {
  protected:
+  // n READs of `len` bytes each from the target's region into `sink`, ids from `first_id`.
+  std::vector<send_wr> reads(test_region& sink, std::vector<sge>& sgs, std::size_t n,
+                             std::size_t len, std::uint64_t first_id) {
+    sgs.resize(n);
+    std::vector<send_wr> wrs(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      sgs[i] = sink.sge(i * len, len);
+      wrs[i] = send_wr{.wr_id = first_id + i,
+                       .opcode = wr_opcode::rdma_read,
+                       .sg_list = std::span<const sge>(&sgs[i], 1),
+                       .remote_addr = peer.addr + i * len,
+                       .rkey = peer.rkey};
+    }
+    return wrs;
+  }
   // A small ORD: the initiator asks for 2 outstanding READs/atomics, the target
   // offers 2 inbound (the responder may raise its IRD to cover the initiator's ORD).
   void connect_with_small_ord() {
@@ -46,16 +64,8 @@ TEST_P(ord_limit, reads_beyond_the_negotiated_ord_are_queued_and_all_complete) {
   ASSERT_GT(n, 4 * ord_);
   auto sink = make_region(init.pd, n * len, access::local_write, 0xf100);
   CVT_ASSERT_OK(sink);
-  std::vector<sge> sgs(n);
-  std::vector<send_wr> wrs(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    sgs[i] = sink->sge(i * len, len);
-    wrs[i] = send_wr{.wr_id = 70000 + i,
-                     .opcode = wr_opcode::rdma_read,
-                     .sg_list = std::span<const sge>(&sgs[i], 1),
-                     .remote_addr = peer.addr + i * len,
-                     .rkey = peer.rkey};
-  }
+  std::vector<sge> sgs;
+  const auto wrs = reads(*sink, sgs, n, len, 70000);
   CVT_ASSERT_POST_OK(init.qp.post_send(wrs));  // one batch, far beyond ORD
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait_ok(init.send_reader(), n, op_timeout(n * len), &iw));
@@ -124,6 +134,33 @@ TEST_P(ord_limit, reads_and_atomics_beyond_the_negotiated_ord_complete_in_order)
   std::memcpy(&final_value, counter_buf.data(), 8);
   EXPECT_EQ(final_value, initial + pairs);
   counter_mr->deregister();
+}
+
+// With manual progress the initiator's engine runs only when the test drives
+// it, while the target's poller serves every request that arrives: before
+// the initiator has taken in a single response, the target can have served at
+// most ORD READs. This is what "queued" means, observed at the target on any
+// provider (a target that enforces its IRD would also fail the QP).
+TEST_P(ord_limit, the_target_sees_at_most_ord_reads_before_the_initiator_takes_a_response) {
+  if (!manual())
+    GTEST_SKIP() << "needs manual progress: the initiator's engine must not run by itself";
+  ASSERT_NO_FATAL_FAILURE(connect_with_small_ord());
+  constexpr std::size_t n = 32, len = 4 * KiB;
+  auto sink = make_region(init.pd, n * len, access::local_write, 0xf400);
+  CVT_ASSERT_OK(sink);
+  std::vector<sge> sgs;
+  const auto wrs = reads(*sink, sgs, n, len, 90000);
+  const auto served_before = tgt.qp.counters().reads_served;
+  CVT_ASSERT_POST_OK(init.qp.post_send(wrs));
+  // Give the target's poller time to serve whatever the post sent.
+  std::this_thread::sleep_for(scaled(std::chrono::milliseconds(200)));
+  const auto served = tgt.qp.counters().reads_served - served_before;
+  std::cout << "[   INFO   ] ORD " << ord_ << "; the target served " << served
+            << " READs before the initiator took any response\n";
+  EXPECT_LE(served, ord_) << "the initiator had more READs outstanding than its ORD";
+  std::vector<work_completion> iw;
+  ASSERT_TRUE(wait_ok(init.send_reader(), n, op_timeout(n * len), &iw));
+  EXPECT_TRUE(ok(check_pattern(sink->bytes(), opts_.tgt_region_seed)));
 }
 
 INSTANTIATE_TEST_SUITE_P(providers, ord_limit, testing::ValuesIn(all_params()), param_name);

@@ -114,6 +114,10 @@ std::string check_aborted(const std::vector<work_completion>& wcs, std::uint64_t
   return {};
 }
 
+// The cut lands while the READs are being served: those the target finished
+// before it succeed (in posting order, with the right bytes), every later one
+// fails, at least one does, and the QP ends in ERROR. (The names say
+// "unfinished": a READ answered before the cut may succeed.)
 class peer_death : public pair_test {
  protected:
   // Posts n 1-MiB READs of tgt_main into a 16 MiB sink, then cuts the target with `cut`.
@@ -167,16 +171,16 @@ void peer_death::reads_then_cut(Cut cut) {
             name(errc::qp_in_error));
 }
 
-TEST_P(peer_death, target_qp_destroyed_while_reads_outstanding_fails_every_read_in_bounded_time) {
+TEST_P(peer_death, target_qp_destroyed_while_reads_outstanding_fails_every_unfinished_read_in_bounded_time) {
   reads_then_cut([this] { tgt.qp = conveyor::queue_pair(); });
 }
 
-TEST_P(peer_death, target_disconnect_while_reads_outstanding_fails_every_read_in_bounded_time) {
+TEST_P(peer_death, target_disconnect_while_reads_outstanding_fails_every_unfinished_read_in_bounded_time) {
   reads_then_cut([this] { tgt.qp.disconnect(); });
 }
 
 TEST_P(peer_death,
-       target_modify_to_error_while_reads_outstanding_fails_every_read_in_bounded_time) {
+       target_modify_to_error_while_reads_outstanding_fails_every_unfinished_read_in_bounded_time) {
   reads_then_cut([this] {
     auto r = tgt.qp.modify(qp_state::error);
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
@@ -186,7 +190,7 @@ TEST_P(peer_death,
 // A separate process serves the initiator; it is SIGKILLed mid-stream.
 class peer_process : public testing::TestWithParam<provider_param> {};
 
-TEST_P(peer_process, peer_killed_mid_transfer_fails_every_request_within_10s) {
+TEST_P(peer_process, peer_killed_mid_transfer_fails_every_unfinished_request_within_10s) {
   two_party_script s;
   s.provider = GetParam().provider;
   s.progress = GetParam().progress;

@@ -20,6 +20,8 @@ def test_device_attr_and_ports(provider):
     for f in ("max_cqe", "max_inline_data", "max_mr", "max_msg_size", "max_qp_rd_atom", "max_sge_rd"):
         assert isinstance(getattr(a, f), int) and getattr(a, f) > 0, f
     assert isinstance(a.immediate_data, bool) and isinstance(a.send_with_invalidate, bool)
+    # soft and shm atomics are one locked instruction on the word: atomic against the CPU too
+    assert a.atomics and a.atomic_cap == "global", a.atomic_cap
     for port in a.ports:
         assert isinstance(port, conveyor.PortAttr)
         assert port.num >= 1 and isinstance(port.state, str) and isinstance(port.link_layer, str)

@@ -205,21 +205,50 @@ TEST_P(shm_only, a_tcp_address_is_an_address_error) {
 TEST_P(shm_only, engine_fetch_add_is_atomic_against_the_owners_own_atomics) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   CVT_REQUIRE_ATOMICS();
+  // What this test proves is what the device claims: atomic against the CPU too.
+  EXPECT_EQ(static_cast<int>(tgt.dev.attr().atomic_cap), static_cast<int>(conveyor::atomic_scope::global));
   auto result = make_region(init.pd, 8, access::local_write, 0x5400);
   CVT_ASSERT_OK(result);
   auto* word = reinterpret_cast<std::uint64_t*>(tgt_main.bytes().data() + 64);
   std::atomic_ref<std::uint64_t>(*word).store(0);
   constexpr int n = 2000;
+  // The owner increments the word for as long as the remote fetch-adds run
+  // (yielding now and then: two cores), so the two sides really overlap; the
+  // values the fetch-adds return show the owner's increments between them.
+  std::atomic<bool> started{false}, stop{false};
+  std::uint64_t owner_adds = 0;
   std::thread owner([&] {
     std::atomic_ref<std::uint64_t> w(*word);
-    for (int i = 0; i < n; ++i) w.fetch_add(1);
+    while (!stop.load(std::memory_order_relaxed)) {
+      w.fetch_add(1);
+      if (++owner_adds == 1) started.store(true, std::memory_order_release);
+      if (owner_adds % 64 == 0) std::this_thread::yield();
+    }
   });
+  while (!started.load(std::memory_order_acquire)) std::this_thread::yield();
+  std::uint64_t prev = 0;
+  int interleaved = 0;  // fetch-adds that saw owner increments since the previous one
   for (int i = 0; i < n; ++i) {
     CVT_ASSERT_POST_OK(init.qp.post_fetch_add(result->sge(0, 8), tgt_main.remote(64, 8), 1, i));
-    ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(8)));
+    if (!wait_ok(init.send_reader(), 1, op_timeout(8))) {
+      stop = true;
+      owner.join();
+      FAIL() << "fetch_add " << i << " did not complete";
+    }
+    std::uint64_t got = 0;
+    std::memcpy(&got, result->bytes().data(), 8);
+    if (i > 0) {
+      ASSERT_GT(got, prev) << "fetch_add " << i << " returned a value not above the previous one";
+      interleaved += got > prev + 1;
+    }
+    prev = got;
   }
+  stop = true;
   owner.join();
-  EXPECT_EQ(std::atomic_ref<std::uint64_t>(*word).load(), 2u * n) << "an increment was lost";
+  std::cout << "[   INFO   ] owner adds " << owner_adds << "; " << interleaved << " of " << n - 1
+            << " remote fetch-adds saw owner increments since the previous one\n";
+  EXPECT_GT(interleaved, 0) << "the owner's increments never fell between two remote fetch-adds: no overlap";
+  EXPECT_EQ(std::atomic_ref<std::uint64_t>(*word).load(), owner_adds + n) << "an increment was lost";
 }
 
 TEST_P(shm_only, an_idle_connection_burns_no_cpu) {

@@ -125,6 +125,11 @@ if [[ " $STEPS " == *" rxe "* ]]; then
   part interop && interop verbs-rxe0-pair verbs:rxe0 verbs:rxe0 1
   part perf && perf rxe0
   part demo && demo_pair rxe0
+  # verbs_transport_params (RNR retries and timer, path MTU; range checks) and
+  # the port-down grace period (a 300 ms flap keeps the QPs, an outage fails
+  # each after its own grace).
+  part events && step transport-rxe0 env CONVEYOR_LOG=info "$BUILD/tests/vm/conveyor_vm_interop" --transport verbs:rxe0 10.11.0.1
+  part events && step portflap-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --port-flap verbs:rxe0 veth0 10.11.0.1
   # Last on this device: the port goes down under a connection with requests
   # in flight (all must complete, flushed), then down and up with none.
   part events && step portdown-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --port-down verbs:rxe0 veth0 10.11.0.1
@@ -155,6 +160,8 @@ if [[ " $STEPS " == *" siw "* ]]; then
     interop "interop-soft-to-siw-crc$crc" verbs:siw0 soft "$crc"
     interop "interop-siw-to-soft-crc$crc" soft verbs:siw0 "$crc"
   done
+  part events && step transport-siw0 "$BUILD/tests/vm/conveyor_vm_interop" --transport verbs:siw0 10.11.0.1
+  part events && step portflap-siw0 "$BUILD/tests/vm/conveyor_vm_interop" --port-flap verbs:siw0 veth0 10.11.0.1
   # Last on this device: the port goes down under a connection with requests
   # in flight (all must complete, flushed), then down and up with none.
   part events && step portdown-siw0 "$BUILD/tests/vm/conveyor_vm_interop" --port-down verbs:siw0 veth0 10.11.0.1

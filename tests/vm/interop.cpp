@@ -28,11 +28,14 @@
 // them and checks that every request completes (the first error, then
 // flushes) within 30 s, that on_event reported port_down and a qp_error per QP
 // naming device, port, QP and peer, and that posting then says qp_in_error;
-// the link comes back up (port_active) before it ends. It then measures what
+// the link comes back up (port_active) before it ends (port_down_grace 0 ms:
+// the grace period has its own check, transport.cpp). It then measures what
 // the kernel device does by itself (fail_qps_on_port_down = false) and prints
 // it without judging it. --device-removal does the same but removes the
 // device (`rdma link delete`) instead: device_fatal and a qp_error per QP,
 // every request completed, then closing every object lets the removal end.
+#include "vm_common.hpp"
+
 #include <conveyor/conveyor.hpp>
 
 #include <net/if.h>
@@ -57,31 +60,15 @@
 
 namespace cvy = conveyor;
 using namespace std::chrono_literals;
+using namespace vmcheck;
 
 namespace {
-
-int failures = 0;
-#define CHECK(cond, ...)                                                  \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      std::printf("interop: FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      std::printf(__VA_ARGS__);                                           \
-      std::printf("\n");                                                  \
-      ++failures;                                                         \
-    }                                                                     \
-  } while (0)
 
 struct config {
   std::string server = "soft", client = "soft", addr = "10.11.0.1";
   bool crc = true;
 };
 
-std::byte pattern(std::size_t i, unsigned seed) {
-  return static_cast<std::byte>((i * 131u + seed * 7u + (i >> 8)) & 0xff);
-}
-void fill(std::span<std::byte> b, unsigned seed) {
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = pattern(i, seed);
-}
 bool same(std::span<const std::byte> b, unsigned seed, std::size_t* bad = nullptr) {
   for (std::size_t i = 0; i < b.size(); ++i)
     if (b[i] != pattern(i, seed)) {
@@ -145,7 +132,6 @@ struct side {
   }
 };
 
-std::string st(cvy::wc_status s) { return std::string(cvy::to_string(s)); }
 
 // Both ends' capabilities: what may be used between them.
 struct caps {
@@ -476,55 +462,6 @@ int port_events(const std::string& dev_name, const std::string& netdev) {
 }
 
 
-// Sets the netdev's IFF_UP with one ioctl: no fork/exec between posting and
-// the link going down, so the requests are still in flight.
-bool set_link(const std::string& netdev, bool up) {
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  ifreq ifr{};
-  std::snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", netdev.c_str());
-  bool ok = ::ioctl(fd, SIOCGIFFLAGS, &ifr) == 0;
-  if (ok) {
-    if (up) ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
-    else ifr.ifr_flags = static_cast<short>(ifr.ifr_flags & ~IFF_UP);
-    ok = ::ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
-  }
-  ::close(fd);
-  return ok;
-}
-
-using steady = std::chrono::steady_clock;
-double ms_since(steady::time_point t0, steady::time_point t) {
-  return std::chrono::duration<double, std::milli>(t - t0).count();
-}
-
-// The device's events, time-stamped.
-struct event_log {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::pair<steady::time_point, cvy::device_event>> events;
-  void add(const cvy::device_event& e) {
-    std::lock_guard lk(mu);
-    events.emplace_back(steady::now(), e);
-    cv.notify_all();
-  }
-  // The first event matching `pred` within `t`, if any.
-  template <class Pred>
-  std::optional<std::pair<steady::time_point, cvy::device_event>> wait(Pred pred, std::chrono::milliseconds t) {
-    std::unique_lock lk(mu);
-    std::optional<std::pair<steady::time_point, cvy::device_event>> got;
-    cv.wait_for(lk, t, [&] {
-      for (const auto& e : events)
-        if (pred(e.second)) {
-          got = e;
-          return true;
-        }
-      return false;
-    });
-    return got;
-  }
-};
-
 // What cuts the connection: the link going down (with the provider's policy,
 // checked, or without it, only measured) or the device being removed.
 enum class cut { port_down, port_down_kernel_alone, removal };
@@ -541,6 +478,7 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
   cvy::device_options o;
   o.on_event = [&](const cvy::device_event& e) { ev.add(e); };
   o.fail_qps_on_port_down = how != cut::port_down_kernel_alone;
+  o.port_down_grace = 0ms;  // at once: the grace period has its own check (--port-flap)
   auto d = cvy::device::open(dev_name, o);
   if (!d) {
     std::printf("interop: FAIL open %s: %s\n", dev_name.c_str(), d.error().to_string().c_str());
@@ -819,6 +757,10 @@ int main(int argc, char** argv) {
     } else if (a == "--port-events" && i + 2 < argc) {
       const std::string d = argv[i + 1], n = argv[i + 2];
       return port_events(d, n);
+    } else if (a == "--transport" && i + 2 < argc) {
+      return transport_check(argv[i + 1], argv[i + 2]);
+    } else if (a == "--port-flap" && i + 3 < argc) {
+      return port_flap(argv[i + 1], argv[i + 2], argv[i + 3]);
     } else if (a == "--list") {
       for (const auto& d : cvy::device::list())
         std::printf("%-16s %-6s %-10s %s %s\n", d.name.c_str(), d.provider.c_str(),
@@ -826,7 +768,7 @@ int main(int argc, char** argv) {
                     d.reason.c_str());
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list | --port-events DEV NETDEV | --port-down DEV NETDEV IP | --device-removal DEV IP\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list | --port-events DEV NETDEV | --port-down DEV NETDEV IP | --device-removal DEV IP | --transport DEV IP | --port-flap DEV NETDEV IP\n", argv[0]);
       return 2;
     }
   }

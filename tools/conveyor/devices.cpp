@@ -29,6 +29,9 @@ nlohmann::json attr_json(const device_attr& a) {
           {"max_msg_size", a.max_msg_size},
           {"max_qp_rd_atom", a.max_qp_rd_atom},
           {"atomics", a.atomics},
+          {"atomic_cap", a.atomic_cap == conveyor::atomic_scope::global ? "global"
+                         : a.atomic_cap == conveyor::atomic_scope::rdma ? "rdma"
+                                                                        : "none"},
           {"immediate_data", a.immediate_data},
           {"send_with_invalidate", a.send_with_invalidate},
           {"ports", ports}};
@@ -84,7 +87,11 @@ int run_devices(const devices_options& o) {
     std::printf("    max_mr_size:       %llu\n", static_cast<unsigned long long>(a.max_mr_size));
     std::printf("    max_msg_size:      %u\n", a.max_msg_size);
     std::printf("    max_qp_rd_atom:    %u (IRD/ORD limit)\n", a.max_qp_rd_atom);
-    std::printf("    atomics:           %s\n", a.atomics ? "yes" : "no");
+    std::printf("    atomics:           %s\n",
+                a.atomic_cap == conveyor::atomic_scope::global ? "yes, atomic against the CPU too (global)"
+                : a.atomic_cap == conveyor::atomic_scope::rdma ? "yes, among RDMA atomics only (rdma)"
+                : a.atomics                                    ? "yes"
+                                                               : "no");
     std::printf("    immediate data:    %s\n", a.immediate_data ? "yes" : "no");
     std::printf("    send with inval.:  %s\n", a.send_with_invalidate ? "yes" : "no");
   }

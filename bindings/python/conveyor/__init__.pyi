@@ -159,6 +159,7 @@ class DeviceAttr:
     max_msg_size: int
     max_qp_rd_atom: int
     atomics: bool
+    atomic_cap: str
     immediate_data: bool
     send_with_invalidate: bool
     ports: List[PortAttr]

@@ -407,6 +407,15 @@ void init_module(py::module_& m) {
       .def_readonly("max_msg_size", &device_attr::max_msg_size)
       .def_readonly("max_qp_rd_atom", &device_attr::max_qp_rd_atom)
       .def_readonly("atomics", &device_attr::atomics)
+      .def_property_readonly(
+          "atomic_cap",
+          [](const device_attr& a) {
+            return a.atomic_cap == conveyor::atomic_scope::global ? "global"
+                   : a.atomic_cap == conveyor::atomic_scope::rdma ? "rdma"
+                                                                  : "none";
+          },
+          "what a remote atomic is atomic against: 'global' (the owner's CPU too), 'rdma' "
+          "(other RDMA atomics only) or 'none'")
       .def_readonly("immediate_data", &device_attr::immediate_data)
       .def_readonly("send_with_invalidate", &device_attr::send_with_invalidate)
       .def_readonly("ports", &device_attr::ports);
