@@ -74,6 +74,10 @@ struct device_options {
   // the engine itself), the engine thread parks instead of waking for every
   // arrival; it resumes when polling stops for 1 ms or the poller sleeps.
   bool engine_park = true;
+  // soft, shm: a READ may scatter into at most this many SGEs
+  // (device_attr::max_sge_rd; 0 keeps the device's limit, max_sge). 1 makes the
+  // device behave as Linux siw does, to see how an application fares on one.
+  std::uint32_t max_sge_rd = 0;
   std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
   // soft, shm: a listener drives every handshake at once, on its own thread;
   // this many half-open ones (accepted, request not yet complete) at most.

@@ -92,9 +92,9 @@ class memory_region {
   access rights() const noexcept;
 
   // The whole region (or a slice) as an SGE for local use in work requests.
-  // An SGE's length is 32 bits: a longer slice saturates at 2^32 - 1 bytes,
-  // which every post refuses with invalid_argument (a message is at most
-  // device_attr::max_msg_size), never a silently shorter transfer.
+  // An SGE's length is 32 bits: a longer slice saturates at 2^32 - 1 bytes, a
+  // length every provider's post refuses with invalid_argument, never a
+  // silently shorter transfer.
   sge as_sge() const noexcept { return slice(0, size()); }
   sge slice(std::size_t offset, std::size_t len) const noexcept {
     constexpr std::size_t max_len = 0xFFFFFFFFu;

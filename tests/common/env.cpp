@@ -117,10 +117,12 @@ std::string listen_host(const std::string& provider) {
   return a.substr(0, a.rfind(':'));
 }
 
-conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc) {
+conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc,
+                                      std::uint32_t max_sge_rd) {
   conveyor::device_options o;
   o.progress = mode;
   o.request_crc = request_crc;
+  o.max_sge_rd = max_sge_rd;
   return o;
 }
 

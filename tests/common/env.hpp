@@ -49,7 +49,8 @@ milliseconds scaled(milliseconds base);
 // A device name that opens a separate instance where the provider supports
 // labels ("soft:<role>-<pid>-<n>"), else the provider name.
 std::string device_name(const std::string& provider, const std::string& role);
-conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc = true);
+conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc = true,
+                                      std::uint32_t max_sge_rd = 0);
 
 // Where the suites bind a listener of this provider: soft "127.0.0.1:0"; shm a
 // fresh abstract Unix name "@cvt-<pid>-<n>"; verbs "$CONVEYOR_TEST_VERBS_ADDR:0"

@@ -61,6 +61,7 @@ struct pair_options {
   std::uint32_t tgt_max_dest_rd_atomic = 16;
   std::size_t tgt_region_size = MiB;  // the region published in the private data
   std::uint64_t tgt_region_seed = 0x7a11;
+  std::uint32_t max_sge_rd = 0;  // device_options.max_sge_rd of each side (0: the device's)
 };
 
 class pair_test : public testing::TestWithParam<provider_param> {

@@ -26,7 +26,7 @@ sw_device::sw_device(std::string name, std::string_view provider, transport t,
   attr_.max_cqe = 1u << 22;
   attr_.max_qp_wr = max_wr;
   attr_.max_sge = max_sge;
-  attr_.max_sge_rd = max_sge;
+  attr_.max_sge_rd = opts.max_sge_rd >= 1 && opts.max_sge_rd < max_sge ? opts.max_sge_rd : max_sge;
   attr_.max_inline_data = max_inline;
   attr_.max_mr = detail::key_table::capacity;
   attr_.max_mr_size = 1ull << 46;

@@ -19,6 +19,7 @@ sw_qp::sw_qp(qp_args&& a)
       qpn_(a.qpn),
       want_ird_(std::clamp<std::uint32_t>(a.attr.max_dest_rd_atomic, 1, max_rd_atom)),
       want_ord_(std::clamp<std::uint32_t>(a.attr.max_rd_atomic, 1, max_rd_atom)) {
+  max_sge_rd_ = pd_->dev().attr().max_sge_rd;
   sq_sge_.resize(std::size_t(caps_.max_send_wr) * caps_.max_send_sge);
   sq_inline_.resize(std::size_t(caps_.max_send_wr) * caps_.max_inline_data);
   rq_.resize(caps_.max_recv_wr);
@@ -43,6 +44,8 @@ result<sw_qp*> accept_target(queue_pair& qp, const sw_device& dev, const std::st
 // ------------------------------------------------------------------ posting ----
 status sw_qp::validate_send(const send_wr& wr) const noexcept {
   if (wr.sg_list.size() > caps_.max_send_sge) return errc::invalid_argument;
+  if (wr.opcode == wr_opcode::rdma_read && wr.sg_list.size() > max_sge_rd_)
+    return errc::invalid_argument;
   std::uint64_t total = 0;
   for (const auto& s : wr.sg_list) total += s.length;
   if (total > 0x7FFFFFFFull) return errc::invalid_argument;

@@ -145,6 +145,7 @@ class sw_qp : public detail::qp_impl {
 
  private:
   status validate_send(const send_wr& wr) const noexcept;
+  std::uint32_t max_sge_rd_ = 0;  // the device's
   std::vector<sge> sq_sge_;
   std::vector<std::byte> sq_inline_;
   std::vector<sge> rq_sge_;

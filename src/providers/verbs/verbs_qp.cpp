@@ -80,10 +80,16 @@ status verbs_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexc
       v.sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(s.sg_list.data()));
       v.num_sge = static_cast<int>(s.sg_list.size());
       std::uint64_t total = 0;
-      for (const auto& g : s.sg_list) total += g.length;
-      // Longer than a message may be (a saturated slice of a region over 4 GiB
-      // among them): refused here, as on every provider, not left to the NIC.
-      if (s.sg_list.size() > caps_.max_send_sge || (da.max_msg_size != 0 && total > da.max_msg_size)) {
+      bool saturated = false;
+      for (const auto& g : s.sg_list) {
+        total += g.length;
+        saturated |= g.length == 0xFFFFFFFFu;
+      }
+      // Longer than a message may be, or an SGE of 2^32 - 1 bytes (what
+      // memory_region::slice gives for a longer slice: siw would otherwise take
+      // it as a real length): refused here, as on every provider.
+      if (s.sg_list.size() > caps_.max_send_sge || saturated ||
+          (da.max_msg_size != 0 && total > da.max_msg_size)) {
         refused = errc::invalid_argument;
         n = i;
         break;
