@@ -31,8 +31,8 @@ set(conveyor_deb_version "${PROJECT_VERSION}-${CPACK_DEBIAN_PACKAGE_RELEASE}")
 set(CPACK_DEBIAN_LIB_PACKAGE_NAME libconveyor0)
 set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
 # The library's own shlibs file, so packages built against it depend on it.
-set(CPACK_DEBIAN_LIB_PACKAGE_GENERATE_SHLIBS ON)
-set(CPACK_DEBIAN_LIB_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_COMPONENT_LIB_DESCRIPTION "Conveyor RDMA library (runtime)
  RDMA with verbs semantics in C++23: devices, protection domains, memory
  regions, completion queues, queue pairs and a connection manager, over the
