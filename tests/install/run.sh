@@ -48,7 +48,7 @@ unversioned=$(grep -v '@@CONVEYOR_0$' <<<"$exported" || true)
 demangled=$(sed 's/@@CONVEYOR_0$//' <<<"$exported" | c++filt)
 foreign=$(grep -Ev '^((typeinfo|typeinfo name|vtable) for )?conveyor::' <<<"$demangled" || true)
 [ -z "$foreign" ] || die "libconveyor.so exports symbols outside namespace conveyor: $(head -5 <<<"$foreign")"
-internal=$(grep -E '^((typeinfo|typeinfo name|vtable) for )?conveyor::(detail|soft|shm|verbs|wire)::' <<<"$demangled" || true)
+internal=$(grep -E '^((typeinfo|typeinfo name|vtable) for )?conveyor::(detail|soft|shm|swnic|verbs|wire)::' <<<"$demangled" || true)
 [ -z "$internal" ] || die "libconveyor.so exports internals: $(head -5 <<<"$internal")"
 for want in 'conveyor::device::open(' 'conveyor::connect(' 'conveyor::build_info()'; do
   grep -qF "$want" <<<"$demangled" || die "libconveyor.so does not export $want"

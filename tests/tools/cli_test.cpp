@@ -840,3 +840,43 @@ TEST(cli, env_lists_every_variable_with_its_value_and_default) {
   const auto line = r.output.substr(r.output.find("CONVEYOR_SPIN_US"));
   EXPECT_LT(line.find(" 7 "), line.find('\n')) << "the current value is shown:\n" << r.output;
 }
+
+// ------------------------------------------------------------ conveyor ping --
+
+TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
+  for (const std::string provider : {"soft", "shm"}) {
+    const std::string bind = provider == "shm" ? unique_shm_name() : "127.0.0.1:0";
+    server_process srv(server_process::raw_args{{"ping", "--server", bind, "-p", provider, "--once"}});
+    ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+    const auto r = run({"ping", srv.address(), "-p", provider, "--size", "64K"}, 30s);
+    ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+    for (const char* s : {"connected", "IRD/ORD", "SEND 65536 B, echoed and verified: round trip",
+                          "RDMA READ of it, verified", "conveyor ping: OK"})
+      EXPECT_NE(r.output.find(s), std::string::npos) << provider << ": " << s << " missing:\n" << r.output;
+    EXPECT_NE(r.output.find(provider == "shm" ? "data path" : "MPA rev 2"), std::string::npos) << r.output;
+    EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << srv.drain_log();
+  }
+}
+
+TEST(ping, failures_are_one_line_that_says_what_is_wrong) {
+  const std::uint16_t port = cvt::unused_port();
+  ASSERT_NE(port, 0);
+  auto r = run({"ping", "127.0.0.1:" + std::to_string(port), "--timeout", "3"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("nothing is listening"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("conveyor ping --server"), std::string::npos) << r.output;
+
+  server_process perf_srv;  // a perf server refuses a ping client with its reason
+  ASSERT_FALSE(perf_srv.address().empty()) << perf_srv.drain_log();
+  r = run({"ping", perf_srv.address(), "--timeout", "3"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("rejected the connection"), std::string::npos) << r.output;
+
+  r = run({"ping", "@cvt-no-such-ping-server", "-p", "shm", "--timeout", "3"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("nothing is listening"), std::string::npos) << r.output;
+
+  r = run({"ping"}, 10s);
+  EXPECT_EQ(exit_code(r), 2) << r.output;
+  EXPECT_NE(r.output.find("address is missing"), std::string::npos) << r.output;
+}

@@ -7,6 +7,7 @@
 //            [perftest's flags] [HOST]   (no HOST: the server)
 //   conveyor kv serve [--port 7379] [--appendonly yes] [options]
 //   conveyor kv get|set|del KEY [VALUE] | bench [options]   (RDMA client)
+//   conveyor ping --server [ADDRESS] | conveyor ping ADDRESS   (connectivity check)
 //   conveyor env                    (environment variables: value and default)
 //   conveyor version | --version   (the build facts: version, commit, compiler, providers)
 //
@@ -21,6 +22,7 @@
 #include "kv_serve.hpp"
 #include "perf.hpp"
 #include "perftest.hpp"
+#include "ping.hpp"
 
 namespace {
 
@@ -63,6 +65,9 @@ int main(int argc, char** argv) {
   add_kv_serve_options(*kv_serve, kv_sopts);
   kv_client_options kv_copts;  // kv get|set|del|bench (kv_client.cpp)
   const auto kv_client = add_kv_client_commands(*kv, kv_copts);
+  ping_options pingopts;
+  auto* ping = app.add_subcommand("ping", "check RDMA to a host: SEND, WRITE and READ, verified (rping-style)");
+  add_ping_options(*ping, pingopts);
   auto* env = app.add_subcommand("env", "every environment variable Conveyor reads: its value now and its default");
   auto* version = app.add_subcommand("version", "print the version and the facts of the build (as --version)");
   try {
@@ -77,6 +82,7 @@ int main(int argc, char** argv) {
   }
   if (*devices) return run_devices(dopts);
   if (*env) return run_env();
+  if (*ping) return run_ping(pingopts);
   if (int rc = run_perftest(perftest, ptargs); rc >= 0) return rc;
   if (*kv_serve) return run_kv_serve(kv_sopts);
   if (int rc = run_kv_client(kv_client, kv_copts); rc >= 0) return rc;
