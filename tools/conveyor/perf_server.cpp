@@ -355,16 +355,16 @@ int run_perf_server(const perf_options& o) {
     device dev = open_perf_device(o);
     auto lis = listener::bind(dev, o.address);
     if (!lis) fail(lis.error().to_string());
-    std::fprintf(stderr, "conveyor perf server: listening on %s (provider %s, device %s)\n",
-                 lis->address().c_str(), dev.attr().provider.c_str(), dev.attr().name.c_str());
     // Ctrl-C / SIGTERM: a shm socket path must not outlive the server (it
-    // would refuse the next one's bind).
+    // would refuse the next one's bind). Set before "listening" is printed.
     const bool path = dev.attr().provider == "shm" && !o.address.starts_with('@');
     on_interrupt([path, address = o.address](int sig) {
       if (path) ::unlink(address.c_str());
       std::fprintf(stderr, "conveyor perf server: interrupted by %s%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                    path ? ("; removed " + address).c_str() : "");
     });
+    std::fprintf(stderr, "conveyor perf server: listening on %s (provider %s, device %s)\n",
+                 lis->address().c_str(), dev.attr().provider.c_str(), dev.attr().name.c_str());
     const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
     // Without --accept-timeout the server waits for ever, in slices.
     const auto slice = std::chrono::milliseconds(std::int64_t{3600} * 1000);

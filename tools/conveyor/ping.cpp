@@ -95,12 +95,12 @@ std::string describe(const qp_connection_attr& c, const device& dev) {
 int serve(const ping_options& o) {
   device dev = open_device(o);
   auto lis = check(listener::bind(dev, o.address), "listen on " + o.address);
-  std::fprintf(stderr, "conveyor ping server: listening on %s (provider %s, device %s)\n", lis.address().c_str(),
-               dev.attr().provider.c_str(), dev.attr().name.c_str());
   const bool path = dev.attr().provider == "shm" && !o.address.starts_with('@');
   on_interrupt([path, address = o.address](int) {
     if (path) ::unlink(address.c_str());
   });
+  std::fprintf(stderr, "conveyor ping server: listening on %s (provider %s, device %s)\n", lis.address().c_str(),
+               dev.attr().provider.c_str(), dev.attr().name.c_str());
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
   for (;;) {
     auto req = lis.accept(std::chrono::hours(1));
