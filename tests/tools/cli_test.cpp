@@ -665,6 +665,11 @@ TEST(perftest, flags_have_perftests_meanings) {
   EXPECT_EQ(p.o.duration, 2.0);
   EXPECT_EQ(p.o.device, "soft");
 
+  p = parse_perftest({"write_lat", "-a", "h"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.o.sizes.front(), 8u) << "write_lat -a starts at the ping-pong's 8 bytes";
+  EXPECT_EQ(p.o.sizes.back(), 8u << 20);
+
   p = parse_perftest({"send_bw", "-d", "mlx5_0", "-r", "128", "host7"});
   ASSERT_EQ(p.error, "");
   EXPECT_EQ(p.o.device, "verbs:mlx5_0") << "an rdma-core name is the verbs provider's device";
@@ -709,7 +714,8 @@ TEST(perftest, write_bw_server_without_host_and_client_with_bare_host) {
 TEST(perftest, conveyor_perf_points_perftest_letters_to_the_right_flag) {
   for (const auto& args : std::vector<std::vector<std::string>>{{"perf", "-s", "65536", "10.0.0.2"},
                                                                 {"perf", "-t", "128", "10.0.0.2"},
-                                                                {"perf", "-s", "4096"}}) {
+                                                                {"perf", "-s", "4096"},
+                                                                {"perf", "-p", "18515", "10.0.0.2"}}) {
     const auto r = run(args, 10s);
     EXPECT_EQ(exit_code(r), 2) << r.output;
     EXPECT_NE(r.output.find("conveyor write_bw"), std::string::npos) << r.output;

@@ -300,6 +300,8 @@ std::string perftest_habit_hint(const std::vector<std::string>& args) {
 }
 
 std::string validate_perf_options(perf_options& o) {
+  if (!o.provider.empty() && o.provider.find_first_not_of("0123456789") == std::string::npos)
+    return "provider '" + o.provider + "' is a number: -p is --provider (soft, shm, verbs) here, not a port";
   if (!o.address.empty() && o.address.find_first_not_of("0123456789") == std::string::npos)
     return "'" + o.address + "' is a number, not an address (HOST, HOST:PORT, [IPv6]:PORT or @shm-name)";
   if (o.server) {
