@@ -26,6 +26,7 @@
 
 #include "conveyor/device.hpp"
 #include "conveyor/error.hpp"
+#include "conveyor/export.hpp"
 #include "conveyor/qp.hpp"
 
 namespace conveyor {
@@ -48,7 +49,7 @@ struct connection_info {
   qp_connection_attr attr;
 };
 
-class connect_request {
+class CONVEYOR_API connect_request {
  public:
   connect_request() noexcept;
   explicit connect_request(std::unique_ptr<detail::conn_request_impl> impl) noexcept;
@@ -69,7 +70,7 @@ class connect_request {
   std::unique_ptr<detail::conn_request_impl> impl_;
 };
 
-class listener {
+class CONVEYOR_API listener {
  public:
   listener() noexcept;
   explicit listener(std::unique_ptr<detail::listener_impl> impl) noexcept;
@@ -97,7 +98,7 @@ class listener {
 };
 
 // Connects `qp` (state INIT) to a listener; on success qp is RTS.
-result<connection_info> connect(queue_pair& qp, std::string_view address,
-                                const connect_options& opts = {});
+CONVEYOR_API result<connection_info> connect(queue_pair& qp, std::string_view address,
+                                             const connect_options& opts = {});
 
 }  // namespace conveyor

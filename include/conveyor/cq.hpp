@@ -26,6 +26,7 @@
 #include <span>
 
 #include "conveyor/error.hpp"
+#include "conveyor/export.hpp"
 
 namespace conveyor {
 
@@ -43,7 +44,7 @@ enum class wc_opcode : std::uint8_t {
   recv,                // a SEND arrived
   recv_rdma_with_imm,  // an RDMA_WRITE_WITH_IMM arrived (consumes a receive)
 };
-std::string_view to_string(wc_opcode op) noexcept;
+CONVEYOR_API std::string_view to_string(wc_opcode op) noexcept;
 
 struct work_completion {
   std::uint64_t wr_id = 0;
@@ -62,7 +63,7 @@ struct cq_options {
   std::uint32_t depth = 1024;  // completions the queue holds before overflowing
 };
 
-class completion_queue {
+class CONVEYOR_API completion_queue {
  public:
   completion_queue() = default;
   explicit completion_queue(std::shared_ptr<detail::cq_impl> impl) noexcept;

@@ -23,6 +23,7 @@
 
 #include "conveyor/cq.hpp"
 #include "conveyor/error.hpp"
+#include "conveyor/export.hpp"
 
 namespace conveyor {
 
@@ -34,7 +35,7 @@ class device_impl;
 }
 
 enum class transport : std::uint8_t { iwarp, roce, infiniband, shm };
-std::string_view to_string(transport t) noexcept;
+CONVEYOR_API std::string_view to_string(transport t) noexcept;
 
 enum class progress_mode : std::uint8_t {
   thread,  // an engine thread per device (default): the target's CPU threads idle
@@ -52,7 +53,7 @@ enum class device_event_type : std::uint8_t {
   device_fatal,  // the device failed or was removed: nothing created from it works any more; close it all
   other,         // an address, LID or P_Key change, ...: see the description
 };
-std::string_view to_string(device_event_type t) noexcept;
+CONVEYOR_API std::string_view to_string(device_event_type t) noexcept;
 
 struct device_event {
   device_event_type type = device_event_type::other;
@@ -162,7 +163,7 @@ struct device_info {
   std::string reason;  // why not available
 };
 
-class device {
+class CONVEYOR_API device {
  public:
   device() = default;
   explicit device(std::shared_ptr<detail::device_impl> impl) noexcept;

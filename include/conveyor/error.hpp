@@ -13,9 +13,13 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <expected>
 #include <string>
 #include <string_view>
+#include <utility>
+
+#include "conveyor/export.hpp"
 
 namespace conveyor {
 
@@ -39,10 +43,10 @@ enum class errc : std::uint8_t {
   io_error,            // a system call failed (errno in error::sys_errno)
 };
 
-std::string_view to_string(errc e) noexcept;
+CONVEYOR_API std::string_view to_string(errc e) noexcept;
 
 // A control-path error: what, the errno underneath (0 if none), and where.
-struct error {
+struct CONVEYOR_API error {
   errc code = errc::ok;
   int sys_errno = 0;
   std::string context;  // e.g. "connect to 127.0.0.1:7471: connection refused"
@@ -55,7 +59,7 @@ template <class T>
 using result = std::expected<T, error>;
 
 // Builds an unexpected error; context is copied.
-std::unexpected<error> make_error(errc code, std::string context, int sys_errno = 0);
+CONVEYOR_API std::unexpected<error> make_error(errc code, std::string context, int sys_errno = 0);
 
 // The data-path status of post_* calls: ok, again (queue full), invalid_argument
 // (bad SGE, opcode, length), qp_in_error, invalid_state, unsupported.
@@ -81,6 +85,27 @@ enum class wc_status : std::uint8_t {
   general_err,
 };
 
-std::string_view to_string(wc_status s) noexcept;
+CONVEYOR_API std::string_view to_string(wc_status s) noexcept;
 
 }  // namespace conveyor
+
+// `.value()` on a failed result<T> throws std::bad_expected_access<conveyor::error>;
+// this specialization (allowed: it depends on a Conveyor type) makes its
+// what() the error's to_string(), so an uncaught one tells the user what
+// failed ("connect to 10.0.0.2:7471: connection refused (connection_refused, errno
+// 111: ...)") instead of "bad access to std::expected without expected value".
+// It is otherwise the standard class: error() returns the conveyor::error.
+template <>
+class std::bad_expected_access<conveyor::error> : public std::bad_expected_access<void> {
+ public:
+  explicit bad_expected_access(conveyor::error e) : error_(std::move(e)), what_(error_.to_string()) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  conveyor::error& error() & noexcept { return error_; }
+  const conveyor::error& error() const& noexcept { return error_; }
+  conveyor::error&& error() && noexcept { return std::move(error_); }
+  const conveyor::error&& error() const&& noexcept { return std::move(error_); }
+
+ private:
+  conveyor::error error_;
+  std::string what_;
+};

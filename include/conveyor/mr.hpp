@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "conveyor/error.hpp"
+#include "conveyor/export.hpp"
 
 namespace conveyor {
 
@@ -50,7 +51,7 @@ struct sge {
 };
 
 // What a peer needs to access registered memory: a plain value.
-struct remote_region {
+struct CONVEYOR_API remote_region {
   std::uint64_t addr = 0;
   std::uint64_t length = 0;
   std::uint32_t rkey = 0;
@@ -72,7 +73,7 @@ struct remote_region {
 };
 
 // A registration: move-only RAII handle. Keeps its protection domain alive.
-class memory_region {
+class CONVEYOR_API memory_region {
  public:
   memory_region() = default;
   explicit memory_region(std::shared_ptr<detail::mr_impl> impl) noexcept;

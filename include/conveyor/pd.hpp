@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "conveyor/error.hpp"
+#include "conveyor/export.hpp"
 #include "conveyor/mr.hpp"
 #include "conveyor/qp.hpp"
 
@@ -26,7 +27,7 @@ struct handle_access;
 class pd_impl;
 }
 
-class protection_domain {
+class CONVEYOR_API protection_domain {
  public:
   protection_domain() = default;
   explicit protection_domain(std::shared_ptr<detail::pd_impl> impl) noexcept;

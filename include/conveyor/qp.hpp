@@ -23,6 +23,7 @@
 
 #include "conveyor/cq.hpp"
 #include "conveyor/error.hpp"
+#include "conveyor/export.hpp"
 #include "conveyor/mr.hpp"
 
 namespace conveyor {
@@ -33,7 +34,7 @@ class qp_impl;
 }
 
 enum class qp_state : std::uint8_t { reset, init, rtr, rts, error };
-std::string_view to_string(qp_state s) noexcept;
+CONVEYOR_API std::string_view to_string(qp_state s) noexcept;
 
 enum class wr_opcode : std::uint8_t {
   send,
@@ -45,7 +46,7 @@ enum class wr_opcode : std::uint8_t {
   atomic_cmp_and_swp,
   atomic_fetch_and_add,
 };
-std::string_view to_string(wr_opcode op) noexcept;
+CONVEYOR_API std::string_view to_string(wr_opcode op) noexcept;
 
 enum class send_flags : std::uint32_t {
   none = 0,
@@ -166,7 +167,7 @@ struct qp_counters {
   std::uint64_t direct_ops = 0;
 };
 
-class queue_pair {
+class CONVEYOR_API queue_pair {
  public:
   queue_pair() = default;
   explicit queue_pair(std::shared_ptr<detail::qp_impl> impl) noexcept;

@@ -20,6 +20,7 @@
 #include "common/process.hpp"
 #include "common/raw_tcp.hpp"
 #include "perf_session.hpp"
+#include "perftest.hpp"
 
 namespace {
 
@@ -41,6 +42,21 @@ int exit_code(const cvt::command_result& r) { return WIFEXITED(r.status) ? WEXIT
 class server_process {
  public:
   explicit server_process(std::vector<std::string> extra = {}, std::string bind = "127.0.0.1:0") {
+    std::vector<std::string> args{tool, "perf", "--server", bind, "--accept-timeout", "120"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    start(std::move(args));
+  }
+  // Any command line (after the tool's path) that prints "listening on ADDRESS ".
+  // wait = false: do not wait for that line (a client run in the background).
+  struct raw_args {
+    std::vector<std::string> args;
+    bool wait = true;
+  };
+  explicit server_process(raw_args raw) {
+    raw.args.insert(raw.args.begin(), tool);
+    start(std::move(raw.args), raw.wait);
+  }
+  void start(std::vector<std::string> args, bool wait = true) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) return;
     pid_ = ::fork();
@@ -49,8 +65,6 @@ class server_process {
       int devnull = ::open("/dev/null", O_WRONLY);
       ::dup2(devnull, 1);
       ::alarm(300);
-      std::vector<std::string> args{tool, "perf", "--server", bind, "--accept-timeout", "120"};
-      args.insert(args.end(), extra.begin(), extra.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -59,6 +73,7 @@ class server_process {
     }
     ::close(p[1]);
     fd_ = p[0];
+    if (!wait) return;
     // "conveyor perf server: listening on 127.0.0.1:40123 (...)"
     const auto deadline = std::chrono::steady_clock::now() + cvt::scaled(10s);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -99,6 +114,13 @@ class server_process {
       log_.append(buf, static_cast<std::size_t>(n));
     }
     return log_;
+  }
+  // Sends `sig` and waits for the exit; its exit code (128 + sig after a
+  // clean stop), or -1 if it did not exit in time or was killed by it.
+  int interrupt(int sig, std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, sig);
+    return wait_exit(timeout);
   }
   // Waits for the server to exit on its own; its exit code or -1.
   int wait_exit(std::chrono::milliseconds timeout) {
@@ -580,3 +602,287 @@ TEST(cli, devices_with_an_unknown_provider_fails) {
 }
 
 }  // namespace
+
+// ------------------------------------------------- perftest habits (issue 17) --
+
+namespace {
+
+// Parses `conveyor <args>` with the tool's own perftest commands, in process.
+struct parsed_perftest {
+  std::string error;  // CLI11's or perftest_to_perf's
+  conveyor::tool::perf_options o;
+};
+parsed_perftest parse_perftest(std::vector<std::string> args) {
+  CLI::App app{"conveyor"};
+  conveyor::tool::perftest_args a;
+  const auto cmds = conveyor::tool::add_perftest_commands(app, a);
+  parsed_perftest out;
+  std::vector<std::string> rev(args.rbegin(), args.rend());
+  try {
+    app.parse(rev);
+  } catch (const CLI::ParseError& e) {
+    out.error = e.what();
+    return out;
+  }
+  for (const auto& c : cmds)
+    if (*c.app) {
+      out.error = conveyor::tool::perftest_to_perf(a, c.test, c.mode, out.o);
+      if (out.error.empty()) out.error = conveyor::tool::validate_perf_options(out.o);
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST(perftest, flags_have_perftests_meanings) {
+  using conveyor::tool::perf_mode;
+  using conveyor::tool::perf_test;
+  auto p = parse_perftest({"write_bw", "-s", "4096", "-n", "500", "-q", "4", "-t", "64", "-I", "0", "-p", "7000",
+                           "-l", "8", "-F", "-R", "--report_gbits", "10.0.0.2"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_FALSE(p.o.server);
+  EXPECT_EQ(p.o.test, perf_test::write);
+  EXPECT_EQ(p.o.mode, perf_mode::bw);
+  EXPECT_EQ(p.o.sizes, (std::vector<std::uint64_t>{4096}));
+  EXPECT_EQ(p.o.iters, 500u);
+  EXPECT_EQ(p.o.qps, 4u);
+  EXPECT_EQ(p.o.tx_depth, 64u);
+  EXPECT_EQ(p.o.inline_size, 0u);
+  EXPECT_EQ(p.o.batch, 8u);
+  EXPECT_TRUE(p.o.report_gbits);
+  EXPECT_EQ(p.o.address, "10.0.0.2");
+  EXPECT_EQ(p.o.default_port, 7000);
+  std::string why;
+  EXPECT_EQ(conveyor::tool::resolve_address(p.o, p.o.address, why), "10.0.0.2:7000") << why;
+
+  p = parse_perftest({"read_lat", "-a", "-D", "2", "-d", "soft"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_TRUE(p.o.server) << "no host: the server, as perftest";
+  EXPECT_EQ(p.o.address, "0.0.0.0:18515");
+  EXPECT_EQ(p.o.test, perf_test::read);
+  EXPECT_EQ(p.o.mode, perf_mode::lat);
+  EXPECT_EQ(p.o.sizes.size(), 23u) << "-a: 2 B .. 8 MiB";
+  EXPECT_EQ(p.o.duration, 2.0);
+  EXPECT_EQ(p.o.device, "soft");
+
+  p = parse_perftest({"write_lat", "-a", "h"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.o.sizes.front(), 8u) << "write_lat -a starts at the ping-pong's 8 bytes";
+  EXPECT_EQ(p.o.sizes.back(), 8u << 20);
+
+  p = parse_perftest({"send_bw", "-d", "mlx5_0", "-r", "128", "host7"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.o.device, "verbs:mlx5_0") << "an rdma-core name is the verbs provider's device";
+  EXPECT_EQ(p.o.provider, "verbs");
+  EXPECT_EQ(p.o.rx_depth, 128u);
+  EXPECT_EQ(p.o.test, perf_test::send);
+
+  p = parse_perftest({"atomic_lat", "-A", "CMP_AND_SWAP", "-d", "shm", "localhost"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.o.test, perf_test::compare_swap);
+  EXPECT_EQ(p.o.address, "@conveyor-perf-18515") << "shm: the port names the socket";
+  p = parse_perftest({"atomic_bw", "127.0.0.1"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.o.test, perf_test::fetch_add);
+}
+
+TEST(perftest, flags_that_do_not_apply_say_why) {
+  EXPECT_NE(parse_perftest({"write_bw", "-c", "UD", "h"}).error.find("reliable connected"), std::string::npos);
+  EXPECT_NE(parse_perftest({"write_bw", "-m", "4096", "h"}).error.find("MTU"), std::string::npos);
+  EXPECT_NE(parse_perftest({"write_bw", "-b", "h"}).error.find("bidirectional"), std::string::npos);
+  EXPECT_NE(parse_perftest({"write_bw", "-s", "lots", "h"}).error.find("not a size"), std::string::npos);
+  EXPECT_NE(parse_perftest({"write_lat", "-s", "4", "h"}).error.find("at least 8"), std::string::npos);
+}
+
+TEST(perftest, write_bw_server_without_host_and_client_with_bare_host) {
+  const std::uint16_t port = cvt::unused_port();
+  ASSERT_NE(port, 0);
+  server_process srv(server_process::raw_args{{"write_bw", "-p", std::to_string(port), "--verify"}});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  EXPECT_EQ(srv.address(), "0.0.0.0:" + std::to_string(port));
+  const auto r = run({"write_bw", "-p", std::to_string(port), "-s", "4096", "-n", "200", "--report_gbits", "-F",
+                      "--verify", "localhost"},
+                     60s);
+  ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  EXPECT_NE(r.output.find("BW[Gb/s]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("10^9 bits/s"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << "localhost, a bare host, is port " << port << ":\n" << r.output;
+  EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << srv.drain_log();
+}
+
+TEST(perftest, conveyor_perf_points_perftest_letters_to_the_right_flag) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"perf", "-s", "65536", "10.0.0.2"},
+                                                                {"perf", "-t", "128", "10.0.0.2"},
+                                                                {"perf", "-s", "4096"},
+                                                                {"perf", "-p", "18515", "10.0.0.2"}}) {
+    const auto r = run(args, 10s);
+    EXPECT_EQ(exit_code(r), 2) << r.output;
+    EXPECT_NE(r.output.find("conveyor write_bw"), std::string::npos) << r.output;
+  }
+  const auto r = run({"perf", "-s", "65536", "10.0.0.2"}, 10s);
+  EXPECT_NE(r.output.find("-S/--size"), std::string::npos) << r.output;
+}
+
+// ------------------------------------------------------ frictions (issue 17) --
+
+TEST(cli, negative_counts_and_durations_are_refused_naming_the_bound_only) {
+  auto r = run({"perf", "127.0.0.1:1", "--warmup", "-1"}, 10s);
+  EXPECT_EQ(exit_code(r), 2) << "--warmup -1 must not wrap to 2^64 - 1:\n" << r.output;
+  EXPECT_NE(r.output.find("--warmup"), std::string::npos) << r.output;
+  for (const char* opt : {"--duration", "--timeout", "--accept-timeout"}) {
+    r = run({"perf", "127.0.0.1:1", opt, "-1"}, 10s);
+    EXPECT_EQ(exit_code(r), 2) << r.output;
+    EXPECT_NE(r.output.find(opt), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("17976931348623157"), std::string::npos) << "DBL_MAX printed:\n" << r.output;
+    EXPECT_LT(r.output.size(), 400u) << r.output;
+  }
+}
+
+TEST(cli, bare_hosts_and_ipv6_without_brackets_reach_the_default_port) {
+  // Nothing listens: the message names the resolved address with port 18515.
+  // (Whether something listens on 18515 on this machine does not matter.)
+  for (const std::string host : {"::1", "localhost", "127.0.0.1"}) {
+    const auto r = run({"perf", host, "--timeout", "3", "--mode", "lat", "--iters", "1", "--warmup", "0"}, 20s);
+    EXPECT_NE(r.output.find(":18515"), std::string::npos) << host << ":\n" << r.output;
+    EXPECT_EQ(r.output.find("not a numeric"), std::string::npos) << host << ":\n" << r.output;
+    EXPECT_EQ(r.output.find("missing port"), std::string::npos) << host << ":\n" << r.output;
+  }
+  conveyor::tool::perf_options o;
+  std::string why;
+  EXPECT_EQ(conveyor::tool::resolve_address(o, "::1", why), "[::1]:18515") << why;
+  EXPECT_EQ(conveyor::tool::resolve_address(o, "[::1]", why), "[::1]:18515") << why;
+  EXPECT_EQ(conveyor::tool::resolve_address(o, "localhost:7000", why), "127.0.0.1:7000")
+      << "a name resolves to IPv4 first (the server's default is 0.0.0.0) " << why;
+  EXPECT_EQ(conveyor::tool::resolve_address(o, "10.1.2.3", why), "10.1.2.3:18515") << why;
+  EXPECT_EQ(conveyor::tool::resolve_address(o, "no-such-host.invalid", why), "");
+  EXPECT_NE(why.find("no-such-host.invalid"), std::string::npos) << why;
+  o.provider = "shm";
+  EXPECT_EQ(conveyor::tool::resolve_address(o, "@name", why), "@name");
+  // A server on a bare IPv6 address ("::1" -> [::1]:PORT) listens where it says.
+  server_process srv({}, "[::1]:0");
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  EXPECT_EQ(srv.address().rfind("[::1]:", 0), 0u) << srv.address();
+}
+
+TEST(cli, version_prints_the_build_facts) {
+  for (const char* arg : {"--version", "version"}) {
+    const auto r = run({arg}, 10s);
+    EXPECT_EQ(exit_code(r), 0) << r.output;
+    for (const char* s : {"conveyor 0.", "commit ", "compiler ", "providers  soft shm", "ISA-L "})
+      EXPECT_NE(r.output.find(s), std::string::npos) << s << " missing:\n" << r.output;
+  }
+}
+
+TEST(cli, a_second_client_of_a_busy_server_hears_busy_at_once) {
+  server_process srv;
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  cvt::command_result first;
+  std::thread t([&] { first = run({"perf", srv.address(), "--duration", "4", "--quiet"}, 60s); });
+  std::this_thread::sleep_for(cvt::scaled(1500ms));  // the first is running its test
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto second = run({"perf", srv.address(), "--duration", "0.2", "--quiet"}, 30s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  t.join();
+  EXPECT_EQ(exit_code(first), 0) << first.output;
+  EXPECT_EQ(exit_code(second), 1) << second.output;
+  EXPECT_NE(second.output.find("server busy"), std::string::npos) << second.output;
+  EXPECT_EQ(second.output.find("timed out"), std::string::npos) << second.output;
+  EXPECT_LT(took, cvt::scaled(3s)) << "the refusal must not wait for a handshake timeout";
+}
+
+TEST(cli, sigint_removes_the_shm_socket_path_and_a_restart_binds_it) {
+  const std::string path = "/tmp/cvt-cli-" + std::to_string(::getpid()) + ".sock";
+  ::unlink(path.c_str());
+  for (int sig : {SIGINT, SIGTERM}) {
+    server_process srv({"--provider", "shm"}, path);
+    ASSERT_FALSE(srv.address().empty()) << "bind after a " << sig << " stop failed:\n" << srv.drain_log();
+    ASSERT_EQ(::access(path.c_str(), F_OK), 0) << "the server listens on the path";
+    EXPECT_EQ(srv.interrupt(sig, cvt::scaled(10s)), 128 + sig) << srv.drain_log();
+    EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the socket path was left behind";
+    EXPECT_NE(srv.drain_log().find("interrupted by"), std::string::npos) << srv.drain_log();
+  }
+  ::unlink(path.c_str());
+}
+
+TEST(cli, sigint_on_a_client_prints_what_was_measured) {
+  server_process srv;
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  server_process client(server_process::raw_args{
+      {"perf", srv.address(), "--sizes", "8,16,32,64", "--duration", "1.5", "--json", "--quiet"}, false});
+  // The client in the background: give it time for a size or two of the four.
+  std::this_thread::sleep_for(cvt::scaled(2500ms));
+  EXPECT_EQ(client.interrupt(SIGINT, cvt::scaled(10s)), 128 + SIGINT) << client.drain_log();
+  const std::string err = client.drain_log();
+  EXPECT_NE(err.find("interrupted by SIGINT after "), std::string::npos) << err;
+  EXPECT_NE(err.find(" of 4 sizes"), std::string::npos) << err;
+}
+
+TEST(cli, shm_settings_name_the_data_path) {
+  server_process srv({"--provider", "shm"}, unique_shm_name());
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto r = run({"perf", srv.address(), "--provider", "shm", "--size", "64K", "--iters", "50"}, 60s);
+  ASSERT_EQ(exit_code(r), 0) << r.output;
+  EXPECT_NE(r.output.find("data path "), std::string::npos) << r.output;
+  const bool named = r.output.find("direct mapping") != std::string::npos ||
+                     r.output.find("cross-memory attach") != std::string::npos ||
+                     r.output.find("staged") != std::string::npos;
+  EXPECT_TRUE(named) << r.output;
+  EXPECT_EQ(r.output.find("MPA rev"), std::string::npos) << "shm has no MPA:\n" << r.output;
+}
+
+TEST(cli, a_log_level_that_is_not_one_is_named_in_a_warning) {
+  const auto r = cvt::run_command({"/usr/bin/env", "CONVEYOR_LOG=verbose", tool, "devices"}, cvt::scaled(20s));
+  EXPECT_EQ(exit_code(r), 0) << r.output;
+  EXPECT_NE(r.output.find("CONVEYOR_LOG=verbose is not a log level"), std::string::npos) << r.output;
+}
+
+TEST(cli, env_lists_every_variable_with_its_value_and_default) {
+  const auto r = cvt::run_command({"/usr/bin/env", "CONVEYOR_SPIN_US=7", tool, "env"}, cvt::scaled(10s));
+  EXPECT_EQ(exit_code(r), 0) << r.output;
+  for (const char* v : {"CONVEYOR_LOG", "CONVEYOR_SPIN_US", "CONVEYOR_ENGINE_SPIN_US", "CONVEYOR_ENGINE_PARK",
+                        "CONVEYOR_SHM_CMA", "CONVEYOR_SHM_DIRECT", "CONVEYOR_VERBS_GID_INDEX", "CONVEYOR_GLOO_DEVICE"})
+    EXPECT_NE(r.output.find(v), std::string::npos) << v << " missing:\n" << r.output;
+  const auto line = r.output.substr(r.output.find("CONVEYOR_SPIN_US"));
+  EXPECT_LT(line.find(" 7 "), line.find('\n')) << "the current value is shown:\n" << r.output;
+}
+
+// ------------------------------------------------------------ conveyor ping --
+
+TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
+  for (const std::string provider : {"soft", "shm"}) {
+    const std::string bind = provider == "shm" ? unique_shm_name() : "127.0.0.1:0";
+    server_process srv(server_process::raw_args{{"ping", "--server", bind, "-p", provider, "--once"}});
+    ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+    const auto r = run({"ping", srv.address(), "-p", provider, "--size", "64K"}, 30s);
+    ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+    for (const char* s : {"connected", "IRD/ORD", "SEND 65536 B, echoed and verified: round trip",
+                          "RDMA READ of it, verified", "conveyor ping: OK"})
+      EXPECT_NE(r.output.find(s), std::string::npos) << provider << ": " << s << " missing:\n" << r.output;
+    EXPECT_NE(r.output.find(provider == "shm" ? "data path" : "MPA rev 2"), std::string::npos) << r.output;
+    EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << srv.drain_log();
+  }
+}
+
+TEST(ping, failures_are_one_line_that_says_what_is_wrong) {
+  const std::uint16_t port = cvt::unused_port();
+  ASSERT_NE(port, 0);
+  auto r = run({"ping", "127.0.0.1:" + std::to_string(port), "--timeout", "3"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("nothing is listening"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("conveyor ping --server"), std::string::npos) << r.output;
+
+  server_process perf_srv;  // a perf server refuses a ping client with its reason
+  ASSERT_FALSE(perf_srv.address().empty()) << perf_srv.drain_log();
+  r = run({"ping", perf_srv.address(), "--timeout", "3"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("rejected the connection"), std::string::npos) << r.output;
+
+  r = run({"ping", "@cvt-no-such-ping-server", "-p", "shm", "--timeout", "3"}, 20s);
+  EXPECT_EQ(exit_code(r), 1) << r.output;
+  EXPECT_NE(r.output.find("nothing is listening"), std::string::npos) << r.output;
+
+  r = run({"ping"}, 10s);
+  EXPECT_EQ(exit_code(r), 2) << r.output;
+  EXPECT_NE(r.output.find("address is missing"), std::string::npos) << r.output;
+}

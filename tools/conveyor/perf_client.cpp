@@ -13,14 +13,17 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "perf.hpp"
 #include "perf_report.hpp"
 #include "perf_session.hpp"
+#include "perf_signals.hpp"
 
 namespace conveyor::tool {
 
@@ -186,6 +189,8 @@ void client::connect_all() {
   settings_.max_fpdu = c.max_fpdu;
   settings_.mpa_revision = c.mpa_revision;
   settings_.extensions = c.extensions;
+  settings_.data_path = c.data_path;
+  settings_.direct_mapping = c.direct_mapping;
   settings_.opts = o_;
 }
 
@@ -523,10 +528,29 @@ int client::run() {
     print_table_header(stdout, settings_);
   }
   std::vector<perf_result> results;
+  // Ctrl-C / SIGTERM: what was measured so far (the table's rows are printed
+  // already; JSON gets the finished sizes and "interrupted"), then exit 128+sig.
+  std::mutex results_mu;
+  struct forget_action {
+    ~forget_action() { on_interrupt({}); }
+  } forget;  // before `results` goes away, also when a run fails
+  on_interrupt([&](int sig) {
+    const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    std::lock_guard lk(results_mu);
+    if (o_.json) {
+      auto j = to_json(settings_, results);
+      j["interrupted"] = name;
+      std::cout << j.dump(2) << std::endl;
+    }
+    std::fprintf(stderr, "conveyor perf: interrupted by %s after %zu of %zu sizes%s\n", name, results.size(),
+                 o_.sizes.size(), results.empty() ? "" : o_.json ? " (their results above)" : " (the rows above are complete)");
+  });
   bool verify_failed = false;
   for (std::size_t i = 0; i < o_.sizes.size(); ++i) {
     const std::uint64_t seed = 0x5eedull * (i + 1) + o_.sizes[i];
-    results.push_back(run_size(o_.sizes[i], seed, i));
+    auto r = run_size(o_.sizes[i], seed, i);
+    std::lock_guard lk(results_mu);
+    results.push_back(r);
     if (results.back().verify_errors != 0) verify_failed = true;
     if (!o_.json) print_table_row(stdout, settings_, results.back());
   }
@@ -550,6 +574,18 @@ int run_perf_client(const perf_options& o) {
     std::fprintf(stderr, "conveyor perf: %s\n", e.what());
     return 1;
   }
+}
+
+int run_perf(perf_options o) {
+  std::string why;
+  const std::string address = resolve_address(o, o.address, why);
+  if (address.empty()) {
+    std::fprintf(stderr, "conveyor perf%s: %s\n", o.server ? " server" : "", why.c_str());
+    return 1;
+  }
+  o.address = address;
+  take_interrupts();
+  return o.server ? run_perf_server(o) : run_perf_client(o);
 }
 
 }  // namespace conveyor::tool

@@ -1,8 +1,13 @@
 // Option parsing and validation of `conveyor perf`.
 #include "perf_options.hpp"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <map>
 
 namespace conveyor::tool {
@@ -67,6 +72,43 @@ std::string check_size(std::string& s) {
   return {};
 }
 
+// Validators whose messages name the bound and nothing else (CLI11's own print
+// the far end of the range too: DBL_MAX written out in 309 digits).
+CLI::Validator positive_seconds() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double v = 0;
+        auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || p != s.data() + s.size() || !std::isfinite(v) || v <= 0)
+          return "must be a number of seconds greater than 0, not '" + s + "'";
+        return {};
+      },
+      "SECONDS>0");
+}
+CLI::Validator non_negative_seconds() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double v = 0;
+        auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || p != s.data() + s.size() || !std::isfinite(v) || v < 0)
+          return "must be a number of seconds, 0 or more, not '" + s + "'";
+        return {};
+      },
+      "SECONDS>=0");
+}
+// A whole number in [lo, hi]; "-1" is refused, not wrapped to 2^64 - 1.
+CLI::Validator whole_number(std::uint64_t lo, std::uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        std::uint64_t v = 0;
+        auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || p != s.data() + s.size() || v < lo || v > hi)
+          return "must be a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", not '" + s + "'";
+        return {};
+      },
+      "N");
+}
+
 }  // namespace
 
 void add_perf_options(CLI::App& app, perf_options& o) {
@@ -91,10 +133,11 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   app.add_option("--sizes", sizes_text, "comma-separated message sizes, run in order");
   app.add_flag("-a,--all", all_sizes, "sweep sizes 2 B .. 8 MiB in powers of two");
   app.add_option("-n,--iters", o.iters, "iterations per size (default: lat 1000; bw/rate use --duration)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1ull << 40));
   app.add_option("-D,--duration", o.duration, "seconds per size (default for bw/rate: 1)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "untimed iterations before each size (default: lat 100, bw 0)");
+      ->check(positive_seconds());
+  app.add_option("--warmup", o.warmup, "untimed iterations before each size (default: lat 100, bw 0)")
+      ->check(whole_number(0, 1ull << 40));
   app.add_option("-q,--qps", o.qps, "number of connected QPs (data is spread round-robin)")
       ->check(CLI::Range(1, 64))->default_val(1);
   app.add_option("--tx-depth", o.tx_depth, "outstanding requests per QP (default: bw/rate 128; READ/atomics limited by ORD)")
@@ -111,14 +154,17 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   app.add_option("--progress", o.typed.progress, "progress engine: thread or manual")
       ->check(CLI::IsMember({"thread", "manual"}))
       ->default_str("thread");
-  app.add_option("--cpu", o.cpu, "pin this process (and its engine thread) to one CPU")->check(CLI::NonNegativeNumber);
+  app.add_option("--cpu", o.cpu, "pin this process (and its engine thread) to one CPU")->check(whole_number(0, 65535));
   app.add_flag("--verify", o.verify, "check the bytes moved, on both sides (slower)");
   app.add_flag("--json", o.json, "print results as JSON (schema conveyor-perf/1, docs/CLI.md)");
   app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
+  app.add_flag("--report_gbits,--report-gbits", o.report_gbits,
+               "bandwidth in Gb/s (10^9 bit/s) instead of MB/s (10^6 byte/s), as perftest's --report_gbits");
+  app.add_flag("-F,--CPU-freq")->description("accepted for perftest habits: there is no CPU-frequency check to silence");
   app.add_option("--timeout", o.timeout, "seconds without progress (or to connect) before giving up")
-      ->check(CLI::PositiveNumber)->default_val(10);
+      ->check(positive_seconds())->default_val(10);
   app.add_option("--accept-timeout", o.accept_timeout, "server: seconds to wait for a client (0 = forever)")
-      ->check(CLI::NonNegativeNumber)->default_val(0);
+      ->check(non_negative_seconds())->default_val(0);
   app.add_option("--max-size", max_size_text, "server: largest message size it accepts (default 64M)")
       ->check(CLI::Validator(check_size, "SIZE"));
   app.add_option(
@@ -160,7 +206,104 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   });
 }
 
+
+std::string resolve_address(const perf_options& o, std::string_view address, std::string& why) {
+  std::string a(address);
+  // shm: abstract names and socket paths; never a host.
+  if (o.provider == "shm" || o.device.starts_with("shm") || a.starts_with('@') || a.starts_with('/') ||
+      a.starts_with('.'))
+    return a;
+  const std::string port = std::to_string(o.default_port);
+  std::string host, service;
+  if (a.starts_with('[')) {  // [v6] or [v6]:port
+    auto close = a.find(']');
+    if (close == std::string::npos) {
+      why = "address \"" + a + "\": no closing ']'";
+      return {};
+    }
+    host = a.substr(1, close - 1);
+    if (close + 1 == a.size()) service = port;
+    else if (a[close + 1] == ':') service = a.substr(close + 2);
+    else {
+      why = "address \"" + a + "\": expected [ipv6]:port";
+      return {};
+    }
+  } else if (std::count(a.begin(), a.end(), ':') >= 2) {  // a bare IPv6 address: "::1", "fe80::2"
+    host = a;
+    service = port;
+  } else if (auto colon = a.rfind(':'); colon != std::string::npos) {
+    host = a.substr(0, colon);
+    service = a.substr(colon + 1);
+  } else {  // a bare host: perftest's habit, the default port
+    host = a;
+    service = port;
+  }
+  if (host.empty()) host = "0.0.0.0";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0 || res == nullptr) {
+    const bool bad_port = service.empty() || service.find_first_not_of("0123456789") != std::string::npos;
+    why = "address \"" + a + "\": " +
+          (bad_port ? "the port '" + service + "' is not a number"
+                    : "cannot resolve host '" + host + "': " + ::gai_strerror(rc)) +
+          " (addresses look like 192.0.2.1:18515, [::1]:18515, HOST or HOST:PORT)";
+    return {};
+  }
+  // IPv4 first when a name has both ("localhost"): the server's default
+  // address, 0.0.0.0, is IPv4.
+  const addrinfo* pick = res;
+  for (const addrinfo* r = res; r != nullptr; r = r->ai_next)
+    if (r->ai_family == AF_INET) {
+      pick = r;
+      break;
+    }
+  char buf[INET6_ADDRSTRLEN] = {};
+  std::string out;
+  if (pick->ai_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr, buf, sizeof buf);
+    out = "[" + std::string(buf) + "]:" + service;
+  } else {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr, buf, sizeof buf);
+    out = std::string(buf) + ":" + service;
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+namespace {
+bool is_number(std::string_view s) {
+  return !s.empty() && std::isdigit(static_cast<unsigned char>(s.front())) && parse_size(s).has_value();
+}
+}  // namespace
+
+std::string perftest_habit_hint(const std::vector<std::string>& args) {
+  std::string hint;
+  auto add = [&hint](const std::string& s) {
+    if (hint.find(s) == std::string::npos) hint += (hint.empty() ? "" : "; ") + s;
+  };
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool num_next = i + 1 < args.size() && is_number(args[i + 1]);
+    if (a == "-s" && num_next) add("-s is --server in `conveyor perf`: the message size is -S/--size");
+    if (a == "-p" && num_next) add("-p is --provider in `conveyor perf`: put the port in the address (HOST:PORT)");
+    if (a == "-t" && num_next) add("-t is --test in `conveyor perf`: the tx depth is --tx-depth");
+    if (a == "-m" && num_next) add("-m is --mode in `conveyor perf`; the MTU is the path's own");
+    if (a == "-x" || a == "-R" || a == "--rdma_cm" || a == "--ib-dev" || a == "--port")
+      add(a + " is perftest's spelling");
+  }
+  if (hint.empty()) return {};
+  return hint + ". perftest's flags, with perftest's meanings, are taken by `conveyor write_bw`, `read_lat`, ... "
+                "(e.g. conveyor write_bw -s 65536 -p 18515 HOST; docs/CLI.md, \"perftest habits\")";
+}
+
 std::string validate_perf_options(perf_options& o) {
+  if (!o.provider.empty() && o.provider.find_first_not_of("0123456789") == std::string::npos)
+    return "provider '" + o.provider + "' is a number: -p is --provider (soft, shm, verbs) here, not a port";
+  if (!o.address.empty() && o.address.find_first_not_of("0123456789") == std::string::npos)
+    return "'" + o.address + "' is a number, not an address (HOST, HOST:PORT, [IPv6]:PORT or @shm-name)";
   if (o.server) {
     if (o.address.empty()) o.address = o.provider == "shm" ? "@conveyor-perf" : "0.0.0.0:18515";
     return {};

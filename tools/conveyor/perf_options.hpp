@@ -44,6 +44,8 @@ struct perf_options {
   bool verify = false;
   bool json = false;
   bool quiet = false;               // no progress lines on stderr
+  bool report_gbits = false;        // bandwidth in Gb/s (10^9 bit/s) instead of MB/s (10^6 B/s)
+  std::uint16_t default_port = 18515;  // of a bare host (perftest's port)
   double timeout = 10;              // seconds without progress before giving up
   double accept_timeout = 0;        // server: seconds to wait for a client (0 = forever)
   std::uint64_t max_size = 64ull << 20;  // server: largest message it accepts
@@ -65,6 +67,18 @@ void add_perf_options(CLI::App& app, perf_options& o);
 // Fills defaults that depend on the mode and checks combinations; returns ""
 // or a message for the user.
 std::string validate_perf_options(perf_options& o);
+
+// The address to connect to or listen on, as the library takes it: a bare host
+// gets the default port ("10.0.0.2" -> "10.0.0.2:18515"), a bare IPv6 address
+// its brackets ("::1" -> "[::1]:18515"), a host name is resolved ("localhost",
+// "node7:7471"); shm names ("@name", paths) are left alone. "" and a message in
+// `why` when it cannot be resolved.
+std::string resolve_address(const perf_options& o, std::string_view address, std::string& why);
+
+// When `conveyor perf`'s arguments look like perftest's (where its short
+// letters mean something else: -s size, -p port, -t tx depth, -m MTU, -S SL),
+// a sentence that points to the right flag or to `conveyor write_bw` & co.; "" otherwise.
+std::string perftest_habit_hint(const std::vector<std::string>& perf_args);
 
 // "8", "4K", "4KiB", "64k", "1M", "1MiB", "2G": bytes; nullopt when malformed.
 std::optional<std::uint64_t> parse_size(std::string_view text);

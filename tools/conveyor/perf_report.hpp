@@ -48,6 +48,8 @@ struct perf_settings {
   bool crc = false, extensions = false;
   std::uint8_t mpa_revision = 0;
   std::string progress;
+  std::string data_path;        // shm: "cma" or "staged" ("" with a wire)
+  bool direct_mapping = false;  // shm: this side serves its one-sided requests itself
   perf_options opts;  // test, mode, sizes, qps, depths, batch, inline, cpu, iters/duration
 };
 

@@ -11,11 +11,16 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <stop_token>
 #include <thread>
+
+#include <csignal>
+#include <unistd.h>
 
 #include "perf.hpp"
 #include "perf_report.hpp"
 #include "perf_session.hpp"
+#include "perf_signals.hpp"
 
 namespace conveyor::tool {
 
@@ -350,6 +355,14 @@ int run_perf_server(const perf_options& o) {
     device dev = open_perf_device(o);
     auto lis = listener::bind(dev, o.address);
     if (!lis) fail(lis.error().to_string());
+    // Ctrl-C / SIGTERM: a shm socket path must not outlive the server (it
+    // would refuse the next one's bind). Set before "listening" is printed.
+    const bool path = dev.attr().provider == "shm" && !o.address.starts_with('@');
+    on_interrupt([path, address = o.address](int sig) {
+      if (path) ::unlink(address.c_str());
+      std::fprintf(stderr, "conveyor perf server: interrupted by %s%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                   path ? ("; removed " + address).c_str() : "");
+    });
     std::fprintf(stderr, "conveyor perf server: listening on %s (provider %s, device %s)\n",
                  lis->address().c_str(), dev.attr().provider.c_str(), dev.attr().name.c_str());
     const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
@@ -428,7 +441,22 @@ int run_perf_server(const perf_options& o) {
         std::fprintf(stderr, "conveyor perf server: client %s connected (%u data QPs)\n",
                      client.c_str(), static_cast<unsigned>(hello->qps));
         served = true;
-        session(ep, *hello).serve();
+        {
+          // During the run, another client hears "server busy" at once
+          // instead of waiting out its handshake timeout.
+          std::jthread turn_away([&lis, &client](std::stop_token stop) {
+            while (!stop.stop_requested()) {
+              auto other = lis->accept(std::chrono::milliseconds(100));
+              if (!other) continue;
+              const std::string busy = "server busy: running the test of client " + client +
+                                       "; try again when it is done";
+              std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n", other->peer_address().c_str(),
+                           busy.c_str());
+              (void)other->reject(busy);
+            }
+          });
+          session(ep, *hello).serve();
+        }
         std::fprintf(stderr, "conveyor perf server: client %s done\n", client.c_str());
       } catch (const perf_failure& e) {
         if (!o.persistent && served) throw;

@@ -1,6 +1,7 @@
 // The software devices' device, protection domain and memory region.
 #include "providers/swnic/sw_device.hpp"
 
+#include "core/log.hpp"
 #include "providers/swnic/sw_engine.hpp"
 #include "providers/swnic/sw_qp.hpp"
 
@@ -9,10 +10,10 @@
 namespace conveyor::swnic {
 
 device_options with_env_overrides(device_options o) {
-  if (const char* v = std::getenv("CONVEYOR_SPIN_US")) o.spin_us = static_cast<std::uint32_t>(std::atoi(v));
-  if (const char* v = std::getenv("CONVEYOR_ENGINE_SPIN_US"))
-    o.engine_spin_us = static_cast<std::uint32_t>(std::atoi(v));
-  if (const char* v = std::getenv("CONVEYOR_ENGINE_PARK")) o.engine_park = std::atoi(v) != 0;
+  // A malformed value is ignored with one warning naming the variable.
+  if (auto v = detail::env_u32("CONVEYOR_SPIN_US")) o.spin_us = *v;
+  if (auto v = detail::env_u32("CONVEYOR_ENGINE_SPIN_US")) o.engine_spin_us = *v;
+  if (auto v = detail::env_u32("CONVEYOR_ENGINE_PARK")) o.engine_park = *v != 0;
   return o;
 }
 

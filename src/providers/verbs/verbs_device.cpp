@@ -65,8 +65,7 @@ verbs_device::verbs_device(ibv_context* ctx, const device_options& opts) : ctx_(
   // register_memory makes plain MRs, which rxe refuses to invalidate.
   attr_.send_with_invalidate = false;
   for (std::uint8_t p = 1; p <= dattr_.phys_port_cnt; ++p) attr_.ports.push_back(describe_port(p));
-  if (const char* g = std::getenv("CONVEYOR_VERBS_GID_INDEX"); g != nullptr && *g != '\0')
-    gid_override_ = std::atoi(g);
+  if (auto g = detail::env_u32("CONVEYOR_VERBS_GID_INDEX")) gid_override_ = static_cast<int>(*g);
   dev_path_ = ctx_->device->dev_path;
   if (::access(dev_path_.c_str(), F_OK) != 0)
     dev_path_.clear();  // (no sysfs here: nothing to watch)

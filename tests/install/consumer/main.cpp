@@ -1,11 +1,17 @@
-// Uses an installed Conveyor: lists the devices, opens "soft", prints its attributes.
+// Uses an installed Conveyor: lists the devices, opens "soft", prints its
+// attributes; the library it runs with must be the version its headers name.
 #include <conveyor/conveyor.hpp>
 
 #include <cstdio>
 #include <string>
 
 int main() {
-  std::printf("conveyor %s\n", conveyor::version_string);
+  const auto& built = conveyor::build_info();
+  std::printf("conveyor %s (library %.*s, commit %.*s, providers %.*s)\n", conveyor::version_string,
+              static_cast<int>(built.version.size()), built.version.data(),
+              static_cast<int>(built.commit.size()), built.commit.data(),
+              static_cast<int>(built.providers.size()), built.providers.data());
+  if (built.version != conveyor::version_string) return 1;
   for (const auto& d : conveyor::device::list())
     std::printf("device %s (provider %s)%s%s\n", d.name.c_str(), d.provider.c_str(),
                 d.available ? "" : ": unavailable, ", d.available ? "" : d.reason.c_str());
