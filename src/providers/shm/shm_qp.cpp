@@ -38,13 +38,12 @@ shm_qp::~shm_qp() {
 }
 
 // ------------------------------------------------------------------ posting ----
-swnic::wqe_base& shm_qp::sq_entry_locked(std::uint32_t idx) noexcept {
-  sq_[idx] = swqe{};
-  return sq_[idx];
-}
+swnic::wqe_base& shm_qp::sq_entry_locked(std::uint32_t idx) noexcept { return sq_[idx]; }
 
 bool shm_qp::sq_accept_locked(std::uint32_t idx) noexcept {
   swqe& w = sq_[idx];
+  w.resp_done = w.done = false;
+  w.pos_begin = w.pos_end = 0;
   w.cma = cma_tx_ && !w.inl && w.len >= cma_min && !is_atomic_op(w.op);
   w.needs_resp = is_atomic_op(w.op) || (w.op == wr_opcode::rdma_read && !w.cma);
   // Direct mapping: with nothing outstanding (completions stay in posting

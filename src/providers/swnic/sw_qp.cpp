@@ -49,7 +49,12 @@ status sw_qp::validate_send(const send_wr& wr) const noexcept {
   std::uint64_t total = 0;
   for (const auto& s : wr.sg_list) total += s.length;
   if (total > 0x7FFFFFFFull) return errc::invalid_argument;
-  if (const status rc = check_send(wr); rc != errc::ok) return rc;
+  // Immediate data and atomics only where the connection has them (soft: RFC
+  // 7306 negotiated in the handshake; shm: always).
+  if ((wr.opcode == wr_opcode::send_with_imm || wr.opcode == wr_opcode::rdma_write_with_imm ||
+       is_atomic_op(wr.opcode)) &&
+      !attr_.extensions)
+    return errc::unsupported;
   if (is_atomic_op(wr.opcode) &&
       (wr.sg_list.size() != 1 || wr.sg_list[0].length != 8 || (wr.remote_addr & 7) != 0))
     return errc::invalid_argument;

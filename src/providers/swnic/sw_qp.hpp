@@ -76,14 +76,14 @@ class sw_qp : public detail::qp_impl {
   explicit sw_qp(qp_args&& a);
 
   // ---- hooks ----
-  // post_send, under tx_mu_: a cleared slot for SQ index idx; the base fills the
-  // wqe_base part.
+  // post_send, under tx_mu_: the slot of SQ index idx. The base assigns every
+  // wqe_base field; sq_accept_locked sets the provider's own (nothing is
+  // cleared twice on the posting path).
   virtual wqe_base& sq_entry_locked(std::uint32_t idx) noexcept = 0;
-  // The provider's own rule for a request the base found well-formed.
-  virtual status check_send(const send_wr&) const noexcept { return errc::ok; }
-  // The slot is filled: false if the provider served it at once (it then
-  // reported its completion and the slot is not queued).
-  virtual bool sq_accept_locked(std::uint32_t) noexcept { return true; }
+  // The slot's wqe_base part is filled: the provider sets the rest; false if it
+  // served the request at once (it then reported its completion and the slot
+  // is not queued).
+  virtual bool sq_accept_locked(std::uint32_t idx) noexcept = 0;
   // After a batch, under tx_mu_: move what was queued; true when the peer
   // should be told, which sq_doorbell() then does without the lock.
   virtual bool sq_transmit_locked() noexcept = 0;

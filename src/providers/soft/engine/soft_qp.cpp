@@ -29,17 +29,14 @@ soft_qp::soft_qp(swnic::qp_args&& a)
 soft_qp::~soft_qp() { disconnect(); }
 
 // ------------------------------------------------------------------ posting ----
-swnic::wqe_base& soft_qp::sq_entry_locked(std::uint32_t idx) noexcept {
-  sq_[idx] = swqe{};
-  return sq_[idx];
-}
+swnic::wqe_base& soft_qp::sq_entry_locked(std::uint32_t idx) noexcept { return sq_[idx]; }
 
-// Immediate data and atomics are RFC 7306: only when the handshake negotiated it.
-status soft_qp::check_send(const send_wr& wr) const noexcept {
-  if ((wr.opcode == wr_opcode::send_with_imm || wr.opcode == wr_opcode::rdma_write_with_imm ||
-       is_atomic_op(wr.opcode)) && !cp_.ext)
-    return errc::unsupported;
-  return errc::ok;
+bool soft_qp::sq_accept_locked(std::uint32_t idx) noexcept {
+  swqe& w = sq_[idx];
+  w.st = wqe_st::queued;
+  w.msn = 0;
+  w.atomic_result = 0;
+  return true;
 }
 
 bool soft_qp::sq_transmit_locked() noexcept {

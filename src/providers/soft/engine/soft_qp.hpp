@@ -109,7 +109,7 @@ class soft_qp final : public swnic::sw_qp {
 
   // ---- sw_qp hooks ----
   swnic::wqe_base& sq_entry_locked(std::uint32_t idx) noexcept override;
-  status check_send(const send_wr& wr) const noexcept override;
+  bool sq_accept_locked(std::uint32_t idx) noexcept override;
   bool sq_transmit_locked() noexcept override;
   void to_error() noexcept override { enter_error(wc_status::wr_flush_err, 0); }
   void teardown_for_reset() noexcept override;
