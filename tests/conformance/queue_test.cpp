@@ -364,8 +364,16 @@ TEST_P(queues, modify_to_error_flushes_outstanding_sends) {
   constexpr std::size_t n = 64, len = 64 * KiB;
   auto sink = make_region(init.pd, len, access::local_write, 0x9a00);
   CVT_ASSERT_OK(sink);
+  // The source is plain registered memory, never an allocated region: on shm a
+  // READ of an allocated region may be served through a direct mapping inside
+  // post_send, so nothing would be outstanding once the mapping is up (the
+  // CONVEYOR_TEST_ALLOCATE rerun failed so, 1 run in several, under asan).
+  std::vector<std::byte> src(len, std::byte{0x5a});
+  auto src_mr = tgt.pd.register_memory(std::span<std::byte>(src), access::remote_read);
+  CVT_ASSERT_OK(src_mr);
+  const conveyor::remote_region from = src_mr->remote();
   for (std::size_t i = 0; i < n; ++i) {
-    CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(0, len), peer.slice(0, len), 41000 + i));
+    CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(0, len), from, 41000 + i));
   }
   auto m = init.qp.modify(qp_state::error);
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
