@@ -778,7 +778,11 @@ TEST(cli, a_second_client_of_a_busy_server_hears_busy_at_once) {
   server_process srv;
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
   cvt::command_result first;
-  std::thread t([&] { first = run({"perf", srv.address(), "--duration", "4", "--quiet"}, 60s); });
+  // The first client's run and the wait before the second both scale with the
+  // build (a sanitizer build is slower): the second must arrive mid-run, not
+  // after the one-client server has gone (tsan failed it so).
+  const std::string first_s = std::to_string(cvt::scaled(4000ms).count() / 1000.0);
+  std::thread t([&] { first = run({"perf", srv.address(), "--duration", first_s, "--quiet"}, 60s); });
   std::this_thread::sleep_for(cvt::scaled(1500ms));  // the first is running its test
   const auto t0 = std::chrono::steady_clock::now();
   const auto second = run({"perf", srv.address(), "--duration", "0.2", "--quiet"}, 30s);
@@ -808,8 +812,11 @@ TEST(cli, sigint_removes_the_shm_socket_path_and_a_restart_binds_it) {
 TEST(cli, sigint_on_a_client_prints_what_was_measured) {
   server_process srv;
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  // Each size's run scales with the build like the wait does, so SIGINT lands
+  // after a size or two of the four, not after all of them (tsan failed it so).
+  const std::string per_size = std::to_string(cvt::scaled(1500ms).count() / 1000.0);
   server_process client(server_process::raw_args{
-      {"perf", srv.address(), "--sizes", "8,16,32,64", "--duration", "1.5", "--json", "--quiet"}, false});
+      {"perf", srv.address(), "--sizes", "8,16,32,64", "--duration", per_size, "--json", "--quiet"}, false});
   // The client in the background: give it time for a size or two of the four.
   std::this_thread::sleep_for(cvt::scaled(2500ms));
   EXPECT_EQ(client.interrupt(SIGINT, cvt::scaled(10s)), 128 + SIGINT) << client.drain_log();
