@@ -405,6 +405,16 @@ void expect_legit_served(target_child& t, const ready_info& r, int conn) {
   EXPECT_EQ(done.value_or("(none)"), "done");
 }
 
+// After a hostile peer: the target is alive, its canary region intact, and it
+// still serves a legitimate client (its connection number 1).
+void expect_target_survived(target_child& t, const ready_info& r) {
+  const auto lines = t.until("canary");
+  ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
+  EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
+  expect_legit_served(t, r, 1);
+  EXPECT_EQ(t.finish(), "exit 0");
+}
+
 // ------------------------------------------------------------------- cases ----
 
 // Finding 1: an unsealed segment is refused at the handshake. Before the fix
@@ -506,11 +516,7 @@ TEST(shm_hostile, read_resumed_after_a_full_response_ring_uses_the_validated_req
     EXPECT_TRUE(p.wait_for([&] { return p.req().tail.load() == 1; }));
     EXPECT_EQ(p.req().err_status.load(), 0u);
   }
-  const auto lines = t.until("canary");
-  ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
-  EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
-  expect_legit_served(t, *r, 1);
-  EXPECT_EQ(t.finish(), "exit 0");
+  expect_target_survived(t, *r);
 }
 
 // IRD on shm: a peer that keeps more READs waiting for their responses than the
@@ -543,11 +549,7 @@ TEST(shm_hostile, reads_beyond_the_negotiated_ird_are_refused) {
     EXPECT_EQ(p.req().err_pos.load(), ird) << "the first READ past the IRD is the one refused";
     EXPECT_EQ(p.resp().head.load(), ird) << "responses produced";
   }
-  const auto lines = t.until("canary");
-  ASSERT_FALSE(lines.empty()) << "the target died: " << t.finish();
-  EXPECT_TRUE(contains(lines, "canary ok")) << joined(lines);
-  expect_legit_served(t, *r, 1);
-  EXPECT_EQ(t.finish(), "exit 0");
+  expect_target_survived(t, *r);
 }
 
 // Finding 6: a two-slot SEND whose last slot claims a 4 GiB total. Before the
