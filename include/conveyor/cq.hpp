@@ -5,11 +5,15 @@
 //   auto n = cq.poll(wcs);                       // non-blocking batch
 //   auto wc = cq.wait_one(1s);                   // blocking, bounded, no busy loop
 //
-// Completion semantics: a SEND or WRITE completion means the peer acknowledged
-// it, i.e. the data was placed at the target (the soft provider confirms it as an
-// InfiniBand RC ACK would; see docs/ARCHITECTURE.md), so a remote access error
-// completes the request that caused it. READ and atomic completions mean the
-// data is in local memory. Completions of one QP's send
+// Completion semantics: on soft, shm and InfiniBand/RoCE a SEND or WRITE
+// completion means the peer acknowledged it, i.e. the data was placed at the
+// target (soft confirms it as an InfiniBand RC ACK would; see
+// docs/ARCHITECTURE.md), so a remote access error completes the request that
+// caused it. iWARP hardware and Linux siw (verbs) may complete a WRITE once it
+// is handed to the transport, as iWARP allows: there a later READ or a SEND the
+// peer answers is what proves placement, and a remote access error shows as the
+// QP going to ERROR (its later requests flush) rather than on that WRITE.
+// READ and atomic completions mean the data is in local memory. Completions of one QP's send
 // queue are delivered in posting order (likewise for its receive queue).
 //
 // Overflow is never silent: once the provider could not store a completion, poll

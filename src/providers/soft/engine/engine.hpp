@@ -1,7 +1,9 @@
 // The soft provider's progress engine: one epoll set per device holding every
-// connected QP's socket. In thread mode a dedicated thread runs it (spinning for
-// device_options::spin_us after activity, then blocking in epoll_wait, so an
-// idle engine costs no CPU); in manual mode CQ poll/wait calls progress().
+// connected QP's socket. In thread mode a dedicated thread runs it: it polls the
+// sockets without sleeping for device_options::engine_spin_us after activity,
+// then blocks in epoll_wait, so an idle engine costs no CPU; while an
+// application thread keeps polling a CQ it parks instead (engine_park). In
+// manual mode CQ poll/wait calls progress().
 #pragma once
 
 #include "providers/swnic/sw_engine.hpp"
