@@ -99,8 +99,8 @@ int tcp_server(const std::string& bind, int cpu) {
   }
 }
 
-result tcp_client(const std::string& addr, const std::string& test, bool busy, std::size_t size, double duration,
-                  std::uint64_t iters) {
+result tcp_client(const std::string& addr, const std::string& test, bool busy, std::size_t size,
+                  double duration, std::uint64_t iters) {
   int fd = tcp_connect(addr);
   const bool stream = test == "stream";
   send_pod(fd, tcp_header{stream ? 1u : 2u, busy ? 1u : 0u, size});
@@ -111,7 +111,8 @@ result tcp_client(const std::string& addr, const std::string& test, bool busy, s
   r.size = size;
   auto c0 = cpu_time::now();
   auto t0 = clock_type::now();
-  const auto span = std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(duration));
+  const auto span =
+      std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(duration));
   auto deadline = t0 + span;
   if (stream) {
     std::uint64_t n = 0;
@@ -127,7 +128,8 @@ result tcp_client(const std::string& addr, const std::string& test, bool busy, s
       if (i == warmup) t0 = clock_type::now(), c0 = cpu_time::now(), deadline = t0 + span;
       auto s = clock_type::now();
       write_all(fd, buf.get(), size, "ping-pong send");
-      if (!read_all(fd, buf.get(), size, "ping-pong recv", busy)) fail("server closed the connection");
+      if (!read_all(fd, buf.get(), size, "ping-pong recv", busy))
+        fail("server closed the connection");
       if (i >= warmup) r.lat_us.push_back(seconds_since(s) * 1e6);
       if (i >= warmup && clock_type::now() > deadline) break;
     }
@@ -138,8 +140,10 @@ result tcp_client(const std::string& addr, const std::string& test, bool busy, s
   r.seconds = seconds_since(t0);
   r.cpu = cpu_time::now() - c0;
   r.peer_cpu = {reply.user, reply.sys};
-  r.bytes = stream ? static_cast<double>(reply.bytes) : static_cast<double>(r.iterations * size * 2);
-  if (stream && reply.bytes != r.iterations * size) fail("server counted a different number of bytes");
+  r.bytes =
+      stream ? static_cast<double>(reply.bytes) : static_cast<double>(r.iterations * size * 2);
+  if (stream && reply.bytes != r.iterations * size)
+    fail("server counted a different number of bytes");
   ::close(fd);
   return r;
 }
@@ -169,8 +173,10 @@ result memcpy_bw(std::size_t size, double duration) {
 template <class Pred>
 void spin_until(Pred pred) {
   for (unsigned spins = 0; !pred(); ++spins) {
-    if (spins < 2000) __builtin_ia32_pause();
-    else ::sched_yield();
+    if (spins < 2000)
+      __builtin_ia32_pause();
+    else
+      ::sched_yield();
   }
 }
 
@@ -312,28 +318,40 @@ int main(int argc, char** argv) {
   std::uint64_t iters = 1000000;
   int cpu = -1, peer_cpu = -1;
 
-  auto* srv = app.add_subcommand("tcp-server", "serve raw-TCP measurements, one connection at a time");
+  auto* srv =
+      app.add_subcommand("tcp-server", "serve raw-TCP measurements, one connection at a time");
   srv->add_option("--bind", bind, "ADDR:PORT to listen on")->capture_default_str();
   srv->add_option("--cpu", cpu, "pin to this CPU");
 
   auto* cli = app.add_subcommand("tcp", "raw-TCP client: stream or ping-pong against tcp-server");
   cli->add_option("address", addr, "server ADDR:PORT")->required();
-  cli->add_option("--test", test, "stream or pingpong")->required()->check(CLI::IsMember({"stream", "pingpong"}));
-  cli->add_option("--poll", poll, "ping-pong: busy or block")->check(CLI::IsMember({"busy", "block"}))->capture_default_str();
+  cli->add_option("--test", test, "stream or pingpong")
+      ->required()
+      ->check(CLI::IsMember({"stream", "pingpong"}));
+  cli->add_option("--poll", poll, "ping-pong: busy or block")
+      ->check(CLI::IsMember({"busy", "block"}))
+      ->capture_default_str();
 
   auto* mc = app.add_subcommand("memcpy", "single-thread memcpy bandwidth");
-  auto* spp = app.add_subcommand("shm-pingpong", "8-byte shared-memory ping-pong between two processes");
-  auto* cma = app.add_subcommand("cma", "process_vm_readv / process_vm_writev bandwidth between two processes");
-  cma->add_option("--test", test, "read or write")->required()->check(CLI::IsMember({"read", "write"}));
+  auto* spp =
+      app.add_subcommand("shm-pingpong", "8-byte shared-memory ping-pong between two processes");
+  auto* cma = app.add_subcommand(
+      "cma", "process_vm_readv / process_vm_writev bandwidth between two processes");
+  cma->add_option("--test", test, "read or write")
+      ->required()
+      ->check(CLI::IsMember({"read", "write"}));
 
   for (auto* sc : {cli, mc, cma})
     sc->add_option("--size", size_s, "bytes (K/M suffixes)")->capture_default_str();
   for (auto* sc : {cli, mc, spp, cma}) {
-    sc->add_option("--duration", duration, "seconds per measurement (at most)")->capture_default_str();
+    sc->add_option("--duration", duration, "seconds per measurement (at most)")
+        ->capture_default_str();
     sc->add_option("--cpu", cpu, "pin to this CPU");
   }
-  for (auto* sc : {cli, spp}) sc->add_option("--iters", iters, "round trips / writes (at most)")->capture_default_str();
-  for (auto* sc : {spp, cma}) sc->add_option("--peer-cpu", peer_cpu, "pin the second process to this CPU");
+  for (auto* sc : {cli, spp})
+    sc->add_option("--iters", iters, "round trips / writes (at most)")->capture_default_str();
+  for (auto* sc : {spp, cma})
+    sc->add_option("--peer-cpu", peer_cpu, "pin the second process to this CPU");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -342,10 +360,14 @@ int main(int argc, char** argv) {
     const std::size_t size = sizes[0];
     if (*srv) return tcp_server(bind, cpu);
     pin_cpu(cpu);
-    if (*cli) print_json(tcp_client(addr, test, poll == "busy", size, duration, iters));
-    else if (*mc) print_json(memcpy_bw(size, duration));
-    else if (*spp) print_json(shm_pingpong(iters, duration, cpu, peer_cpu));
-    else if (*cma) print_json(cma_bw(test, size, duration, cpu, peer_cpu));
+    if (*cli)
+      print_json(tcp_client(addr, test, poll == "busy", size, duration, iters));
+    else if (*mc)
+      print_json(memcpy_bw(size, duration));
+    else if (*spp)
+      print_json(shm_pingpong(iters, duration, cpu, peer_cpu));
+    else if (*cma)
+      print_json(cma_bw(test, size, duration, cpu, peer_cpu));
   } catch (const failure& e) {
     std::fprintf(stderr, "conveyor-baseline: %s\n", e.what());
     return 1;

@@ -32,8 +32,12 @@ using clock_type = std::chrono::steady_clock;
 struct failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-[[noreturn]] inline void fail(const std::string& what) { throw failure(what); }
-[[noreturn]] inline void fail_errno(const std::string& what) { fail(what + ": " + std::strerror(errno)); }
+[[noreturn]] inline void fail(const std::string& what) {
+  throw failure(what);
+}
+[[noreturn]] inline void fail_errno(const std::string& what) {
+  fail(what + ": " + std::strerror(errno));
+}
 
 inline double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -45,7 +49,8 @@ inline void pin_cpu(int cpu) {
   cpu_set_t s;
   CPU_ZERO(&s);
   CPU_SET(cpu, &s);
-  if (::sched_setaffinity(0, sizeof s, &s) != 0) fail_errno("sched_setaffinity(" + std::to_string(cpu) + ")");
+  if (::sched_setaffinity(0, sizeof s, &s) != 0)
+    fail_errno("sched_setaffinity(" + std::to_string(cpu) + ")");
 }
 
 // User and system CPU seconds of this process (all threads).
@@ -54,7 +59,9 @@ struct cpu_time {
   static cpu_time now() {
     rusage ru{};
     ::getrusage(RUSAGE_SELF, &ru);
-    auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+    auto tv = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+    };
     return {tv(ru.ru_utime), tv(ru.ru_stime)};
   }
   cpu_time operator-(const cpu_time& o) const { return {user - o.user, sys - o.sys}; }
@@ -65,10 +72,10 @@ struct result {
   std::size_t size = 0;
   std::uint64_t iterations = 0;
   double seconds = 0;
-  double bytes = 0;                 // payload bytes moved (bandwidth and rate)
-  std::vector<double> lat_us;       // one sample per round trip (latency)
+  double bytes = 0;            // payload bytes moved (bandwidth and rate)
+  std::vector<double> lat_us;  // one sample per round trip (latency)
   cpu_time cpu, peer_cpu;
-  std::string extra;                // more JSON members, each ",\"k\":v"
+  std::string extra;  // more JSON members, each ",\"k\":v"
 };
 
 inline result make_result(std::string test, std::string mode, std::size_t size) {
@@ -89,16 +96,18 @@ inline double percentile(std::vector<double> v, double p) {
 // One JSON line. mb_per_s is 10^6 bytes/s; mops is million operations/s.
 inline void print_json(const result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1e-9;
-  std::printf("{\"test\":\"%s\",\"mode\":\"%s\",\"size\":%zu,\"iterations\":%llu,\"seconds\":%.6f,"
-              "\"mb_per_s\":%.3f,\"mops\":%.6f",
-              r.test.c_str(), r.mode.c_str(), r.size, static_cast<unsigned long long>(r.iterations), r.seconds,
-              r.bytes / s / 1e6, static_cast<double>(r.iterations) / s / 1e6);
+  std::printf(
+      "{\"test\":\"%s\",\"mode\":\"%s\",\"size\":%zu,\"iterations\":%llu,\"seconds\":%.6f,"
+      "\"mb_per_s\":%.3f,\"mops\":%.6f",
+      r.test.c_str(), r.mode.c_str(), r.size, static_cast<unsigned long long>(r.iterations),
+      r.seconds, r.bytes / s / 1e6, static_cast<double>(r.iterations) / s / 1e6);
   if (!r.lat_us.empty())
-    std::printf(",\"lat_us\":{\"p50\":%.3f,\"p99\":%.3f,\"p999\":%.3f,\"max\":%.3f}", percentile(r.lat_us, 0.5),
-                percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999),
+    std::printf(",\"lat_us\":{\"p50\":%.3f,\"p99\":%.3f,\"p999\":%.3f,\"max\":%.3f}",
+                percentile(r.lat_us, 0.5), percentile(r.lat_us, 0.99), percentile(r.lat_us, 0.999),
                 *std::max_element(r.lat_us.begin(), r.lat_us.end()));
-  std::printf(",\"cpu\":{\"user_s\":%.6f,\"sys_s\":%.6f,\"peer_user_s\":%.6f,\"peer_sys_s\":%.6f}%s}\n",
-              r.cpu.user, r.cpu.sys, r.peer_cpu.user, r.peer_cpu.sys, r.extra.c_str());
+  std::printf(
+      ",\"cpu\":{\"user_s\":%.6f,\"sys_s\":%.6f,\"peer_user_s\":%.6f,\"peer_sys_s\":%.6f}%s}\n",
+      r.cpu.user, r.cpu.sys, r.peer_cpu.user, r.peer_cpu.sys, r.extra.c_str());
   std::fflush(stdout);
 }
 
@@ -116,7 +125,8 @@ inline sockaddr_in parse_addr(const std::string& s) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
-  if (int e = ::getaddrinfo(host.empty() ? "0.0.0.0" : host.c_str(), port.c_str(), &hints, &res); e != 0)
+  if (int e = ::getaddrinfo(host.empty() ? "0.0.0.0" : host.c_str(), port.c_str(), &hints, &res);
+      e != 0)
     fail("address '" + s + "': " + ::gai_strerror(e));
   sockaddr_in a;
   std::memcpy(&a, res->ai_addr, sizeof a);
@@ -188,7 +198,9 @@ inline bool read_all(int fd, void* p, std::size_t n, const char* what, bool busy
   return true;
 }
 template <class T>
-void send_pod(int fd, const T& v) { write_all(fd, &v, sizeof v, "control socket"); }
+void send_pod(int fd, const T& v) {
+  write_all(fd, &v, sizeof v, "control socket");
+}
 template <class T>
 T recv_pod(int fd) {
   T v{};
@@ -206,11 +218,17 @@ inline std::vector<std::size_t> parse_sizes(const std::string& s) {
     if (t.empty()) fail("empty size in '" + s + "'");
     std::size_t mult = 1;
     char last = t.back();
-    if (last == 'k' || last == 'K') mult = 1024, t.pop_back();
-    else if (last == 'm' || last == 'M') mult = 1024 * 1024, t.pop_back();
+    if (last == 'k' || last == 'K')
+      mult = 1024, t.pop_back();
+    else if (last == 'm' || last == 'M')
+      mult = 1024 * 1024, t.pop_back();
     std::size_t used = 0;
     unsigned long long v = 0;
-    try { v = std::stoull(t, &used); } catch (...) { used = 0; }
+    try {
+      v = std::stoull(t, &used);
+    } catch (...) {
+      used = 0;
+    }
     if (used != t.size() || v == 0) fail("bad size '" + t + "' in '" + s + "'");
     out.push_back(static_cast<std::size_t>(v) * mult);
     if (comma == std::string::npos) break;

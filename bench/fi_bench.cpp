@@ -43,7 +43,8 @@ using namespace bench;
 namespace {
 
 constexpr std::size_t max_size = 8u << 20;
-constexpr std::size_t half = max_size;  // the region: [0,half) local source/sink, [half,2*half) peer's target
+constexpr std::size_t half =
+    max_size;  // the region: [0,half) local source/sink, [half,2*half) peer's target
 
 struct header {
   char provider[16];
@@ -90,8 +91,8 @@ struct fabric {
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     hints->fabric_attr->prov_name = ::strdup(prov.c_str());
     const bool use_src = !src.empty() && prov != "shm";
-    int rc = fi_getinfo(FI_VERSION(1, 17), use_src ? src.c_str() : nullptr, nullptr, use_src ? FI_SOURCE : 0,
-                        hints, &info);
+    int rc = fi_getinfo(FI_VERSION(1, 17), use_src ? src.c_str() : nullptr, nullptr,
+                        use_src ? FI_SOURCE : 0, hints, &info);
     fi_freeinfo(hints);
     if (rc != 0) fail("fi_getinfo(provider " + prov + ", RDM, RMA): " + fi_strerror(-rc));
     check(fi_fabric(info->fabric_attr, &fab, nullptr), "fi_fabric");
@@ -109,8 +110,8 @@ struct fabric {
     check(fi_enable(ep), "fi_enable");
     region = static_cast<char*>(::aligned_alloc(4096, 2 * half));
     std::memset(region, 0, 2 * half);
-    check(fi_mr_reg(dom, region, 2 * half, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr,
-                    nullptr),
+    check(fi_mr_reg(dom, region, 2 * half, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
+                    0, 0, &mr, nullptr),
           "fi_mr_reg");
     if (info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
       check(fi_mr_bind(mr, &ep->fid, 0), "fi_mr_bind");
@@ -138,14 +139,17 @@ struct fabric {
     std::size_t len = sizeof e.addr;
     check(fi_getname(&ep->fid, e.addr, &len), "fi_getname");
     e.addrlen = len;
-    e.base = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uintptr_t>(region) : 0;
+    e.base = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR)
+                 ? reinterpret_cast<std::uintptr_t>(region)
+                 : 0;
     e.key = fi_mr_key(mr);
     return e;
   }
   void connect(int ctl) {
     send_pod(ctl, local());
     remote = recv_pod<ep_info>(ctl);
-    if (fi_av_insert(av, remote.addr, 1, &peer, 0, nullptr) != 1) fail("fi_av_insert: the peer's address");
+    if (fi_av_insert(av, remote.addr, 1, &peer, 0, nullptr) != 1)
+      fail("fi_av_insert: the peer's address");
   }
 
   // Reaps completions; returns how many.
@@ -171,10 +175,13 @@ struct fabric {
   void post(bool write, std::size_t loff, std::size_t roff, std::size_t len) {
     auto t0 = clock_type::now();
     for (;;) {
-      ssize_t rc = write ? fi_write(ep, region + loff, len, desc, peer, remote.base + half + roff, remote.key, &ctx)
-                         : fi_read(ep, region + loff, len, desc, peer, remote.base + half + roff, remote.key, &ctx);
+      ssize_t rc = write ? fi_write(ep, region + loff, len, desc, peer, remote.base + half + roff,
+                                    remote.key, &ctx)
+                         : fi_read(ep, region + loff, len, desc, peer, remote.base + half + roff,
+                                   remote.key, &ctx);
       if (rc == 0) break;
-      if (rc != -FI_EAGAIN) fail(std::string(write ? "fi_write: " : "fi_read: ") + fi_strerror(static_cast<int>(-rc)));
+      if (rc != -FI_EAGAIN)
+        fail(std::string(write ? "fi_write: " : "fi_read: ") + fi_strerror(static_cast<int>(-rc)));
       reap();
       if (seconds_since(t0) > 10) fail("no progress for 10 s posting an RMA");
     }
@@ -183,7 +190,8 @@ struct fabric {
   void drain() {
     auto t0 = clock_type::now();
     while (outstanding > 0) {
-      if (reap() == 0 && seconds_since(t0) > 10) fail("no progress for 10 s waiting for completions");
+      if (reap() == 0 && seconds_since(t0) > 10)
+        fail("no progress for 10 s waiting for completions");
     }
   }
   // Read while the peer's RMA write may be landing (libfabric's provider plays
@@ -231,9 +239,12 @@ void serve_one(int ctl, const std::string& src) {
       if ((n & 255) != 0) continue;
       char c;
       ssize_t k = ::recv(ctl, &c, 1, MSG_DONTWAIT);
-      if (k == 1 && c == 'S') c0 = cpu_time::now();
-      else if (k == 1 && c == 'D') break;
-      else if (k == 0) fail("the client closed the control socket");
+      if (k == 1 && c == 'S')
+        c0 = cpu_time::now();
+      else if (k == 1 && c == 'D')
+        break;
+      else if (k == 0)
+        fail("the client closed the control socket");
     }
   }
   auto c = cpu_time::now() - c0;
@@ -268,8 +279,9 @@ int server(const std::string& bind, int cpu) {
 }
 
 // -------------------------------------------------------------------- client ----
-result client(const std::string& addr, const std::string& prov, const std::string& test, const std::string& mode,
-              std::size_t size, double duration, std::uint64_t iters, const std::string& src) {
+result client(const std::string& addr, const std::string& prov, const std::string& test,
+              const std::string& mode, std::size_t size, double duration, std::uint64_t iters,
+              const std::string& src) {
   if (size > max_size) fail("--size is at most 8 MiB");
   if (size < 8 && mode == "lat" && test == "write") fail("write latency needs --size >= 8");
   int ctl = tcp_connect(addr);
@@ -284,7 +296,8 @@ result client(const std::string& addr, const std::string& prov, const std::strin
   const bool wr = test == "write";
   auto r = make_result(test, mode, size);
   r.extra = ",\"provider\":\"" + f.name() + "\"";
-  const auto dur = std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(duration));
+  const auto dur =
+      std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(duration));
   clock_type::time_point t0;
   cpu_time c0;
   auto start = [&] {
@@ -336,7 +349,8 @@ result client(const std::string& addr, const std::string& prov, const std::strin
     const std::size_t len = mode == "rate" ? 8 : size;
     // 16 outstanding, fewer for the largest sizes (at most 32 MiB in flight, so
     // that the final drain does not dominate a short measurement).
-    const std::uint64_t window = mode == "rate" ? 128 : std::clamp<std::uint64_t>((32u << 20) / len, 2, 16);
+    const std::uint64_t window =
+        mode == "rate" ? 128 : std::clamp<std::uint64_t>((32u << 20) / len, 2, 16);
     for (int i = 0; i < 16; ++i) f.post(wr, 0, 0, len);  // warm-up
     f.drain();
     start();
@@ -368,21 +382,31 @@ result client(const std::string& addr, const std::string& prov, const std::strin
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"conveyor-fi-bench: libfabric RMA bandwidth, latency and message rate (RDM endpoints)"};
+  CLI::App app{
+      "conveyor-fi-bench: libfabric RMA bandwidth, latency and message rate (RDM endpoints)"};
   bool is_server = false;
-  std::string bind = "127.0.0.1:18517", addr, prov = "tcp", test = "write", mode = "bw", size_s = "8", src;
+  std::string bind = "127.0.0.1:18517", addr, prov = "tcp", test = "write", mode = "bw",
+              size_s = "8", src;
   double duration = 0.3;
   std::uint64_t iters = 1000000;
   int cpu = -1;
   app.add_flag("--server", is_server, "serve measurements (one client connection at a time)");
-  app.add_option("--bind", bind, "server: control ADDR:PORT (its IP is also the fabric source address)")
+  app.add_option("--bind", bind,
+                 "server: control ADDR:PORT (its IP is also the fabric source address)")
       ->capture_default_str();
   app.add_option("address", addr, "client: the server's control ADDR:PORT");
   app.add_option("--provider", prov, "libfabric provider (tcp, shm, ...)")->capture_default_str();
-  app.add_option("--test", test, "write or read")->check(CLI::IsMember({"write", "read"}))->capture_default_str();
-  app.add_option("--mode", mode, "bw, lat or rate")->check(CLI::IsMember({"bw", "lat", "rate"}))->capture_default_str();
-  app.add_option("--size", size_s, "bytes (K/M suffixes), at most 8M; a comma-separated list runs each")->capture_default_str();
-  app.add_option("--duration", duration, "seconds per measurement (at most)")->capture_default_str();
+  app.add_option("--test", test, "write or read")
+      ->check(CLI::IsMember({"write", "read"}))
+      ->capture_default_str();
+  app.add_option("--mode", mode, "bw, lat or rate")
+      ->check(CLI::IsMember({"bw", "lat", "rate"}))
+      ->capture_default_str();
+  app.add_option("--size", size_s,
+                 "bytes (K/M suffixes), at most 8M; a comma-separated list runs each")
+      ->capture_default_str();
+  app.add_option("--duration", duration, "seconds per measurement (at most)")
+      ->capture_default_str();
   app.add_option("--iters", iters, "operations / round trips (at most)")->capture_default_str();
   app.add_option("--src", src, "client: fabric source IP address");
   app.add_option("--cpu", cpu, "pin to this CPU");

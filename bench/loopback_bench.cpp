@@ -25,9 +25,9 @@
 #include <CLI/CLI.hpp>
 #include <conveyor/conveyor.hpp>
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -61,7 +61,7 @@ namespace {
 constexpr std::size_t kib = 1024, mib = 1024 * 1024;
 constexpr std::size_t region_size = 16 * mib;
 constexpr int lat_warmup = 200, lat_iters = 2000;
-constexpr auto stream_time = 300ms;   // each bandwidth / rate measurement
+constexpr auto stream_time = 300ms;  // each bandwidth / rate measurement
 constexpr auto idle_time = 2s;
 constexpr std::uint32_t bw_window = 16;
 constexpr std::uint32_t rate_batch = 16, rate_batches = 8;
@@ -77,8 +77,12 @@ struct options {
 struct failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-[[noreturn]] void fail(const std::string& what) { throw failure(what); }
-[[noreturn]] void fail_errno(const std::string& what) { fail(what + ": " + std::strerror(errno)); }
+[[noreturn]] void fail(const std::string& what) {
+  throw failure(what);
+}
+[[noreturn]] void fail_errno(const std::string& what) {
+  fail(what + ": " + std::strerror(errno));
+}
 
 template <class T>
 T check(cvy::result<T> r, std::string_view what) {
@@ -109,10 +113,10 @@ double seconds_since(clock_type::time_point t0) {
 
 struct buffer {
   explicit buffer(std::size_t n)
-      : ptr(static_cast<std::byte*>(::operator new(n, std::align_val_t{4096}))), size(n) {
+      : ptr(static_cast<std::byte*>(::operator new (n, std::align_val_t{4096}))), size(n) {
     std::memset(ptr, 0, n);
   }
-  ~buffer() { ::operator delete(ptr, std::align_val_t{4096}); }
+  ~buffer() { ::operator delete (ptr, std::align_val_t{4096}); }
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
   std::span<std::byte> span() const { return {ptr, size}; }
@@ -133,7 +137,14 @@ struct buffer {
 // ---------------------------------------------------------------- control ----
 // Fixed-size messages over the socketpair.
 enum class cmd : std::uint32_t {
-  write_lat = 1, serve, stop, tcp_pingpong, tcp_stream, idle, quit, done
+  write_lat = 1,
+  serve,
+  stop,
+  tcp_pingpong,
+  tcp_stream,
+  idle,
+  quit,
+  done
 };
 struct ctl_msg {
   cmd op = cmd::done;
@@ -158,7 +169,8 @@ bool read_all(int fd, void* p, std::size_t n, const char* what, bool busy_poll =
   std::size_t got = 0;
   while (got < n) {
     ssize_t k = ::recv(fd, c + got, n - got, busy_poll ? MSG_DONTWAIT : 0);
-    if (k < 0 && (errno == EINTR || (busy_poll && (errno == EAGAIN || errno == EWOULDBLOCK)))) continue;
+    if (k < 0 && (errno == EINTR || (busy_poll && (errno == EAGAIN || errno == EWOULDBLOCK))))
+      continue;
     if (k < 0) fail_errno(what);
     if (k == 0) {
       if (got == 0) return false;
@@ -168,10 +180,13 @@ bool read_all(int fd, void* p, std::size_t n, const char* what, bool busy_poll =
   }
   return true;
 }
-void send_ctl(int fd, ctl_msg m) { write_all(fd, &m, sizeof m, "control channel"); }
+void send_ctl(int fd, ctl_msg m) {
+  write_all(fd, &m, sizeof m, "control channel");
+}
 ctl_msg recv_ctl(int fd) {
   ctl_msg m;
-  if (!read_all(fd, &m, sizeof m, "control channel")) fail("the other process closed the control channel");
+  if (!read_all(fd, &m, sizeof m, "control channel"))
+    fail("the other process closed the control channel");
   return m;
 }
 ctl_msg expect_ctl(int fd, cmd want) {
@@ -221,7 +236,9 @@ int tcp_connect(std::uint16_t port) {
 double cpu_seconds() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
-  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  auto tv = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
   return tv(ru.ru_utime) + tv(ru.ru_stime);
 }
 // Percent of one core used by this process while it sleeps for `d`.
@@ -254,11 +271,13 @@ struct endpoint {
     dev = check(cvy::device::open("soft", d), "open device soft");
     pd = check(dev.alloc_pd(), "alloc_pd");
     cq = check(dev.create_cq({.depth = 4096}), "create_cq");
-    constexpr auto rw = cvy::access::local_write | cvy::access::remote_write | cvy::access::remote_read;
+    constexpr auto rw =
+        cvy::access::local_write | cvy::access::remote_write | cvy::access::remote_read;
     big_mr = check(pd.register_memory(big.span(), rw), "register 16 MiB");
     aux_mr = check(pd.register_memory(aux.span(), cvy::access::local_write), "register 16 MiB");
     pong_mr = check(pd.register_memory(pong.span().first(64), rw), "register ping-pong buffer");
-    small_mr = check(pd.register_memory(small.span(), cvy::access::local_write), "register scratch");
+    small_mr =
+        check(pd.register_memory(small.span(), cvy::access::local_write), "register scratch");
     qp = check(pd.create_qp({.send_cq = &cq, .recv_cq = &cq}), "create_qp");
   }
 
@@ -269,16 +288,17 @@ struct endpoint {
     if (!n) fail(std::string("poll: ") + std::string(cvy::to_string(n.error())));
     for (std::size_t i = 0; i < *n; ++i)
       if (wcs[i].status != cvy::wc_status::success)
-        fail(std::string(cvy::to_string(wcs[i].opcode)) + " failed: " +
-             std::string(cvy::to_string(wcs[i].status)));
+        fail(std::string(cvy::to_string(wcs[i].opcode)) +
+             " failed: " + std::string(cvy::to_string(wcs[i].status)));
     return *n;
   }
   std::string state() const {
     auto c = qp.counters();
-    return "QP " + std::string(cvy::to_string(qp.state())) + ", tx/rx FPDUs " + std::to_string(c.tx_fpdus) +
-           "/" + std::to_string(c.rx_fpdus) + ", tx/rx bytes " + std::to_string(c.tx_bytes) + "/" +
-           std::to_string(c.rx_bytes) + ", writes placed " + std::to_string(c.writes_placed) +
-           ", reads served " + std::to_string(c.reads_served) + ", ORD " + std::to_string(conn.ord);
+    return "QP " + std::string(cvy::to_string(qp.state())) + ", tx/rx FPDUs " +
+           std::to_string(c.tx_fpdus) + "/" + std::to_string(c.rx_fpdus) + ", tx/rx bytes " +
+           std::to_string(c.tx_bytes) + "/" + std::to_string(c.rx_bytes) + ", writes placed " +
+           std::to_string(c.writes_placed) + ", reads served " + std::to_string(c.reads_served) +
+           ", ORD " + std::to_string(conn.ord);
   }
   // Lets the engine thread run while we spin (2 cores are shared by 4 threads).
   void relax() const {
@@ -296,10 +316,13 @@ struct endpoint {
   cvy::send_wr write8(std::uint64_t v, const cvy::sge& s) {
     small.store64(v);
     const bool sig = v % pingpong_signal_every == 0;
-    return {.wr_id = v, .opcode = cvy::wr_opcode::rdma_write,
+    return {.wr_id = v,
+            .opcode = cvy::wr_opcode::rdma_write,
             .flags = sig ? cvy::send_flags::signaled | cvy::send_flags::inline_data
                          : cvy::send_flags::inline_data,
-            .sg_list = std::span(&s, 1), .remote_addr = peer_pong.addr, .rkey = peer_pong.rkey};
+            .sg_list = std::span(&s, 1),
+            .remote_addr = peer_pong.addr,
+            .rkey = peer_pong.rkey};
   }
 };
 
@@ -341,8 +364,10 @@ int serve_commands(endpoint& ep, int ctl, int tcp_lfd) {
           while (ep.pong.load64() != i) {
             reaped += ep.reap();
             ep.relax();
-            st.check([&] { return "waiting for " + std::to_string(i) + ", memory holds " +
-                                  std::to_string(ep.pong.load64()) + "; " + ep.state(); });
+            st.check([&] {
+              return "waiting for " + std::to_string(i) + ", memory holds " +
+                     std::to_string(ep.pong.load64()) + "; " + ep.state();
+            });
           }
           st.progress();
           auto wr = ep.write8(i, s);
@@ -350,7 +375,8 @@ int serve_commands(endpoint& ep, int ctl, int tcp_lfd) {
         }
         while (reaped < m.b / pingpong_signal_every) {
           reaped += ep.reap();
-          st.check([&] { return "reaped " + std::to_string(reaped) + " completions; " + ep.state(); });
+          st.check(
+              [&] { return "reaped " + std::to_string(reaped) + " completions; " + ep.state(); });
         }
         send_ctl(ctl, {cmd::done, 0, 0, 0});
         break;
@@ -372,7 +398,8 @@ int serve_commands(endpoint& ep, int ctl, int tcp_lfd) {
       case cmd::tcp_pingpong: {  // m.a != 0: busy-poll (MSG_DONTWAIT), like a polling RDMA stack
         int fd = tcp_accept(tcp_lfd);
         std::uint64_t v;
-        while (read_all(fd, &v, 8, "TCP ping-pong", m.a != 0)) write_all(fd, &v, 8, "TCP ping-pong");
+        while (read_all(fd, &v, 8, "TCP ping-pong", m.a != 0))
+          write_all(fd, &v, 8, "TCP ping-pong");
         ::close(fd);
         break;
       }
@@ -427,13 +454,15 @@ struct client {
     auto hello = expect_ctl(ctl, cmd::done);
     tcp_port = static_cast<std::uint16_t>(hello.b);
     auto pong_key = ep.pong_mr.remote().encode();
-    auto info = check(cvy::connect(ep.qp, "127.0.0.1:" + std::to_string(hello.a),
-                                   {.private_data = pong_key}),
-                      "connect");
+    auto info = check(
+        cvy::connect(ep.qp, "127.0.0.1:" + std::to_string(hello.a), {.private_data = pong_key}),
+        "connect");
     std::span<const std::byte> pd(info.private_data);
     if (pd.size() < 2 * cvy::remote_region::encoded_size) fail("server's private data too short");
-    ep.peer_big = check(cvy::remote_region::decode(pd.first(cvy::remote_region::encoded_size)), "key");
-    ep.peer_pong = check(cvy::remote_region::decode(pd.subspan(cvy::remote_region::encoded_size)), "key");
+    ep.peer_big =
+        check(cvy::remote_region::decode(pd.first(cvy::remote_region::encoded_size)), "key");
+    ep.peer_pong =
+        check(cvy::remote_region::decode(pd.subspan(cvy::remote_region::encoded_size)), "key");
     ep.conn = info.attr;
   }
 
@@ -453,11 +482,14 @@ struct client {
       while (ep.pong.load64() != i) {
         reaped += ep.reap();
         ep.relax();
-        st.check([&] { return "waiting for " + std::to_string(i) + ", memory holds " +
-                              std::to_string(ep.pong.load64()) + "; " + ep.state(); });
+        st.check([&] {
+          return "waiting for " + std::to_string(i) + ", memory holds " +
+                 std::to_string(ep.pong.load64()) + "; " + ep.state();
+        });
       }
       st.progress();
-      if (i > lat_warmup) rtt.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+      if (i > lat_warmup)
+        rtt.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
     }
     while (reaped < total / pingpong_signal_every) {
       reaped += ep.reap();
@@ -487,7 +519,8 @@ struct client {
         ep.relax();
         st.check([&] { return "READ #" + std::to_string(i) + "; " + ep.state(); });
       }
-      if (i >= lat_warmup) rtt.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+      if (i >= lat_warmup)
+        rtt.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
     }
     serve_end();
     return series{rtt}.median();
@@ -504,7 +537,8 @@ struct client {
       write_all(fd, &v, 8, "TCP ping-pong");
       if (!read_all(fd, &back, 8, "TCP ping-pong", busy_poll) || back != i)
         fail("TCP ping-pong: wrong echo");
-      if (i > lat_warmup) rtt.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+      if (i > lat_warmup)
+        rtt.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
     }
     ::close(fd);
     return series{rtt}.median();
@@ -526,8 +560,11 @@ struct client {
       while (more && outstanding < window) {
         std::size_t off = (posted % bw_window) * size;
         auto local = (op == cvy::wr_opcode::rdma_write ? ep.big_mr : ep.aux_mr).slice(off, size);
-        cvy::send_wr wr{.wr_id = posted, .opcode = op, .sg_list = std::span(&local, 1),
-                        .remote_addr = ep.peer_big.addr + off, .rkey = ep.peer_big.rkey};
+        cvy::send_wr wr{.wr_id = posted,
+                        .opcode = op,
+                        .sg_list = std::span(&local, 1),
+                        .remote_addr = ep.peer_big.addr + off,
+                        .rkey = ep.peer_big.rkey};
         check(ep.qp.post_send(wr), "post");
         ++posted;
         ++outstanding;
@@ -538,14 +575,17 @@ struct client {
       if (!more && outstanding == 0) break;
       if (n == 0) {
         ep.relax();
-        st.check([&] { return std::to_string(outstanding) + " of " + std::to_string(posted) +
-                              " requests outstanding; " + ep.state(); });
+        st.check([&] {
+          return std::to_string(outstanding) + " of " + std::to_string(posted) +
+                 " requests outstanding; " + ep.state();
+        });
       } else {
         st.progress();
       }
     }
     if (op == cvy::wr_opcode::rdma_write) {
-      check(ep.qp.post_read(ep.small_mr.slice(64, 8), ep.peer_big.slice(0, 8), 1), "post flush READ");
+      check(ep.qp.post_read(ep.small_mr.slice(64, 8), ep.peer_big.slice(0, 8), 1),
+            "post flush READ");
       ep.wait_one("flush READ");
     }
     double secs = seconds_since(t0);
@@ -569,7 +609,8 @@ struct client {
     }
     ::shutdown(fd, SHUT_WR);
     std::uint64_t total = 0;
-    if (!read_all(fd, &total, 8, "TCP stream") || total != sent) fail("TCP stream: byte count mismatch");
+    if (!read_all(fd, &total, 8, "TCP stream") || total != sent)
+      fail("TCP stream: byte count mismatch");
     double secs = seconds_since(t0);
     ::close(fd);
     return rate ? static_cast<double>(calls) / secs / 1e6 : static_cast<double>(sent) / secs / 1e6;
@@ -581,10 +622,13 @@ struct client {
     auto s = ep.big_mr.slice(0, 8);
     std::array<cvy::send_wr, rate_batch> batch;
     for (std::uint32_t i = 0; i < rate_batch; ++i)
-      batch[i] = {.wr_id = 0, .opcode = cvy::wr_opcode::rdma_write,
-                  .flags = i + 1 == rate_batch ? cvy::send_flags::signaled | cvy::send_flags::inline_data
-                                               : cvy::send_flags::inline_data,
-                  .sg_list = std::span(&s, 1), .remote_addr = ep.peer_big.addr + i * 8,
+      batch[i] = {.wr_id = 0,
+                  .opcode = cvy::wr_opcode::rdma_write,
+                  .flags = i + 1 == rate_batch
+                               ? cvy::send_flags::signaled | cvy::send_flags::inline_data
+                               : cvy::send_flags::inline_data,
+                  .sg_list = std::span(&s, 1),
+                  .remote_addr = ep.peer_big.addr + i * 8,
                   .rkey = ep.peer_big.rkey};
     std::uint64_t posted = 0, outstanding = 0;
     const auto t0 = clock_type::now();
@@ -605,8 +649,10 @@ struct client {
       if (!more && outstanding == 0) break;
       if (n == 0) {
         ep.relax();
-        st.check([&] { return std::to_string(outstanding) + " batches outstanding of " +
-                              std::to_string(posted / rate_batch) + "; " + ep.state(); });
+        st.check([&] {
+          return std::to_string(outstanding) + " batches outstanding of " +
+                 std::to_string(posted / rate_batch) + "; " + ep.state();
+        });
       } else {
         st.progress();
       }
@@ -684,8 +730,9 @@ int run_client(const options& o, int ctl) {
 
   const char* progress = o.progress == cvy::progress_mode::thread ? "thread" : "manual";
   if (o.json) {
-    std::printf("{\"runs\": %d, \"progress\": \"%s\", \"crc\": %s, \"processes\": 2, \"results\": [", o.runs,
-                progress, c.ep.conn.crc ? "true" : "false");
+    std::printf(
+        "{\"runs\": %d, \"progress\": \"%s\", \"crc\": %s, \"processes\": 2, \"results\": [",
+        o.runs, progress, c.ep.conn.crc ? "true" : "false");
     auto arr = [](const series& s) {
       std::string a = "[";
       for (std::size_t i = 0; i < s.v.size(); ++i) a += (i ? ", " : "") + fmt(s.v[i]);
@@ -693,35 +740,44 @@ int run_client(const options& o, int ctl) {
     };
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& row = rows[i];
-      std::printf("%s\n  {\"name\": \"%s\", \"unit\": \"%s\", \"conveyor\": {\"median\": %s, \"min\": %s, "
-                  "\"max\": %s, \"runs\": %s}",
-                  i ? "," : "", row.name, row.unit, fmt(row.conveyor.median()).c_str(),
-                  fmt(row.conveyor.min()).c_str(), fmt(row.conveyor.max()).c_str(), arr(row.conveyor).c_str());
+      std::printf(
+          "%s\n  {\"name\": \"%s\", \"unit\": \"%s\", \"conveyor\": {\"median\": %s, \"min\": %s, "
+          "\"max\": %s, \"runs\": %s}",
+          i ? "," : "", row.name, row.unit, fmt(row.conveyor.median()).c_str(),
+          fmt(row.conveyor.min()).c_str(), fmt(row.conveyor.max()).c_str(),
+          arr(row.conveyor).c_str());
       if (row.tcp)
-        std::printf(", \"tcp\": {\"median\": %s, \"min\": %s, \"max\": %s, \"runs\": %s}, \"ratio\": %.3f",
-                    fmt(row.tcp->median()).c_str(), fmt(row.tcp->min()).c_str(), fmt(row.tcp->max()).c_str(),
-                    arr(*row.tcp).c_str(), row.conveyor.median() / row.tcp->median());
+        std::printf(
+            ", \"tcp\": {\"median\": %s, \"min\": %s, \"max\": %s, \"runs\": %s}, \"ratio\": %.3f",
+            fmt(row.tcp->median()).c_str(), fmt(row.tcp->min()).c_str(),
+            fmt(row.tcp->max()).c_str(), arr(*row.tcp).c_str(),
+            row.conveyor.median() / row.tcp->median());
       std::printf("}");
     }
     std::printf("\n]}\n");
     return 0;
   }
 
-  std::printf("conveyor-loopback-bench %s: %d runs, progress=%s, CRC %s, MSS %u, max FPDU %u, ORD %u\n",
-              cvy::version_string, o.runs, progress, c.ep.conn.crc ? "on" : "off", c.ep.conn.mss,
-              c.ep.conn.max_fpdu, c.ep.conn.ord);
-  std::printf("client and server: two processes (fork) over 127.0.0.1; median [min-max] of the runs\n\n");
-  std::printf("%-36s %-7s %-26s %-26s %s\n", "measurement", "unit", "conveyor", "raw TCP", "conveyor/TCP");
+  std::printf(
+      "conveyor-loopback-bench %s: %d runs, progress=%s, CRC %s, MSS %u, max FPDU %u, ORD %u\n",
+      cvy::version_string, o.runs, progress, c.ep.conn.crc ? "on" : "off", c.ep.conn.mss,
+      c.ep.conn.max_fpdu, c.ep.conn.ord);
+  std::printf(
+      "client and server: two processes (fork) over 127.0.0.1; median [min-max] of the runs\n\n");
+  std::printf("%-36s %-7s %-26s %-26s %s\n", "measurement", "unit", "conveyor", "raw TCP",
+              "conveyor/TCP");
   for (const auto& row : rows) {
     std::string tcp = row.tcp ? cell(*row.tcp) : "-";
     std::string ratio = row.tcp ? fmt(row.conveyor.median() / row.tcp->median()) + "x" : "-";
-    std::printf("%-36s %-7s %-26s %-26s %s\n", row.name, row.unit, cell(row.conveyor).c_str(), tcp.c_str(),
-                ratio.c_str());
+    std::printf("%-36s %-7s %-26s %-26s %s\n", row.name, row.unit, cell(row.conveyor).c_str(),
+                tcp.c_str(), ratio.c_str());
   }
-  std::printf("\nraw TCP baselines: 8 B ping-pong with TCP_NODELAY, both ends busy-polling recv (MSG_DONTWAIT),\n"
-              "as Conveyor's loops poll (the blocking ping-pong is the reference row); streams of 64 KiB\n"
-              "and 1 MiB send() calls; 8-byte send() calls for the rate (Mops/s = million calls/s).\n"
-              "Latency: lower is better; bandwidth and rate: higher is better.\n");
+  std::printf(
+      "\nraw TCP baselines: 8 B ping-pong with TCP_NODELAY, both ends busy-polling recv "
+      "(MSG_DONTWAIT),\n"
+      "as Conveyor's loops poll (the blocking ping-pong is the reference row); streams of 64 KiB\n"
+      "and 1 MiB send() calls; 8-byte send() calls for the rate (Mops/s = million calls/s).\n"
+      "Latency: lower is better; bandwidth and rate: higher is better.\n");
   return 0;
 }
 
@@ -730,9 +786,10 @@ int run_client(const options& o, int ctl) {
 int main(int argc, char** argv) {
   options o;
   std::string progress = "thread", crc = "on";
-  CLI::App app{"Conveyor loopback benchmark: the soft provider next to raw TCP, measured by the "
-               "same program in the same run (client and server are two processes).",
-               "conveyor-loopback-bench"};
+  CLI::App app{
+      "Conveyor loopback benchmark: the soft provider next to raw TCP, measured by the "
+      "same program in the same run (client and server are two processes).",
+      "conveyor-loopback-bench"};
   app.add_option("--runs", o.runs, "runs of every measurement (medians are reported)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

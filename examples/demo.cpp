@@ -52,9 +52,9 @@ namespace {
 constexpr std::size_t kib = 1024, mib = 1024 * 1024;
 constexpr std::size_t region_size = 16 * mib;
 
-constexpr std::size_t bulk_off = 0, bulk_size = 1 * mib, bulk_iters = 14;     // [0, 14 MiB)
+constexpr std::size_t bulk_off = 0, bulk_size = 1 * mib, bulk_iters = 14;         // [0, 14 MiB)
 constexpr std::size_t small_off = 14 * mib, small_size = 64, small_iters = 1000;  // 62.5 KiB
-constexpr std::size_t imm_off = 15 * mib, imm_size = 4 * kib, imm_iters = 200;  // 800 KiB
+constexpr std::size_t imm_off = 15 * mib, imm_size = 4 * kib, imm_iters = 200;    // 800 KiB
 constexpr std::size_t send_size = 4 * kib, send_iters = 200;
 constexpr std::size_t send_imm_size = 256, send_imm_iters = 200;
 constexpr std::size_t atomic_iters = 1000;
@@ -68,7 +68,12 @@ static_assert(imm_off + imm_size * imm_iters <= region_size);
 
 // Messages (SEND payloads) start with this header; acks are just the header
 // followed by a short text.
-enum msg_kind : std::uint32_t { kind_send = 1, kind_send_imm = 2, kind_write_imm = 3, kind_done = 9 };
+enum msg_kind : std::uint32_t {
+  kind_send = 1,
+  kind_send_imm = 2,
+  kind_write_imm = 3,
+  kind_done = 9
+};
 constexpr std::uint32_t msg_magic = 0x43565944;  // "CVYD"
 constexpr std::uint32_t ack_magic = 0x43565941;  // "CVYA"
 struct msg_header {
@@ -77,11 +82,13 @@ struct msg_header {
   std::uint32_t seq = 0;
   std::uint32_t status = 0;  // acks: 0 = verified, 1 = mismatch
 };
-constexpr std::size_t ack_size = 256;      // header + text
+constexpr std::size_t ack_size = 256;       // header + text
 constexpr std::size_t recv_slot = 8 * kib;  // target receive buffers
 constexpr std::size_t recv_slots = 16;
 
-std::uint32_t imm_for(std::uint32_t seq) { return 0xC0DE0000u | seq; }
+std::uint32_t imm_for(std::uint32_t seq) {
+  return 0xC0DE0000u | seq;
+}
 // The done message's seq: which optional operations the initiator ran.
 constexpr std::uint32_t ran_atomics = 1, ran_immediate = 2;
 
@@ -122,7 +129,9 @@ std::uint64_t msg_salt(std::uint32_t kind, std::uint32_t seq) {
 struct failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-[[noreturn]] void fail(const std::string& what) { throw failure(what); }
+[[noreturn]] void fail(const std::string& what) {
+  throw failure(what);
+}
 
 template <class T>
 T check(cvy::result<T> r, std::string_view what) {
@@ -130,16 +139,17 @@ T check(cvy::result<T> r, std::string_view what) {
   if constexpr (!std::is_void_v<T>) return std::move(*r);
 }
 void check(cvy::status s, std::string_view what) {
-  if (s != cvy::errc::ok) fail(std::string(what) + ": post failed: " + std::string(cvy::to_string(s)));
+  if (s != cvy::errc::ok)
+    fail(std::string(what) + ": post failed: " + std::string(cvy::to_string(s)));
 }
 
 // Page-aligned, zeroed memory for registration.
 struct buffer {
   explicit buffer(std::size_t n)
-      : ptr(static_cast<std::byte*>(::operator new(n, std::align_val_t{4096}))), size(n) {
+      : ptr(static_cast<std::byte*>(::operator new (n, std::align_val_t{4096}))), size(n) {
     std::memset(ptr, 0, n);
   }
-  ~buffer() { ::operator delete(ptr, std::align_val_t{4096}); }
+  ~buffer() { ::operator delete (ptr, std::align_val_t{4096}); }
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
   std::span<std::byte> span() const { return {ptr, size}; }
@@ -157,7 +167,9 @@ std::string hex32(std::uint32_t v) {
 cvy::work_completion wait_wc(cvy::completion_queue& cq, std::string_view what,
                              std::chrono::nanoseconds timeout = 10s) {
   auto wc = cq.wait_one(timeout);
-  if (!wc) fail(std::string(what) + ": waiting for a completion: " + std::string(cvy::to_string(wc.error())));
+  if (!wc)
+    fail(std::string(what) +
+         ": waiting for a completion: " + std::string(cvy::to_string(wc.error())));
   if (wc->status != cvy::wc_status::success)
     fail(std::string(what) + ": completion " + std::string(cvy::to_string(wc->opcode)) + " wr_id " +
          std::to_string(wc->wr_id) + " failed: " + std::string(cvy::to_string(wc->status)) +
@@ -189,12 +201,12 @@ int run_target(const std::string& device, const std::string& address, bool crc) 
   buffer ack_buf(ack_size);
 
   auto region_mr = check(pd.register_memory(region.span(), all_rights), "register 16 MiB region");
-  auto atomic_mr = check(pd.register_memory(atomic_page.span().first(8), all_rights),
-                         "register atomic slot");
+  auto atomic_mr =
+      check(pd.register_memory(atomic_page.span().first(8), all_rights), "register atomic slot");
   auto recv_mr = check(pd.register_memory(recv_buf.span(), cvy::access::local_write),
                        "register receive buffers");
-  auto ack_mr = check(pd.register_memory(ack_buf.span(), cvy::access::local_write),
-                      "register ack buffer");
+  auto ack_mr =
+      check(pd.register_memory(ack_buf.span(), cvy::access::local_write), "register ack buffer");
 
   auto qp = check(pd.create_qp({.send_cq = &send_cq, .recv_cq = &recv_cq}), "create QP");
   for (std::size_t i = 0; i < recv_slots; ++i)
@@ -224,7 +236,9 @@ int run_target(const std::string& device, const std::string& address, bool crc) 
 
   // Verifies the final contents: what the initiator wrote, zeros elsewhere.
   auto verify_region = [&](std::uint32_t what_ran) -> std::string {
-    struct extent { std::size_t off, len; };
+    struct extent {
+      std::size_t off, len;
+    };
     const bool imm_ran = (what_ran & ran_immediate) != 0;
     const extent written[] = {{bulk_off, bulk_size * bulk_iters},
                               {small_off, small_size * small_iters},
@@ -233,7 +247,8 @@ int run_target(const std::string& device, const std::string& address, bool crc) 
     for (const auto& e : written) {
       if (auto z = first_nonzero(region.ptr + pos, e.off - pos); z != std::string::npos)
         return "byte " + std::to_string(pos + z) + " was never written but is not zero";
-      if (auto d = check_pattern(region.ptr + e.off, e.len, e.off / 8, region_salt); d != std::string::npos)
+      if (auto d = check_pattern(region.ptr + e.off, e.len, e.off / 8, region_salt);
+          d != std::string::npos)
         return "byte " + std::to_string(e.off + d) + " differs from what the initiator wrote";
       pos = e.off + e.len;
     }
@@ -245,7 +260,8 @@ int run_target(const std::string& device, const std::string& address, bool crc) 
     if (slot != want_slot) {
       char b[96];
       std::snprintf(b, sizeof b, "atomic slot is 0x%016llx, expected 0x%016llx",
-                    static_cast<unsigned long long>(slot), static_cast<unsigned long long>(want_slot));
+                    static_cast<unsigned long long>(slot),
+                    static_cast<unsigned long long>(want_slot));
       return b;
     }
     return {};
@@ -262,30 +278,40 @@ int run_target(const std::string& device, const std::string& address, bool crc) 
       // WRITE_WITH_IMM: no payload in the receive buffer; the immediate names the chunk.
       std::uint32_t seq = wc.imm_data;
       h = {msg_magic, kind_write_imm, seq, 0};
-      if (!wc.with_imm) problem = "WRITE_WITH_IMM completion without immediate data";
-      else if (seq >= imm_iters) problem = "WRITE_WITH_IMM immediate " + std::to_string(seq) + " out of range";
+      if (!wc.with_imm)
+        problem = "WRITE_WITH_IMM completion without immediate data";
+      else if (seq >= imm_iters)
+        problem = "WRITE_WITH_IMM immediate " + std::to_string(seq) + " out of range";
       else if (wc.byte_len != imm_size)
-        problem = "WRITE_WITH_IMM byte_len " + std::to_string(wc.byte_len) + ", expected " + std::to_string(imm_size);
+        problem = "WRITE_WITH_IMM byte_len " + std::to_string(wc.byte_len) + ", expected " +
+                  std::to_string(imm_size);
       else {
         std::size_t off = imm_off + seq * imm_size;
-        if (auto d = check_pattern(region.ptr + off, imm_size, off / 8, region_salt); d != std::string::npos)
-          problem = "WRITE_WITH_IMM #" + std::to_string(seq) + ": byte " + std::to_string(d) + " differs";
+        if (auto d = check_pattern(region.ptr + off, imm_size, off / 8, region_salt);
+            d != std::string::npos)
+          problem =
+              "WRITE_WITH_IMM #" + std::to_string(seq) + ": byte " + std::to_string(d) + " differs";
       }
     } else if (wc.opcode == cvy::wc_opcode::recv) {
-      if (wc.byte_len < sizeof h) fail("message of " + std::to_string(wc.byte_len) + " bytes is too short");
+      if (wc.byte_len < sizeof h)
+        fail("message of " + std::to_string(wc.byte_len) + " bytes is too short");
       std::memcpy(&h, slot, sizeof h);
       if (h.magic != msg_magic) fail("message without the demo's magic");
-      std::size_t want = h.kind == kind_send ? send_size : h.kind == kind_send_imm ? send_imm_size : sizeof h;
+      std::size_t want = h.kind == kind_send       ? send_size
+                         : h.kind == kind_send_imm ? send_imm_size
+                                                   : sizeof h;
       if (wc.byte_len != want)
-        problem = "message kind " + std::to_string(h.kind) + " #" + std::to_string(h.seq) + " has " +
-                  std::to_string(wc.byte_len) + " bytes, expected " + std::to_string(want);
+        problem = "message kind " + std::to_string(h.kind) + " #" + std::to_string(h.seq) +
+                  " has " + std::to_string(wc.byte_len) + " bytes, expected " +
+                  std::to_string(want);
       else if (h.kind == kind_send_imm && (!wc.with_imm || wc.imm_data != imm_for(h.seq)))
         problem = "SEND_WITH_IMM #" + std::to_string(h.seq) + ": immediate data missing or wrong";
       else if (h.kind == kind_send && wc.with_imm)
         problem = "plain SEND #" + std::to_string(h.seq) + " completed with immediate data";
       else if (auto d = check_pattern(slot + sizeof h, want - sizeof h, 0, msg_salt(h.kind, h.seq));
                d != std::string::npos)
-        problem = "message #" + std::to_string(h.seq) + ": payload byte " + std::to_string(d) + " differs";
+        problem = "message #" + std::to_string(h.seq) + ": payload byte " + std::to_string(d) +
+                  " differs";
     } else {
       fail("unexpected receive completion opcode " + std::string(cvy::to_string(wc.opcode)));
     }
@@ -308,17 +334,19 @@ int run_target(const std::string& device, const std::string& address, bool crc) 
     const std::uint64_t slot_value = (ran & ran_atomics) != 0 ? atomic_final : atomic_initial;
     if (dev.attr().provider == "verbs") {
       // The NIC serves one-sided operations; verbs keeps no per-QP counters.
-      std::printf("target: OK: verified %zu bytes written by the initiator and the atomic slot "
-                  "(0x%016llx); %zu messages; the NIC (%s) served the one-sided operations\n",
-                  verified, static_cast<unsigned long long>(slot_value), messages, dev.attr().name.c_str());
+      std::printf(
+          "target: OK: verified %zu bytes written by the initiator and the atomic slot "
+          "(0x%016llx); %zu messages; the NIC (%s) served the one-sided operations\n",
+          verified, static_cast<unsigned long long>(slot_value), messages, dev.attr().name.c_str());
     } else {
-      std::printf("target: OK: verified %zu bytes written by the initiator and the atomic slot "
-                  "(0x%016llx); %zu messages; the engine alone served %llu writes, %llu reads "
-                  "(placement confirmations included), %llu atomics\n",
-                  verified, static_cast<unsigned long long>(slot_value), messages,
-                  static_cast<unsigned long long>(c.writes_placed),
-                  static_cast<unsigned long long>(c.reads_served),
-                  static_cast<unsigned long long>(c.atomics_served));
+      std::printf(
+          "target: OK: verified %zu bytes written by the initiator and the atomic slot "
+          "(0x%016llx); %zu messages; the engine alone served %llu writes, %llu reads "
+          "(placement confirmations included), %llu atomics\n",
+          verified, static_cast<unsigned long long>(slot_value), messages,
+          static_cast<unsigned long long>(c.writes_placed),
+          static_cast<unsigned long long>(c.reads_served),
+          static_cast<unsigned long long>(c.atomics_served));
     }
     return 0;
   }
@@ -356,7 +384,8 @@ struct initiator {
 
   // Waits for the target's ack of (kind, seq) and reposts its receive.
   // The last answer is not followed by a repost: the target may have closed.
-  void expect_ack(std::uint32_t kind, std::uint32_t seq, std::string_view what, bool repost = true) {
+  void expect_ack(std::uint32_t kind, std::uint32_t seq, std::string_view what,
+                  bool repost = true) {
     auto wc = wait_wc(recv_cq, std::string(what) + ": waiting for the target's answer");
     const std::byte* p = acks.ptr + wc.wr_id * ack_size;
     msg_header h;
@@ -365,8 +394,8 @@ struct initiator {
     if (h.magic != ack_magic || h.kind != kind || h.seq != seq)
       fail(std::string(what) + ": the target answered a different message");
     if (h.status != 0)
-      fail(std::string(what) + ": the target says: " +
-           std::string(reinterpret_cast<const char*>(p + sizeof h)));
+      fail(std::string(what) +
+           ": the target says: " + std::string(reinterpret_cast<const char*>(p + sizeof h)));
     if (repost)
       check(qp.post_recv(acks_mr.slice(wc.wr_id * ack_size, ack_size), wc.wr_id), "repost receive");
   }
@@ -379,10 +408,13 @@ struct initiator {
     fill_pattern(src.ptr, region_size, 0, region_salt);
     src_mr = check(pd.register_memory(src.span(), cvy::access::local_write), "register source");
     sink_mr = check(pd.register_memory(sink.span(), cvy::access::local_write), "register sink");
-    msg_mr = check(pd.register_memory(msg.span(), cvy::access::local_write), "register message buffer");
-    acks_mr = check(pd.register_memory(acks.span(), cvy::access::local_write), "register ack buffers");
-    atomic_result_mr = check(pd.register_memory(atomic_result.span().first(8), cvy::access::local_write),
-                             "register atomic result");
+    msg_mr =
+        check(pd.register_memory(msg.span(), cvy::access::local_write), "register message buffer");
+    acks_mr =
+        check(pd.register_memory(acks.span(), cvy::access::local_write), "register ack buffers");
+    atomic_result_mr =
+        check(pd.register_memory(atomic_result.span().first(8), cvy::access::local_write),
+              "register atomic result");
 
     // The target may still be starting: retry a refused connection for a while,
     // with a fresh QP each time.
@@ -394,10 +426,13 @@ struct initiator {
       auto info = cvy::connect(qp, address);
       if (info) {
         if (info->private_data.size() < 2 * cvy::remote_region::encoded_size)
-          fail("the target's private data is too short (" + std::to_string(info->private_data.size()) + " bytes)");
+          fail("the target's private data is too short (" +
+               std::to_string(info->private_data.size()) + " bytes)");
         std::span<const std::byte> pdv(info->private_data);
-        region = check(cvy::remote_region::decode(pdv.first(cvy::remote_region::encoded_size)), "decode region key");
-        slot = check(cvy::remote_region::decode(pdv.subspan(cvy::remote_region::encoded_size)), "decode slot key");
+        region = check(cvy::remote_region::decode(pdv.first(cvy::remote_region::encoded_size)),
+                       "decode region key");
+        slot = check(cvy::remote_region::decode(pdv.subspan(cvy::remote_region::encoded_size)),
+                     "decode slot key");
         if (region.length != region_size || slot.length != 8)
           fail("the target published unexpected region sizes");
         const bool soft = dev.attr().provider == "soft";
@@ -406,14 +441,14 @@ struct initiator {
         if (soft && !info->attr.extensions)
           fail("the connection did not negotiate RFC 7306 extensions (atomics, immediate data)");
         if (soft && info->attr.crc != crc)
-          fail(std::string("asked for CRC ") + (crc ? "on" : "off") + " but the connection has it " +
-               (info->attr.crc ? "on" : "off"));
+          fail(std::string("asked for CRC ") + (crc ? "on" : "off") +
+               " but the connection has it " + (info->attr.crc ? "on" : "off"));
         atomics_ok = dev.attr().atomics && (!soft || info->attr.extensions);
         immediate_ok = dev.attr().immediate_data && (!soft || info->attr.extensions);
         std::printf("initiator: connected %s -> %s (MPA rev %u, CRC %s, IRD/ORD %u/%u, MSS %u)\n",
                     info->attr.local_address.c_str(), info->attr.peer_address.c_str(),
-                    unsigned{info->attr.mpa_revision}, info->attr.crc ? "on" : "off", info->attr.ird,
-                    info->attr.ord, info->attr.mss);
+                    unsigned{info->attr.mpa_revision}, info->attr.crc ? "on" : "off",
+                    info->attr.ird, info->attr.ord, info->attr.mss);
         return;
       }
       if (info.error().code != cvy::errc::connection_refused || clock_type::now() > until)
@@ -428,9 +463,13 @@ struct initiator {
     }
   }
 
-  cvy::send_wr rdma(cvy::wr_opcode op, const cvy::sge& local, std::uint64_t remote_off, std::uint64_t id) {
-    return {.wr_id = id, .opcode = op, .sg_list = std::span(&local, 1),
-            .remote_addr = region.addr + remote_off, .rkey = region.rkey};
+  cvy::send_wr rdma(cvy::wr_opcode op, const cvy::sge& local, std::uint64_t remote_off,
+                    std::uint64_t id) {
+    return {.wr_id = id,
+            .opcode = op,
+            .sg_list = std::span(&local, 1),
+            .remote_addr = region.addr + remote_off,
+            .rkey = region.rkey};
   }
 
   void writes(std::string name, std::size_t off, std::size_t size, std::size_t iters) {
@@ -461,10 +500,11 @@ struct initiator {
       std::memcpy(msg.ptr, &h, sizeof h);
       fill_pattern(msg.ptr + sizeof h, size - sizeof h, 0, msg_salt(kind, i));
       auto local = msg_mr.slice(0, size);
-      cvy::send_wr wr{.wr_id = i,
-                      .opcode = kind == kind_send_imm ? cvy::wr_opcode::send_with_imm : cvy::wr_opcode::send,
-                      .sg_list = std::span(&local, 1),
-                      .imm_data = kind == kind_send_imm ? imm_for(i) : 0};
+      cvy::send_wr wr{
+          .wr_id = i,
+          .opcode = kind == kind_send_imm ? cvy::wr_opcode::send_with_imm : cvy::wr_opcode::send,
+          .sg_list = std::span(&local, 1),
+          .imm_data = kind == kind_send_imm ? imm_for(i) : 0};
       auto t0 = clock_type::now();
       run_one(wr, r.op);
       expect_ack(kind, i, r.op);
@@ -499,8 +539,11 @@ struct initiator {
     row fa{"FETCH_ADD", 8, {}, "returned values"};
     std::uint64_t expect = atomic_initial;
     for (std::uint64_t i = 0; i < atomic_iters; ++i, ++expect) {
-      cvy::send_wr wr{.wr_id = i, .opcode = cvy::wr_opcode::atomic_fetch_and_add,
-                      .sg_list = std::span(&result, 1), .remote_addr = slot.addr, .rkey = slot.rkey,
+      cvy::send_wr wr{.wr_id = i,
+                      .opcode = cvy::wr_opcode::atomic_fetch_and_add,
+                      .sg_list = std::span(&result, 1),
+                      .remote_addr = slot.addr,
+                      .rkey = slot.rkey,
                       .compare_add = 1};
       fa.us.push_back(run_one(wr, fa.op));
       if (atomic_value() != expect)
@@ -511,20 +554,29 @@ struct initiator {
 
     row cs{"CMP_SWAP", 8, {}, "returned values"};
     for (std::uint64_t i = 0; i < atomic_iters; ++i, expect += swap_step) {
-      cvy::send_wr wr{.wr_id = i, .opcode = cvy::wr_opcode::atomic_cmp_and_swp,
-                      .sg_list = std::span(&result, 1), .remote_addr = slot.addr, .rkey = slot.rkey,
-                      .compare_add = expect, .swap = expect + swap_step};
+      cvy::send_wr wr{.wr_id = i,
+                      .opcode = cvy::wr_opcode::atomic_cmp_and_swp,
+                      .sg_list = std::span(&result, 1),
+                      .remote_addr = slot.addr,
+                      .rkey = slot.rkey,
+                      .compare_add = expect,
+                      .swap = expect + swap_step};
       cs.us.push_back(run_one(wr, cs.op));
       if (atomic_value() != expect)
         fail("CMP_SWAP #" + std::to_string(i) + " returned " + std::to_string(atomic_value()) +
              ", expected " + std::to_string(expect));
     }
     // One that must not swap: a wrong compare value leaves the slot as it is.
-    cvy::send_wr miss{.wr_id = 9999, .opcode = cvy::wr_opcode::atomic_cmp_and_swp,
-                      .sg_list = std::span(&result, 1), .remote_addr = slot.addr, .rkey = slot.rkey,
-                      .compare_add = expect + 1, .swap = 0};
+    cvy::send_wr miss{.wr_id = 9999,
+                      .opcode = cvy::wr_opcode::atomic_cmp_and_swp,
+                      .sg_list = std::span(&result, 1),
+                      .remote_addr = slot.addr,
+                      .rkey = slot.rkey,
+                      .compare_add = expect + 1,
+                      .swap = 0};
     run_one(miss, "CMP_SWAP with a wrong compare value");
-    if (atomic_value() != expect) fail("CMP_SWAP with a wrong compare value returned the wrong old value");
+    if (atomic_value() != expect)
+      fail("CMP_SWAP with a wrong compare value returned the wrong old value");
     rows.push_back(std::move(cs));
   }
 
@@ -566,9 +618,10 @@ void print_table(const std::vector<row>& rows) {
     double p50 = s[s.size() / 2];
     double total_us = 0;
     for (double v : r.us) total_us += v;
-    double mbs = static_cast<double>(r.size) * static_cast<double>(r.us.size()) / total_us;  // B/µs = MB/s
-    std::printf("%-15s | %8s | %10zu | %14.1f | %14.1f | %s\n", r.op.c_str(), human_size(r.size).c_str(),
-                r.us.size(), p50, mbs, r.verified.c_str());
+    double mbs =
+        static_cast<double>(r.size) * static_cast<double>(r.us.size()) / total_us;  // B/µs = MB/s
+    std::printf("%-15s | %8s | %10zu | %14.1f | %14.1f | %s\n", r.op.c_str(),
+                human_size(r.size).c_str(), r.us.size(), p50, mbs, r.verified.c_str());
   }
 }
 
@@ -585,16 +638,20 @@ int run_initiator(const std::string& device, const std::string& address, bool cr
     in.sends("SEND_WITH_IMM", kind_send_imm, send_imm_size, send_imm_iters);
     in.writes_with_imm();
   } else {
-    in.skipped.push_back("SEND_WITH_IMM, WRITE_WITH_IMM: " + in.dev.attr().name + " has no immediate data");
+    in.skipped.push_back("SEND_WITH_IMM, WRITE_WITH_IMM: " + in.dev.attr().name +
+                         " has no immediate data");
   }
-  if (in.atomics_ok) in.atomics();
-  else in.skipped.push_back("FETCH_ADD, CMP_SWAP: " + in.dev.attr().name + " has no atomics");
+  if (in.atomics_ok)
+    in.atomics();
+  else
+    in.skipped.push_back("FETCH_ADD, CMP_SWAP: " + in.dev.attr().name + " has no atomics");
   in.done();
   print_table(in.rows);
   for (const auto& s : in.skipped) std::printf("skipped: %s\n", s.c_str());
-  std::printf("\ninitiator: OK: every byte verified (%.1f s). Latency is post to completion; for "
-              "SEND, SEND_WITH_IMM and WRITE_WITH_IMM it includes the target's check and answer.\n",
-              std::chrono::duration<double>(clock_type::now() - t0).count());
+  std::printf(
+      "\ninitiator: OK: every byte verified (%.1f s). Latency is post to completion; for "
+      "SEND, SEND_WITH_IMM and WRITE_WITH_IMM it includes the target's check and answer.\n",
+      std::chrono::duration<double>(clock_type::now() - t0).count());
   return 0;
 }
 
@@ -602,10 +659,11 @@ int run_initiator(const std::string& device, const std::string& address, bool cr
 
 int main(int argc, char** argv) {
   std::string role, address, crc_s = "on", device = "soft";
-  CLI::App app{"Conveyor demo: a target registers memory and idles while an initiator runs every "
-               "verb against it. Start the target first; the initiator retries a refused "
-               "connection for 15 s.",
-               "conveyor-demo"};
+  CLI::App app{
+      "Conveyor demo: a target registers memory and idles while an initiator runs every "
+      "verb against it. Start the target first; the initiator retries a refused "
+      "connection for 15 s.",
+      "conveyor-demo"};
   app.add_option("--role", role, "target or initiator")
       ->required()
       ->check(CLI::IsMember({"target", "initiator"}));
@@ -619,7 +677,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const bool crc = crc_s == "on";
   try {
-    return role == "target" ? run_target(device, address, crc) : run_initiator(device, address, crc);
+    return role == "target" ? run_target(device, address, crc)
+                            : run_initiator(device, address, crc);
   } catch (const failure& e) {
     std::fprintf(stderr, "conveyor-demo %s: FAILED: %s\n", role.c_str(), e.what());
     return 1;

@@ -16,8 +16,9 @@ int main() {
 
   // Target: register memory that peers may read, listen, hand out its key on accept.
   std::vector<std::byte> shelf(1 << 20, std::byte{42});
-  auto shelf_mr = pd.register_memory(std::span(shelf),
-                                     cvy::access::local_write | cvy::access::remote_read).value();
+  auto shelf_mr =
+      pd.register_memory(std::span(shelf), cvy::access::local_write | cvy::access::remote_read)
+          .value();
   auto lis = cvy::listener::bind(dev, "127.0.0.1:0").value();  // port 0: any free port
   auto address = lis.address();
   auto target_qp = pd.create_qp({.send_cq = &cq, .recv_cq = &cq}).value();
@@ -35,7 +36,7 @@ int main() {
   if (qp.post_read(local_mr.as_sge(), peer.slice(0, 4096), /*wr_id=*/7) != cvy::errc::ok) return 1;
   auto wc = cq.wait_one(5s).value();  // the READ's completion: the bytes are in `local`
   auto status = cvy::to_string(wc.status);
-  std::printf("READ %.*s, %u bytes, first byte %d\n", static_cast<int>(status.size()), status.data(),
-              wc.byte_len, std::to_integer<int>(local[0]));
+  std::printf("READ %.*s, %u bytes, first byte %d\n", static_cast<int>(status.size()),
+              status.data(), wc.byte_len, std::to_integer<int>(local[0]));
   return wc.status == cvy::wc_status::success && local[0] == std::byte{42} ? 0 : 1;
 }

@@ -37,7 +37,7 @@ namespace conveyor {
 namespace detail {
 struct handle_access;
 class cq_impl;
-}
+}  // namespace detail
 
 enum class wc_opcode : std::uint8_t {
   send,
@@ -54,13 +54,13 @@ struct work_completion {
   std::uint64_t wr_id = 0;
   wc_status status = wc_status::success;
   wc_opcode opcode = wc_opcode::send;
-  bool with_imm = false;          // imm_data is valid
-  bool with_inv = false;          // the SEND carried an invalidate; invalidated_rkey is valid
-  std::uint32_t byte_len = 0;     // bytes received / read
+  bool with_imm = false;       // imm_data is valid
+  bool with_inv = false;       // the SEND carried an invalidate; invalidated_rkey is valid
+  std::uint32_t byte_len = 0;  // bytes received / read
   std::uint32_t imm_data = 0;
   std::uint32_t invalidated_rkey = 0;
-  std::uint32_t qp_num = 0;       // the local QP this completion belongs to
-  std::uint32_t vendor_err = 0;   // provider detail (soft: the Terminate control word)
+  std::uint32_t qp_num = 0;      // the local QP this completion belongs to
+  std::uint32_t vendor_err = 0;  // provider detail (soft: the Terminate control word)
 };
 
 struct cq_options {

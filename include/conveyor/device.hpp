@@ -32,7 +32,7 @@ class protection_domain;
 namespace detail {
 struct handle_access;
 class device_impl;
-}
+}  // namespace detail
 
 enum class transport : std::uint8_t { iwarp, roce, infiniband, shm };
 CONVEYOR_API std::string_view to_string(transport t) noexcept;
@@ -46,26 +46,28 @@ enum class progress_mode : std::uint8_t {
 // the device's asynchronous events). soft and shm report none: their failures
 // show as completions and QP state.
 enum class device_event_type : std::uint8_t {
-  port_active,   // a port's link came up
-  port_down,     // a port's link went down: connections through it fail
-  qp_error,      // a QP failed outside a completion (fatal, invalid request, access error): it is in ERROR
-  cq_error,      // a CQ overflowed: its poll/wait return cq_overflow
-  device_fatal,  // the device failed or was removed: nothing created from it works any more; close it all
+  port_active,  // a port's link came up
+  port_down,    // a port's link went down: connections through it fail
+  qp_error,     // a QP failed outside a completion (fatal, invalid request, access error): it is in
+                // ERROR
+  cq_error,     // a CQ overflowed: its poll/wait return cq_overflow
+  device_fatal,  // the device failed or was removed: nothing created from it works any more; close
+                 // it all
   other,         // an address, LID or P_Key change, ...: see the description
 };
 CONVEYOR_API std::string_view to_string(device_event_type t) noexcept;
 
 struct device_event {
   device_event_type type = device_event_type::other;
-  std::uint8_t port = 0;      // port_active/port_down: the port
-  std::uint32_t qp_num = 0;   // qp_error: the QP
-  std::string description;    // names the device, port, and for a QP its number and peer
+  std::uint8_t port = 0;     // port_active/port_down: the port
+  std::uint32_t qp_num = 0;  // qp_error: the QP
+  std::string description;   // names the device, port, and for a QP its number and peer
 };
 
 struct device_options {
   progress_mode progress = progress_mode::thread;
-  bool request_crc = true;         // ask peers for MPA CRC32c (the peer may ask too)
-  std::uint32_t spin_us = 20;      // completion_queue::wait busy-polls this long before sleeping
+  bool request_crc = true;     // ask peers for MPA CRC32c (the peer may ask too)
+  std::uint32_t spin_us = 20;  // completion_queue::wait busy-polls this long before sleeping
   // The engine thread busy-polls this long after activity before sleeping in
   // epoll_wait: long enough to catch the next request of a request/response
   // exchange without a thread wake-up (tens of microseconds on a VM), short
@@ -143,14 +145,14 @@ struct device_attr {
   std::uint64_t max_mr_size = 0;
   std::uint32_t max_msg_size = 0;
   std::uint32_t max_qp_rd_atom = 0;  // IRD/ORD limit
-  bool atomics = false;          // between two peers that both support them
+  bool atomics = false;              // between two peers that both support them
   // What a remote atomic is atomic against (verbs' atomic_cap): only other
   // RDMA atomics through this device (`rdma`, IBV_ATOMIC_HCA: a CPU store to
   // the word may interleave), or also the owner's CPU and every other accessor
   // (`global`, IBV_ATOMIC_GLOB; soft and shm use one locked instruction on the
   // word). `none` when atomics is false.
   atomic_scope atomic_cap = atomic_scope::none;
-  bool immediate_data = false;   // likewise
+  bool immediate_data = false;  // likewise
   bool send_with_invalidate = true;
   std::vector<port_attr> ports;
 };

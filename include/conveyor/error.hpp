@@ -68,18 +68,18 @@ using status = errc;
 // Work completion status: the verbs statuses, with the verbs meanings.
 enum class wc_status : std::uint8_t {
   success = 0,
-  loc_len_err,         // local length: receive buffer too small
-  loc_qp_op_err,       // local QP operation error
-  loc_prot_err,        // local protection: bad lkey or range
-  wr_flush_err,        // flushed: the QP entered ERROR before this request ran
+  loc_len_err,    // local length: receive buffer too small
+  loc_qp_op_err,  // local QP operation error
+  loc_prot_err,   // local protection: bad lkey or range
+  wr_flush_err,   // flushed: the QP entered ERROR before this request ran
   mw_bind_err,
-  bad_resp_err,        // the peer's response did not match the request
-  loc_access_err,      // local access: the local buffer lacks a right
-  rem_inv_req_err,     // remote invalid request: opcode/length the peer refuses
-  rem_access_err,      // remote access: bad rkey, out of bounds or missing right
-  rem_op_err,          // remote operation error
-  retry_exc_err,       // transport retries exceeded: the connection was lost
-  rnr_retry_exc_err,   // receiver not ready: no receive posted at the peer
+  bad_resp_err,       // the peer's response did not match the request
+  loc_access_err,     // local access: the local buffer lacks a right
+  rem_inv_req_err,    // remote invalid request: opcode/length the peer refuses
+  rem_access_err,     // remote access: bad rkey, out of bounds or missing right
+  rem_op_err,         // remote operation error
+  retry_exc_err,      // transport retries exceeded: the connection was lost
+  rnr_retry_exc_err,  // receiver not ready: no receive posted at the peer
   fatal_err,
   resp_timeout_err,
   general_err,
@@ -98,7 +98,8 @@ CONVEYOR_API std::string_view to_string(wc_status s) noexcept;
 template <>
 class std::bad_expected_access<conveyor::error> : public std::bad_expected_access<void> {
  public:
-  explicit bad_expected_access(conveyor::error e) : error_(std::move(e)), what_(error_.to_string()) {}
+  explicit bad_expected_access(conveyor::error e)
+      : error_(std::move(e)), what_(error_.to_string()) {}
   const char* what() const noexcept override { return what_.c_str(); }
   conveyor::error& error() & noexcept { return error_; }
   const conveyor::error& error() const& noexcept { return error_; }

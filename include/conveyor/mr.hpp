@@ -41,7 +41,9 @@ constexpr access operator|(access a, access b) noexcept {
 constexpr access operator&(access a, access b) noexcept {
   return static_cast<access>(static_cast<std::uint32_t>(a) & static_cast<std::uint32_t>(b));
 }
-constexpr bool has(access set, access bit) noexcept { return (set & bit) == bit; }
+constexpr bool has(access set, access bit) noexcept {
+  return (set & bit) == bit;
+}
 
 // A scatter/gather element: a span of registered local memory (verbs ibv_sge).
 struct sge {

@@ -25,7 +25,7 @@ namespace conveyor {
 namespace detail {
 struct handle_access;
 class pd_impl;
-}
+}  // namespace detail
 
 class CONVEYOR_API protection_domain {
  public:
@@ -66,7 +66,6 @@ class CONVEYOR_API protection_domain {
 
   // Creates an RC QP in state INIT (ready for post_recv and for connecting).
   result<queue_pair> create_qp(const qp_init_attr& attr);
-
 
  private:
   result<memory_region> register_read_only(std::span<const std::byte> buf, access rights);

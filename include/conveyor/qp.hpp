@@ -31,7 +31,7 @@ namespace conveyor {
 namespace detail {
 struct handle_access;
 class qp_impl;
-}
+}  // namespace detail
 
 enum class qp_state : std::uint8_t { reset, init, rtr, rts, error };
 CONVEYOR_API std::string_view to_string(qp_state s) noexcept;
@@ -50,10 +50,10 @@ CONVEYOR_API std::string_view to_string(wr_opcode op) noexcept;
 
 enum class send_flags : std::uint32_t {
   none = 0,
-  signaled = 1u << 0,   // produce a completion (always on if the QP signals all)
+  signaled = 1u << 0,     // produce a completion (always on if the QP signals all)
   inline_data = 1u << 1,  // copy the payload at post time; lkeys are not checked
-  fence = 1u << 2,      // wait for earlier READs/atomics to complete first
-  solicited = 1u << 3,  // solicited event (SEND variants)
+  fence = 1u << 2,        // wait for earlier READs/atomics to complete first
+  solicited = 1u << 3,    // solicited event (SEND variants)
 };
 constexpr send_flags operator|(send_flags a, send_flags b) noexcept {
   return static_cast<send_flags>(static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b));
@@ -66,13 +66,13 @@ struct send_wr {
   std::uint64_t wr_id = 0;
   wr_opcode opcode = wr_opcode::send;
   send_flags flags = send_flags::signaled;
-  std::span<const sge> sg_list;        // local data (READ: the sink; atomics: 8-byte result)
-  std::uint64_t remote_addr = 0;       // RDMA and atomics
-  std::uint32_t rkey = 0;              // RDMA and atomics
-  std::uint32_t imm_data = 0;          // *_with_imm
-  std::uint32_t invalidate_rkey = 0;   // send_with_inv
-  std::uint64_t compare_add = 0;       // cmp_and_swp: compare; fetch_and_add: add
-  std::uint64_t swap = 0;              // cmp_and_swp: swap
+  std::span<const sge> sg_list;       // local data (READ: the sink; atomics: 8-byte result)
+  std::uint64_t remote_addr = 0;      // RDMA and atomics
+  std::uint32_t rkey = 0;             // RDMA and atomics
+  std::uint32_t imm_data = 0;         // *_with_imm
+  std::uint32_t invalidate_rkey = 0;  // send_with_inv
+  std::uint64_t compare_add = 0;      // cmp_and_swp: compare; fetch_and_add: add
+  std::uint64_t swap = 0;             // cmp_and_swp: swap
 };
 
 struct recv_wr {
@@ -145,8 +145,8 @@ struct qp_connection_attr {
   std::uint32_t mss = 0;       // TCP maximum segment size
   std::uint32_t max_fpdu = 0;  // bytes per FPDU we send (header + payload + CRC)
   std::uint8_t mpa_revision = 0;
-  bool extensions = false;     // RFC 7306 atomics and immediate data usable
-  std::string rtr;             // "write", "read", "none"
+  bool extensions = false;  // RFC 7306 atomics and immediate data usable
+  std::string rtr;          // "write", "read", "none"
   // How this side's bulk requests move (shm): "cma" (the peer's engine copies
   // with process_vm_readv/writev) or "staged" (through the shared rings); ""
   // on providers with a wire.

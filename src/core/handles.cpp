@@ -1,8 +1,8 @@
 // The public handles: thin forwarding to the provider's *_impl objects.
 #include <conveyor/conveyor.hpp>
 
-#include "core/impl.hpp"
 #include "core/byte_order.hpp"
+#include "core/impl.hpp"
 
 #include <cstring>
 
@@ -28,8 +28,8 @@ std::vector<std::byte> remote_region::encode() const {
 
 result<remote_region> remote_region::decode(std::span<const std::byte> b) {
   if (b.size() < encoded_size)
-    return make_error(errc::invalid_argument, "remote_region: need 28 bytes, got " +
-                                                  std::to_string(b.size()));
+    return make_error(errc::invalid_argument,
+                      "remote_region: need 28 bytes, got " + std::to_string(b.size()));
   if (std::memcmp(b.data(), "CVRR", 4) != 0)
     return make_error(errc::invalid_argument, "remote_region: bad magic");
   if (b[4] != std::byte{1})
@@ -48,15 +48,27 @@ memory_region& memory_region::operator=(memory_region&& o) noexcept {
   }
   return *this;
 }
-memory_region::~memory_region() { deregister(); }
-std::byte* memory_region::data() const noexcept { return impl_ ? impl_->data() : nullptr; }
-std::size_t memory_region::size() const noexcept { return impl_ ? impl_->size() : 0; }
+memory_region::~memory_region() {
+  deregister();
+}
+std::byte* memory_region::data() const noexcept {
+  return impl_ ? impl_->data() : nullptr;
+}
+std::size_t memory_region::size() const noexcept {
+  return impl_ ? impl_->size() : 0;
+}
 std::uint64_t memory_region::addr() const noexcept {
   return reinterpret_cast<std::uint64_t>(data());
 }
-std::uint32_t memory_region::lkey() const noexcept { return impl_ ? impl_->lkey() : 0; }
-std::uint32_t memory_region::rkey() const noexcept { return impl_ ? impl_->rkey() : 0; }
-access memory_region::rights() const noexcept { return impl_ ? impl_->rights() : access::none; }
+std::uint32_t memory_region::lkey() const noexcept {
+  return impl_ ? impl_->lkey() : 0;
+}
+std::uint32_t memory_region::rkey() const noexcept {
+  return impl_ ? impl_->rkey() : 0;
+}
+access memory_region::rights() const noexcept {
+  return impl_ ? impl_->rights() : access::none;
+}
 void memory_region::deregister() noexcept {
   if (impl_) {
     impl_->deregister();
@@ -65,9 +77,12 @@ void memory_region::deregister() noexcept {
 }
 
 // ---------------------------------------------------------- completion_queue ----
-completion_queue::completion_queue(std::shared_ptr<cq_impl> impl) noexcept : impl_(std::move(impl)) {}
+completion_queue::completion_queue(std::shared_ptr<cq_impl> impl) noexcept
+    : impl_(std::move(impl)) {}
 completion_queue::~completion_queue() = default;
-std::uint32_t completion_queue::depth() const noexcept { return impl_->depth(); }
+std::uint32_t completion_queue::depth() const noexcept {
+  return impl_->depth();
+}
 std::expected<std::size_t, errc> completion_queue::poll(std::span<work_completion> out) noexcept {
   return impl_->poll(out);
 }
@@ -75,14 +90,19 @@ std::expected<std::size_t, errc> completion_queue::wait(std::span<work_completio
                                                         std::chrono::nanoseconds t) noexcept {
   return impl_->wait(out, t);
 }
-std::expected<work_completion, errc> completion_queue::wait_one(std::chrono::nanoseconds t) noexcept {
+std::expected<work_completion, errc> completion_queue::wait_one(
+    std::chrono::nanoseconds t) noexcept {
   work_completion wc;
   auto r = impl_->wait(std::span(&wc, 1), t);
   if (!r) return std::unexpected(r.error());
   return wc;
 }
-int completion_queue::fd() const noexcept { return impl_->fd(); }
-void completion_queue::arm() noexcept { impl_->arm(); }
+int completion_queue::fd() const noexcept {
+  return impl_->fd();
+}
+void completion_queue::arm() noexcept {
+  impl_->arm();
+}
 
 // ---------------------------------------------------------------- queue_pair ----
 queue_pair::queue_pair(std::shared_ptr<qp_impl> impl) noexcept : impl_(std::move(impl)) {}
@@ -96,9 +116,15 @@ queue_pair& queue_pair::operator=(queue_pair&& o) noexcept {
 queue_pair::~queue_pair() {
   if (impl_) impl_->disconnect();
 }
-std::uint32_t queue_pair::qp_num() const noexcept { return impl_->qp_num(); }
-qp_state queue_pair::state() const noexcept { return impl_->state(); }
-const qp_caps& queue_pair::caps() const noexcept { return impl_->caps(); }
+std::uint32_t queue_pair::qp_num() const noexcept {
+  return impl_->qp_num();
+}
+qp_state queue_pair::state() const noexcept {
+  return impl_->state();
+}
+const qp_caps& queue_pair::caps() const noexcept {
+  return impl_->caps();
+}
 status queue_pair::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept {
   return impl_->post_send(wrs, bad);
 }
@@ -113,28 +139,43 @@ status queue_pair::post_send_msg(const sge& local, std::uint64_t wr_id) noexcept
   send_wr wr{.wr_id = wr_id, .opcode = wr_opcode::send, .sg_list = std::span(&local, 1)};
   return post_send(wr);
 }
-status queue_pair::post_write(const sge& local, const remote_region& r, std::uint64_t wr_id) noexcept {
-  send_wr wr{.wr_id = wr_id, .opcode = wr_opcode::rdma_write, .sg_list = std::span(&local, 1),
-             .remote_addr = r.addr, .rkey = r.rkey};
+status queue_pair::post_write(const sge& local, const remote_region& r,
+                              std::uint64_t wr_id) noexcept {
+  send_wr wr{.wr_id = wr_id,
+             .opcode = wr_opcode::rdma_write,
+             .sg_list = std::span(&local, 1),
+             .remote_addr = r.addr,
+             .rkey = r.rkey};
   return post_send(wr);
 }
-status queue_pair::post_read(const sge& local, const remote_region& r, std::uint64_t wr_id) noexcept {
-  send_wr wr{.wr_id = wr_id, .opcode = wr_opcode::rdma_read, .sg_list = std::span(&local, 1),
-             .remote_addr = r.addr, .rkey = r.rkey};
+status queue_pair::post_read(const sge& local, const remote_region& r,
+                             std::uint64_t wr_id) noexcept {
+  send_wr wr{.wr_id = wr_id,
+             .opcode = wr_opcode::rdma_read,
+             .sg_list = std::span(&local, 1),
+             .remote_addr = r.addr,
+             .rkey = r.rkey};
   return post_send(wr);
 }
 status queue_pair::post_fetch_add(const sge& result8, const remote_region& r, std::uint64_t add,
                                   std::uint64_t wr_id) noexcept {
-  send_wr wr{.wr_id = wr_id, .opcode = wr_opcode::atomic_fetch_and_add,
-             .sg_list = std::span(&result8, 1), .remote_addr = r.addr, .rkey = r.rkey,
+  send_wr wr{.wr_id = wr_id,
+             .opcode = wr_opcode::atomic_fetch_and_add,
+             .sg_list = std::span(&result8, 1),
+             .remote_addr = r.addr,
+             .rkey = r.rkey,
              .compare_add = add};
   return post_send(wr);
 }
 status queue_pair::post_cmp_swap(const sge& result8, const remote_region& r, std::uint64_t compare,
                                  std::uint64_t swap, std::uint64_t wr_id) noexcept {
-  send_wr wr{.wr_id = wr_id, .opcode = wr_opcode::atomic_cmp_and_swp,
-             .sg_list = std::span(&result8, 1), .remote_addr = r.addr, .rkey = r.rkey,
-             .compare_add = compare, .swap = swap};
+  send_wr wr{.wr_id = wr_id,
+             .opcode = wr_opcode::atomic_cmp_and_swp,
+             .sg_list = std::span(&result8, 1),
+             .remote_addr = r.addr,
+             .rkey = r.rkey,
+             .compare_add = compare,
+             .swap = swap};
   return post_send(wr);
 }
 result<void> queue_pair::modify(qp_state target) {
@@ -145,7 +186,9 @@ result<qp_connection_attr> queue_pair::connection() const {
   if (!impl_) return make_error(errc::invalid_state, "connection: empty queue_pair handle");
   return impl_->connection();
 }
-qp_counters queue_pair::counters() const noexcept { return impl_ ? impl_->counters() : qp_counters{}; }
+qp_counters queue_pair::counters() const noexcept {
+  return impl_ ? impl_->counters() : qp_counters{};
+}
 void queue_pair::disconnect() noexcept {
   if (impl_) impl_->disconnect();
 }
@@ -153,17 +196,23 @@ void queue_pair::disconnect() noexcept {
 bool detail::qp_transition_allowed(qp_state from, qp_state to) noexcept {
   if (to == qp_state::error || to == qp_state::reset) return true;  // from any state
   switch (from) {
-    case qp_state::reset: return to == qp_state::init;
-    case qp_state::init: return to == qp_state::init || to == qp_state::rtr;
-    case qp_state::rtr: return to == qp_state::rts;
-    case qp_state::rts: return to == qp_state::rts;
-    case qp_state::error: return false;
+    case qp_state::reset:
+      return to == qp_state::init;
+    case qp_state::init:
+      return to == qp_state::init || to == qp_state::rtr;
+    case qp_state::rtr:
+      return to == qp_state::rts;
+    case qp_state::rts:
+      return to == qp_state::rts;
+    case qp_state::error:
+      return false;
   }
   return false;
 }
 
 // --------------------------------------------------------- protection_domain ----
-protection_domain::protection_domain(std::shared_ptr<pd_impl> impl) noexcept : impl_(std::move(impl)) {}
+protection_domain::protection_domain(std::shared_ptr<pd_impl> impl) noexcept
+    : impl_(std::move(impl)) {}
 protection_domain::~protection_domain() = default;
 result<memory_region> protection_domain::register_memory(std::span<std::byte> buf, access rights) {
   if (!impl_) return make_error(errc::invalid_state, "register_memory: empty protection_domain");
@@ -172,12 +221,13 @@ result<memory_region> protection_domain::register_memory(std::span<std::byte> bu
   return memory_region(std::move(*r));
 }
 result<memory_region> protection_domain::register_read_only(std::span<const std::byte> buf,
-                                                           access rights) {
+                                                            access rights) {
   if (has(rights, access::local_write) || has(rights, access::remote_write) ||
       has(rights, access::remote_atomic))
-    return make_error(errc::invalid_argument,
-                      "register_memory: read-only (const) memory takes no write rights "
-                      "(local_write, remote_write, remote_atomic); remote_read and none are allowed");
+    return make_error(
+        errc::invalid_argument,
+        "register_memory: read-only (const) memory takes no write rights "
+        "(local_write, remote_write, remote_atomic); remote_read and none are allowed");
   // Nothing writes a region without one of those rights: every engine and NIC
   // checks them on each access.
   return register_memory(std::span<std::byte>(const_cast<std::byte*>(buf.data()), buf.size()),
@@ -198,10 +248,16 @@ result<queue_pair> protection_domain::create_qp(const qp_init_attr& attr) {
 
 // -------------------------------------------------------------------- device ----
 device::device(std::shared_ptr<device_impl> impl) noexcept : impl_(std::move(impl)) {}
-device device::share() const noexcept { return device(impl_); }
+device device::share() const noexcept {
+  return device(impl_);
+}
 device::~device() = default;
-const device_attr& device::attr() const noexcept { return impl_->attr(); }
-const device_options& device::options() const noexcept { return impl_->options(); }
+const device_attr& device::attr() const noexcept {
+  return impl_->attr();
+}
+const device_options& device::options() const noexcept {
+  return impl_->options();
+}
 result<protection_domain> device::alloc_pd() {
   auto r = impl_->alloc_pd();
   if (!r) return std::unexpected(r.error());
@@ -235,8 +291,8 @@ result<device> device::open(std::string_view name, const device_options& opts) {
     if (!r) return std::unexpected(r.error());
     return device(std::move(*r));
   }
-  return make_error(errc::not_found,
-                    "open device \"" + std::string(name) + "\": no such device (known: " + known + ")");
+  return make_error(errc::not_found, "open device \"" + std::string(name) +
+                                         "\": no such device (known: " + known + ")");
 }
 
 // ------------------------------------------------------------------------ cm ----
@@ -249,7 +305,9 @@ connect_request::~connect_request() = default;
 std::span<const std::byte> connect_request::private_data() const noexcept {
   return impl_ ? impl_->private_data() : std::span<const std::byte>{};
 }
-std::string connect_request::peer_address() const { return impl_ ? impl_->peer_address() : ""; }
+std::string connect_request::peer_address() const {
+  return impl_ ? impl_->peer_address() : "";
+}
 result<connection_info> connect_request::accept(queue_pair& qp, std::span<const std::byte> pd) {
   if (!impl_) return make_error(errc::invalid_state, "accept: request already answered");
   auto r = impl_->accept(qp, pd);
@@ -277,8 +335,12 @@ result<listener> listener::bind(const device& dev, std::string_view address, int
   if (!r) return std::unexpected(r.error());
   return listener(std::move(*r));
 }
-std::string listener::address() const { return impl_ ? impl_->address() : ""; }
-std::uint16_t listener::port() const noexcept { return impl_ ? impl_->port() : 0; }
+std::string listener::address() const {
+  return impl_ ? impl_->address() : "";
+}
+std::uint16_t listener::port() const noexcept {
+  return impl_ ? impl_->port() : 0;
+}
 result<connect_request> listener::accept(std::chrono::milliseconds timeout) {
   if (!impl_) return make_error(errc::invalid_state, "accept: empty listener");
   auto r = impl_->accept(timeout);

@@ -40,7 +40,8 @@ class device_impl : public std::enable_shared_from_this<device_impl> {
 class pd_impl : public std::enable_shared_from_this<pd_impl> {
  public:
   virtual ~pd_impl() = default;
-  virtual result<std::shared_ptr<mr_impl>> register_memory(std::span<std::byte> buf, access rights) = 0;
+  virtual result<std::shared_ptr<mr_impl>> register_memory(std::span<std::byte> buf,
+                                                           access rights) = 0;
   // Memory owned by the region. The default maps anonymous pages and registers
   // them (owned_memory.cpp); shm overrides it with peer-mappable memfd memory.
   virtual result<std::shared_ptr<mr_impl>> allocate_memory(std::size_t len, access rights);
@@ -87,7 +88,8 @@ class qp_impl {
   virtual result<qp_connection_attr> connection() const = 0;
   virtual qp_counters counters() const noexcept = 0;
   virtual void disconnect() noexcept = 0;
-  virtual result<connection_info> connect(std::string_view address, const connect_options& opts) = 0;
+  virtual result<connection_info> connect(std::string_view address,
+                                          const connect_options& opts) = 0;
 };
 
 class conn_request_impl {

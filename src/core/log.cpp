@@ -18,7 +18,10 @@ log_level level_from_env() {
   if (!std::strcmp(v, "info")) return log_level::info;
   if (!std::strcmp(v, "debug")) return log_level::debug;
   if (*v != '\0' && std::strcmp(v, "warn") != 0)
-    std::fprintf(stderr, "conveyor warn: CONVEYOR_LOG=%s is not a log level (error, warn, info, debug); using warn\n", v);
+    std::fprintf(stderr,
+                 "conveyor warn: CONVEYOR_LOG=%s is not a log level (error, warn, info, debug); "
+                 "using warn\n",
+                 v);
   return log_level::warn;
 }
 }  // namespace
@@ -48,7 +51,8 @@ std::optional<std::uint32_t> env_u32(const char* name) {
   static std::set<std::string> warned;
   std::lock_guard lk(mu);
   if (warned.insert(name).second)
-    std::fprintf(stderr, "conveyor warn: %s=%s is not a whole number in 0..4294967295; ignored\n", name, v);
+    std::fprintf(stderr, "conveyor warn: %s=%s is not a whole number in 0..4294967295; ignored\n",
+                 name, v);
   return std::nullopt;
 }
 

@@ -52,12 +52,12 @@ void pair_test::prepare_pair(const pair_options& o) {
   opts_ = o;
   const auto& p = GetParam();
 
-  auto idev =
-      conveyor::device::open(device_name(p.provider, "init"), make_options(p.progress, o.init_crc, o.max_sge_rd));
+  auto idev = conveyor::device::open(device_name(p.provider, "init"),
+                                     make_options(p.progress, o.init_crc, o.max_sge_rd));
   CVT_ASSERT_OK(idev);
   init.dev = std::move(*idev);
-  auto tdev =
-      conveyor::device::open(device_name(p.provider, "tgt"), make_options(p.progress, o.tgt_crc, o.max_sge_rd));
+  auto tdev = conveyor::device::open(device_name(p.provider, "tgt"),
+                                     make_options(p.progress, o.tgt_crc, o.max_sge_rd));
   CVT_ASSERT_OK(tdev);
   tgt.dev = std::move(*tdev);
   ASSERT_EQ(init.dev.attr().provider, p.provider);

@@ -279,7 +279,8 @@ int run_two_party_target(const child_args& a) {
   if (s.target_uid != 0) {  // become another user (drops every capability)
     if (::setgroups(0, nullptr) != 0 || ::setgid(s.target_uid) != 0 || ::setuid(s.target_uid) != 0)
       return fail(std::string("switching to uid ") + std::to_string(s.target_uid) + ": " +
-                      std::strerror(errno), 2);
+                      std::strerror(errno),
+                  2);
   }
   auto dev =
       conveyor::device::open(device_name(s.provider, "child-tgt"), make_options(s.progress, s.crc));

@@ -30,7 +30,7 @@ struct two_party_script {
   std::uint64_t write_seed = 0x2000;
   std::size_t msg_len = 100003;
   std::uint64_t msg_seed = 0x3000;
-  std::uint32_t max_mss = 0;  // initiator: also require connection mss <= this (0: no check)
+  std::uint32_t max_mss = 0;     // initiator: also require connection mss <= this (0: no check)
   std::string expect_data_path;  // initiator: also require this connection data_path ("": no check)
   std::uint32_t target_uid = 0;  // target child: switch to this uid/gid first (0: stay)
 

@@ -22,11 +22,13 @@ class connection : public pair_test {
   // no CRC to report they skip, saying why, rather than pass on nothing.
   void skip_unless_crc_is_reported() {
     if (param().provider == "shm")
-      GTEST_SKIP() << "shm has no wire and no MPA: there is no CRC to negotiate (crc is always false)";
+      GTEST_SKIP()
+          << "shm has no wire and no MPA: there is no CRC to negotiate (crc is always false)";
     if (param().provider == "verbs")
-      GTEST_SKIP() << "verbs: CRC is negotiated inside the kernel or the NIC (iWARP) or does not exist "
-                      "(IB/RoCE), and rdma-core does not report it (tests/vm checks that siw honours "
-                      "soft's CRC request)";
+      GTEST_SKIP()
+          << "verbs: CRC is negotiated inside the kernel or the NIC (iWARP) or does not exist "
+             "(IB/RoCE), and rdma-core does not report it (tests/vm checks that siw honours "
+             "soft's CRC request)";
   }
 };
 
@@ -134,8 +136,10 @@ TEST_P(connection, connection_attributes_are_invalid_state_before_connect) {
 
 TEST_P(connection, private_data_of_max_size_passes_both_ways) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
-  if (init.dev.attr().provider == "verbs" && init.dev.attr().transport_type != conveyor::transport::iwarp)
-    GTEST_SKIP() << "IB/RoCE connection requests carry at most 55 bytes of private data (IB CM REQ), not 251";
+  if (init.dev.attr().provider == "verbs" &&
+      init.dev.attr().transport_type != conveyor::transport::iwarp)
+    GTEST_SKIP() << "IB/RoCE connection requests carry at most 55 bytes of private data (IB CM "
+                    "REQ), not 251";
   auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
   CVT_ASSERT_OK(lis);
   const std::string addr = lis->address();

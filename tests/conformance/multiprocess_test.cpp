@@ -80,7 +80,8 @@ TEST_P(processes, two_namespaces_over_veth_move_16_mib_with_mss_at_most_1460) {
   if (GetParam().provider == "shm")
     GTEST_SKIP() << "shm is same-host only: network namespaces on a veth pair need a wire";
   if (GetParam().provider == "verbs")
-    GTEST_SKIP() << "TCP MSS across network namespaces is soft's; an RDMA device lives in one namespace";
+    GTEST_SKIP()
+        << "TCP MSS across network namespaces is soft's; an RDMA device lives in one namespace";
   std::string why;
   bool environmental = false;
   auto ns = netns_pair::create(why, environmental);

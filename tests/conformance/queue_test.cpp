@@ -408,7 +408,8 @@ TEST_P(queues, modify_to_error_flushes_outstanding_sends) {
     }
   }
   if (!flushed && param().provider == "verbs")
-    GTEST_SKIP() << "the device completed all 64 READs before modify(error) (a kernel device on one host is that fast)";
+    GTEST_SKIP() << "the device completed all 64 READs before modify(error) (a kernel device on "
+                    "one host is that fast)";
   EXPECT_TRUE(flushed) << "64 READs of 64 KiB all completed before modify(error) returned";
 }
 

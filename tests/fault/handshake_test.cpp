@@ -93,7 +93,8 @@ TEST_P(handshake, connect_after_the_listener_closed_is_connection_refused) {
 
 TEST_P(handshake, silent_mpa_peer_makes_connect_time_out_after_the_connect_timeout) {
   if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
+                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   raw_server server(raw_server::behaviour::silent);
   ASSERT_TRUE(server.ok()) << server.error();
@@ -116,7 +117,8 @@ TEST_P(handshake, silent_mpa_peer_makes_connect_time_out_after_the_connect_timeo
 
 TEST_P(handshake, garbage_instead_of_an_mpa_reply_is_protocol_error) {
   if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
+                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   raw_server server(raw_server::behaviour::garbage_reply);
   ASSERT_TRUE(server.ok()) << server.error();
@@ -131,7 +133,8 @@ TEST_P(handshake, garbage_instead_of_an_mpa_reply_is_protocol_error) {
 
 TEST_P(handshake, peer_closing_during_the_mpa_handshake_is_connection_reset) {
   if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
+                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   raw_server server(raw_server::behaviour::close_at_once);
   ASSERT_TRUE(server.ok()) << server.error();
@@ -175,7 +178,8 @@ TEST_P(handshake, garbage_from_a_raw_client_is_dropped_at_once_and_the_listener_
 
 TEST_P(handshake, silent_raw_client_does_not_stop_the_listener_from_accepting_a_real_one) {
   if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, in the kernel";
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
+                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
   CVT_ASSERT_OK(lis);

@@ -1,7 +1,7 @@
 // Peer death and connection loss: every outstanding request completes, with an
 // error, in bounded time; nothing hangs.
-#include <algorithm>
 #include <sys/wait.h>
+#include <algorithm>
 
 #include <csignal>
 #include <functional>
@@ -156,9 +156,11 @@ void peer_death::reads_then_cut(Cut cut) {
       << " ms after the cut\n";
   std::size_t good = 0;
   if (GetParam().provider == "verbs" &&
-      std::all_of(iw.begin(), iw.end(), [](const work_completion& w) { return w.status == wc_status::success; }))
-    GTEST_SKIP() << "the device completed all " << n
-                 << " READs before the cut (a kernel device on one host is that fast): nothing to abort";
+      std::all_of(iw.begin(), iw.end(),
+                  [](const work_completion& w) { return w.status == wc_status::success; }))
+    GTEST_SKIP()
+        << "the device completed all " << n
+        << " READs before the cut (a kernel device on one host is that fast): nothing to abort";
   EXPECT_TRUE(ok(check_aborted(iw, 50000, &good)));
   // READs that succeeded before the cut brought the right bytes.
   for (std::size_t i = 0; i < good && i < 16; ++i) {
@@ -171,11 +173,13 @@ void peer_death::reads_then_cut(Cut cut) {
             name(errc::qp_in_error));
 }
 
-TEST_P(peer_death, target_qp_destroyed_while_reads_outstanding_fails_every_unfinished_read_in_bounded_time) {
+TEST_P(peer_death,
+       target_qp_destroyed_while_reads_outstanding_fails_every_unfinished_read_in_bounded_time) {
   reads_then_cut([this] { tgt.qp = conveyor::queue_pair(); });
 }
 
-TEST_P(peer_death, target_disconnect_while_reads_outstanding_fails_every_unfinished_read_in_bounded_time) {
+TEST_P(peer_death,
+       target_disconnect_while_reads_outstanding_fails_every_unfinished_read_in_bounded_time) {
   reads_then_cut([this] { tgt.qp.disconnect(); });
 }
 

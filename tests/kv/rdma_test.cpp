@@ -283,7 +283,8 @@ TEST_P(kv_rdma, a_client_that_dies_mid_batch_leaves_nothing) {
     // QP to ERROR, so four separate posts race that reply.
     const auto sge = mr.as_sge();
     std::array<conveyor::send_wr, 4> wrs{};
-    for (std::size_t i = 0; i < wrs.size(); ++i) wrs[i] = {.wr_id = i, .sg_list = std::span(&sge, 1)};
+    for (std::size_t i = 0; i < wrs.size(); ++i)
+      wrs[i] = {.wr_id = i, .sg_list = std::span(&sge, 1)};
     ASSERT_EQ(qp.post_send(wrs), conveyor::errc::ok);
     // No receives posted: the replies cannot land; then the client vanishes.
     for (int i = 0;

@@ -68,7 +68,9 @@ bool send_request(raw_peer& p, std::uint8_t flags, std::uint8_t rev, std::option
   return p.send_all(encode_mpa(f));
 }
 
-std::uint64_t addr_of(const memory_region& mr) { return mr.addr(); }
+std::uint64_t addr_of(const memory_region& mr) {
+  return mr.addr();
+}
 
 }  // namespace
 
@@ -97,8 +99,8 @@ TEST(mpa, revision_1_initiator_gets_a_revision_1_reply_and_its_frames_are_served
   // An RDMA Write of 16 bytes lands in the region.
   std::vector<std::byte> data(16);
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = std::byte(0xA0 + i);
-  ASSERT_TRUE(p.send_all(encode_tagged(rdmap_op::write, true, t.mr.rkey(), addr_of(t.mr) + 100,
-                                       data, p.crc())));
+  ASSERT_TRUE(p.send_all(
+      encode_tagged(rdmap_op::write, true, t.mr.rkey(), addr_of(t.mr) + 100, data, p.crc())));
   // A Read Request for those bytes comes back as one Read Response.
   read_request rr{0x77, 0x1000, 16, t.mr.rkey(), addr_of(t.mr) + 100};
   ASSERT_TRUE(p.send_all(encode_read_request(rr, 1, p.crc())));
@@ -113,7 +115,8 @@ TEST(mpa, revision_1_initiator_gets_a_revision_1_reply_and_its_frames_are_served
   EXPECT_EQ(h->stag, 0x77u) << "the response goes to the sink STag";
   EXPECT_EQ(h->to, 0x1000u);
   ASSERT_EQ(h->payload_len, 16u);
-  EXPECT_TRUE(std::equal(data.begin(), data.end(), resp->begin() + static_cast<long>(h->header_len)));
+  EXPECT_TRUE(
+      std::equal(data.begin(), data.end(), resp->begin() + static_cast<long>(h->header_len)));
   EXPECT_EQ(0, std::memcmp(t.mem.data() + 100, data.data(), 16));
 }
 
@@ -121,7 +124,8 @@ TEST(mpa, request_asking_for_markers_is_answered_with_a_reject) {
   target t;
   auto fut = std::async(std::launch::async, [&] { return t.lis.accept(1s); });
   raw_peer p = raw_peer::connect_to(t.lis.port());
-  ASSERT_TRUE(send_request(p, mpa_flag::markers, 2, mpa_v2_words{4, 4, true, false, true, false}, ""));
+  ASSERT_TRUE(
+      send_request(p, mpa_flag::markers, 2, mpa_v2_words{4, 4, true, false, true, false}, ""));
   auto rep = p.read_mpa(true);
   ASSERT_TRUE(rep.has_value());
   EXPECT_TRUE(rep->rejected());
@@ -178,8 +182,12 @@ TEST(mpa, conveyor_request_is_revision_2_enhanced_peer_to_peer_and_offers_extens
   std::uint64_t result_slot = 0;
   auto rmr = t.pd.register_memory(std::span(&result_slot, 1), access::local_write).value();
   EXPECT_EQ(t.qp.post_fetch_add(rmr.as_sge(), {0x1000, 8, 0x20000}, 1, 1), errc::unsupported);
-  send_wr imm{.wr_id = 2, .opcode = wr_opcode::rdma_write_with_imm, .flags = send_flags::signaled,
-              .sg_list = {}, .remote_addr = 0x1000, .rkey = 0x20000};
+  send_wr imm{.wr_id = 2,
+              .opcode = wr_opcode::rdma_write_with_imm,
+              .flags = send_flags::signaled,
+              .sg_list = {},
+              .remote_addr = 0x1000,
+              .rkey = 0x20000};
   EXPECT_EQ(t.qp.post_send(imm), errc::unsupported);
   EXPECT_EQ(t.qp.state(), qp_state::rts);
 }
@@ -214,8 +222,8 @@ std::optional<terminate_msg> read_until_terminate(raw_peer& p) {
       if (p.crc()) {
         EXPECT_TRUE(check_fpdu_crc(*f));
       }
-      auto t = decode_terminate(std::span(*f).subspan(untagged_header_size,
-                                                      h->header_len - untagged_header_size));
+      auto t = decode_terminate(
+          std::span(*f).subspan(untagged_header_size, h->header_len - untagged_header_size));
       if (!t) return std::nullopt;
       return *t;
     }
@@ -241,7 +249,8 @@ TEST(terminate, bad_crc_gets_an_llp_crc_terminate_and_the_connection_closes) {
   EXPECT_EQ(term->ecode, term::llp_crc);
   EXPECT_TRUE(p.sees_eof(5s));
   // Poll until the target QP reports ERROR (the engine handles it asynchronously).
-  for (int i = 0; i < 500 && t.qp.state() != qp_state::error; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 500 && t.qp.state() != qp_state::error; ++i)
+    std::this_thread::sleep_for(10ms);
   EXPECT_EQ(t.qp.state(), qp_state::error);
 }
 
@@ -252,8 +261,8 @@ TEST(terminate, write_with_a_bad_stag_is_refused_before_any_byte_is_placed) {
   ASSERT_TRUE(fut.get().has_value());
   std::vector<std::byte> before(t.mem);
   std::vector<std::byte> data(4000, std::byte{0xEE});
-  ASSERT_TRUE(p.send_all(encode_tagged(rdmap_op::write, true, t.mr.rkey() ^ 0x00010000u,
-                                       addr_of(t.mr), data, false)));
+  ASSERT_TRUE(p.send_all(
+      encode_tagged(rdmap_op::write, true, t.mr.rkey() ^ 0x00010000u, addr_of(t.mr), data, false)));
   auto term = read_until_terminate(p);
   ASSERT_TRUE(term.has_value());
   EXPECT_EQ(term->layer, term_layer::ddp);

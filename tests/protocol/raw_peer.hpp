@@ -31,7 +31,8 @@ class raw_peer {
   // Reads exactly n bytes (false on EOF/timeout).
   bool read_exact(std::span<std::byte> out);
   // Reads one MPA frame; nullopt on EOF/timeout/undecodable.
-  std::optional<conveyor::wire::mpa_frame> read_mpa(bool reply, std::vector<std::byte>* raw = nullptr);
+  std::optional<conveyor::wire::mpa_frame> read_mpa(bool reply,
+                                                    std::vector<std::byte>* raw = nullptr);
   // Reads one whole FPDU (length, ULPDU, pad, CRC).
   std::optional<std::vector<std::byte>> read_fpdu();
   // True if the peer closes (EOF) within the timeout.

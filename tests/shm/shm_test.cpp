@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <string>
@@ -206,7 +206,8 @@ TEST_P(shm_only, engine_fetch_add_is_atomic_against_the_owners_own_atomics) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   CVT_REQUIRE_ATOMICS();
   // What this test proves is what the device claims: atomic against the CPU too.
-  EXPECT_EQ(static_cast<int>(tgt.dev.attr().atomic_cap), static_cast<int>(conveyor::atomic_scope::global));
+  EXPECT_EQ(static_cast<int>(tgt.dev.attr().atomic_cap),
+            static_cast<int>(conveyor::atomic_scope::global));
   auto result = make_region(init.pd, 8, access::local_write, 0x5400);
   CVT_ASSERT_OK(result);
   auto* word = reinterpret_cast<std::uint64_t*>(tgt_main.bytes().data() + 64);
@@ -247,8 +248,10 @@ TEST_P(shm_only, engine_fetch_add_is_atomic_against_the_owners_own_atomics) {
   owner.join();
   std::cout << "[   INFO   ] owner adds " << owner_adds << "; " << interleaved << " of " << n - 1
             << " remote fetch-adds saw owner increments since the previous one\n";
-  EXPECT_GT(interleaved, 0) << "the owner's increments never fell between two remote fetch-adds: no overlap";
-  EXPECT_EQ(std::atomic_ref<std::uint64_t>(*word).load(), owner_adds + n) << "an increment was lost";
+  EXPECT_GT(interleaved, 0)
+      << "the owner's increments never fell between two remote fetch-adds: no overlap";
+  EXPECT_EQ(std::atomic_ref<std::uint64_t>(*word).load(), owner_adds + n)
+      << "an increment was lost";
 }
 
 TEST_P(shm_only, an_idle_connection_burns_no_cpu) {
@@ -382,14 +385,15 @@ TEST_P(shm_direct, a_read_only_key_is_mapped_read_only_and_a_write_to_it_is_refu
   CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 64), region.remote().slice(0, 64), 9));
   std::vector<work_completion> wcs;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(64), wcs));
-  EXPECT_TRUE(ok(check_wc(wcs[0], conveyor::wc_status::rem_access_err,
-                          conveyor::wc_opcode::rdma_write, 9)));
+  EXPECT_TRUE(ok(
+      check_wc(wcs[0], conveyor::wc_status::rem_access_err, conveyor::wc_opcode::rdma_write, 9)));
   EXPECT_TRUE(ok(check_pattern(std::span<const std::byte>(region.data(), 8192), 0x6300)));
 }
 
 TEST_P(shm_direct, out_of_bounds_on_a_mapped_region_is_rem_access_err_and_touches_nothing) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
-  auto region = alloc_target(4096 + 100, all_rights, 0x6500);  // the page's tail is not the region's
+  auto region =
+      alloc_target(4096 + 100, all_rights, 0x6500);  // the page's tail is not the region's
   ASSERT_TRUE(region);
   ASSERT_TRUE(map_it(region.remote()));
   const std::vector<std::byte> before(region.data(), region.data() + 8192);
@@ -398,8 +402,8 @@ TEST_P(shm_direct, out_of_bounds_on_a_mapped_region_is_rem_access_err_and_touche
   CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 64), region.remote().slice(4096 + 80, 64), 5));
   std::vector<work_completion> wcs;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(64), wcs));
-  EXPECT_TRUE(ok(check_wc(wcs[0], conveyor::wc_status::rem_access_err,
-                          conveyor::wc_opcode::rdma_write, 5)));
+  EXPECT_TRUE(ok(
+      check_wc(wcs[0], conveyor::wc_status::rem_access_err, conveyor::wc_opcode::rdma_write, 5)));
   EXPECT_EQ(std::memcmp(before.data(), region.data(), before.size()), 0) << "bytes changed";
 }
 
@@ -579,8 +583,8 @@ TEST_P(parity, send_without_a_posted_receive_is_rnr_retry_exc_err_and_both_qps_f
   CVT_ASSERT_POST_OK(init.qp.post_send_msg(sync_src.sge(0, 8), 0x7a));
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(8), iw));
-  EXPECT_TRUE(ok(check_wc(iw[0], conveyor::wc_status::rnr_retry_exc_err,
-                          conveyor::wc_opcode::send, 0x7a)));
+  EXPECT_TRUE(
+      ok(check_wc(iw[0], conveyor::wc_status::rnr_retry_exc_err, conveyor::wc_opcode::send, 0x7a)));
   EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
   EXPECT_TRUE(wait_state(tgt.qp, qp_state::error, scaled(milliseconds(5000))));
 }

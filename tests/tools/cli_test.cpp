@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -34,7 +34,9 @@ cvt::command_result run(std::vector<std::string> args, std::chrono::milliseconds
   return cvt::run_command(args, cvt::scaled(timeout));
 }
 
-int exit_code(const cvt::command_result& r) { return WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1; }
+int exit_code(const cvt::command_result& r) {
+  return WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1;
+}
 
 // `conveyor perf --server` in the background, listening on `bind` (an
 // ephemeral TCP port by default); its stderr is read for the address it
@@ -164,31 +166,33 @@ TEST_P(bad_arguments, exit_with_status_2_and_say_what_is_wrong) {
 
 INSTANTIATE_TEST_SUITE_P(
     cli, bad_arguments,
-    testing::Values(bad_args_case{{}, "subcommand"},
-                    bad_args_case{{"frobnicate"}, "subcommand"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--test", "teleport"}, "teleport"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--mode", "fast"}, "fast"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--size", "12parsecs"}, "not a size"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--sizes", "8,4K,huge"}, "huge"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--size", "8", "--all"}, "choose one"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--iters", "5", "--duration", "1"}, "exclude"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--iters", "-3"}, "iters"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--qps", "0"}, "qps"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--crc", "maybe"}, "maybe"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--progress", "sometimes"}, "sometimes"},
-                    bad_args_case{{"perf"}, "address is missing"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--test", "fetch-add", "--size", "64"}, "exactly 8 bytes"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--size", "4"}, "at least 8"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--tx-depth", "4", "--batch", "8"}, "exceeds --tx-depth"},
-                    bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--qps", "2"}, "one QP"},
-                    bad_args_case{{"devices", "--color"}, "color"}));
+    testing::Values(
+        bad_args_case{{}, "subcommand"}, bad_args_case{{"frobnicate"}, "subcommand"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--test", "teleport"}, "teleport"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--mode", "fast"}, "fast"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--size", "12parsecs"}, "not a size"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--sizes", "8,4K,huge"}, "huge"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--size", "8", "--all"}, "choose one"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--iters", "5", "--duration", "1"}, "exclude"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--iters", "-3"}, "iters"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--qps", "0"}, "qps"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--crc", "maybe"}, "maybe"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--progress", "sometimes"}, "sometimes"},
+        bad_args_case{{"perf"}, "address is missing"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--test", "fetch-add", "--size", "64"},
+                      "exactly 8 bytes"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--size", "4"}, "at least 8"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--tx-depth", "4", "--batch", "8"},
+                      "exceeds --tx-depth"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--qps", "2"}, "one QP"},
+        bad_args_case{{"devices", "--color"}, "color"}));
 
 TEST(cli, help_exits_0_and_lists_the_perf_options) {
   const auto r = run({"perf", "--help"}, 10s);
   EXPECT_EQ(exit_code(r), 0) << r.output;
-  for (const char* opt : {"--server", "--test", "--mode", "--size", "--all", "--iters", "--duration", "--qps",
-                          "--tx-depth", "--inline", "--batch", "--crc", "--progress", "--provider", "--device",
-                          "--cpu", "--verify", "--json"})
+  for (const char* opt : {"--server", "--test", "--mode", "--size", "--all", "--iters",
+                          "--duration", "--qps", "--tx-depth", "--inline", "--batch", "--crc",
+                          "--progress", "--provider", "--device", "--cpu", "--verify", "--json"})
     EXPECT_NE(r.output.find(opt), std::string::npos) << opt << " missing from --help";
 }
 
@@ -196,8 +200,8 @@ TEST(cli, sizes_accept_units) {
   // Every unit spelling reaches the run as the byte count it names.
   server_process srv;
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
-  const auto r = run({"perf", srv.address(), "--mode", "lat", "--iters", "20", "--warmup", "0", "--sizes",
-                      "8,4K,64KiB,1M", "--json", "--quiet"},
+  const auto r = run({"perf", srv.address(), "--mode", "lat", "--iters", "20", "--warmup", "0",
+                      "--sizes", "8,4K,64KiB,1M", "--json", "--quiet"},
                      60s);
   ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
   json j;
@@ -252,12 +256,14 @@ TEST(cli, a_client_of_another_protocol_version_is_refused_with_the_reason) {
   ASSERT_TRUE(cq);
   auto qp = pd->create_qp({.send_cq = &*cq, .recv_cq = &*cq});
   ASSERT_TRUE(qp);
-  std::vector<std::byte> hello{std::byte{'C'}, std::byte{'V'}, std::byte{'P'}, std::byte{'F'}, std::byte{99},
-                               std::byte{0}};
-  auto info = conveyor::connect(*qp, srv.address(), {.private_data = hello, .timeout = cvt::scaled(10s)});
+  std::vector<std::byte> hello{std::byte{'C'}, std::byte{'V'}, std::byte{'P'},
+                               std::byte{'F'}, std::byte{99},  std::byte{0}};
+  auto info =
+      conveyor::connect(*qp, srv.address(), {.private_data = hello, .timeout = cvt::scaled(10s)});
   ASSERT_FALSE(info);
   EXPECT_EQ(cvt::name(info.error().code), cvt::name(conveyor::errc::rejected));
-  EXPECT_NE(info.error().context.find("version mismatch"), std::string::npos) << info.error().to_string();
+  EXPECT_NE(info.error().context.find("version mismatch"), std::string::npos)
+      << info.error().to_string();
 }
 
 // The hello travels in a connect's private data: on InfiniBand and RoCE that is
@@ -302,7 +308,8 @@ TEST(cli, a_peer_that_is_not_a_perf_client_is_refused) {
   ASSERT_TRUE(qp);
   auto info = conveyor::connect(*qp, srv.address(), {.timeout = cvt::scaled(10s)});
   ASSERT_FALSE(info);
-  EXPECT_NE(info.error().context.find("not a conveyor perf client"), std::string::npos) << info.error().to_string();
+  EXPECT_NE(info.error().context.find("not a conveyor perf client"), std::string::npos)
+      << info.error().to_string();
 }
 
 // ------------------------------------------------ a server among hostile peers --
@@ -408,13 +415,15 @@ TEST(cli, a_server_keeps_waiting_for_a_real_client_past_junk_and_refused_peers) 
 // -------------------------------------------------------------- runs + JSON --
 
 void expect_perf_schema(const json& j, const std::string& test, const std::string& mode,
-                        const std::vector<std::uint64_t>& sizes, const std::string& provider = "soft") {
+                        const std::vector<std::uint64_t>& sizes,
+                        const std::string& provider = "soft") {
   ASSERT_EQ(j.at("schema"), "conveyor-perf/1");
   const auto& s = j.at("settings");
-  for (const char* k : {"provider", "device", "transport", "local_address", "peer_address", "progress", "test", "mode"})
+  for (const char* k : {"provider", "device", "transport", "local_address", "peer_address",
+                        "progress", "test", "mode"})
     EXPECT_TRUE(s.at(k).is_string()) << k;
-  for (const char* k : {"ird", "ord", "mss", "max_fpdu", "mpa_revision", "iters", "warmup", "qps", "tx_depth",
-                        "rx_depth", "batch", "inline"})
+  for (const char* k : {"ird", "ord", "mss", "max_fpdu", "mpa_revision", "iters", "warmup", "qps",
+                        "tx_depth", "rx_depth", "batch", "inline"})
     EXPECT_TRUE(s.at(k).is_number_unsigned()) << k;
   for (const char* k : {"crc", "extensions", "verify"}) EXPECT_TRUE(s.at(k).is_boolean()) << k;
   EXPECT_TRUE(s.at("duration_s").is_number());
@@ -441,7 +450,8 @@ void expect_perf_schema(const json& j, const std::string& test, const std::strin
     EXPECT_EQ(r.at("verify_errors").get<std::uint64_t>(), 0u) << "bytes moved did not match";
     if (mode == "lat") {
       const auto& l = r.at("lat_us");
-      for (const char* k : {"min", "mean", "p50", "p99", "p999", "max"}) EXPECT_GT(l.at(k).get<double>(), 0.0) << k;
+      for (const char* k : {"min", "mean", "p50", "p99", "p999", "max"})
+        EXPECT_GT(l.at(k).get<double>(), 0.0) << k;
       EXPECT_LE(l.at("min").get<double>(), l.at("p50").get<double>());
       EXPECT_LE(l.at("p50").get<double>(), l.at("p99").get<double>());
       EXPECT_LE(l.at("p99").get<double>(), l.at("p999").get<double>());
@@ -472,10 +482,10 @@ TEST_P(perf_run, verifies_its_data_and_prints_the_documented_json) {
   server_process srv(c.extra);
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
   const bool atomic = c.test == "fetch-add" || c.test == "compare-swap";
-  const std::vector<std::uint64_t> sizes = atomic ? std::vector<std::uint64_t>{8}
-                                                  : std::vector<std::uint64_t>{8, 4096, 65536};
-  std::vector<std::string> args{"perf", srv.address(), "--test", c.test, "--mode", c.mode, "--iters", "300",
-                                "--verify", "--json", "--quiet"};
+  const std::vector<std::uint64_t> sizes =
+      atomic ? std::vector<std::uint64_t>{8} : std::vector<std::uint64_t>{8, 4096, 65536};
+  std::vector<std::string> args{"perf",    srv.address(), "--test",   c.test,   "--mode", c.mode,
+                                "--iters", "300",         "--verify", "--json", "--quiet"};
   if (!atomic) args.insert(args.end(), {"--sizes", "8,4K,64K"});
   args.insert(args.end(), c.extra.begin(), c.extra.end());
   const auto r = run(args, 120s);
@@ -483,8 +493,9 @@ TEST_P(perf_run, verifies_its_data_and_prints_the_documented_json) {
   json j;
   ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
   expect_perf_schema(j, c.test, c.mode, sizes);
-  EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << "the server must end cleanly after the client's goodbye\n"
-                                                << srv.drain_log();
+  EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0)
+      << "the server must end cleanly after the client's goodbye\n"
+      << srv.drain_log();
 }
 
 std::vector<run_case> run_cases() {
@@ -499,7 +510,8 @@ std::vector<run_case> run_cases() {
 }
 
 std::string run_case_name(const testing::TestParamInfo<run_case>& info) {
-  std::string n = info.param.test + "_" + info.param.mode + (info.param.extra.empty() ? "" : "_" + std::to_string(info.index));
+  std::string n = info.param.test + "_" + info.param.mode +
+                  (info.param.extra.empty() ? "" : "_" + std::to_string(info.index));
   for (auto& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -526,10 +538,11 @@ TEST_P(perf_run_shm, verifies_its_data_and_prints_the_documented_json) {
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
   ASSERT_EQ(srv.address().front(), '@') << srv.drain_log();
   const bool atomic = c.test == "fetch-add" || c.test == "compare-swap";
-  const std::vector<std::uint64_t> sizes = atomic ? std::vector<std::uint64_t>{8}
-                                                  : std::vector<std::uint64_t>{8, 4096, 65536};
-  std::vector<std::string> args{"perf", srv.address(), "--provider", "shm", "--test", c.test, "--mode", c.mode,
-                                "--iters", "300", "--verify", "--json", "--quiet"};
+  const std::vector<std::uint64_t> sizes =
+      atomic ? std::vector<std::uint64_t>{8} : std::vector<std::uint64_t>{8, 4096, 65536};
+  std::vector<std::string> args{"perf",     srv.address(), "--provider", "shm",     "--test",
+                                c.test,     "--mode",      c.mode,       "--iters", "300",
+                                "--verify", "--json",      "--quiet"};
   if (!atomic) args.insert(args.end(), {"--sizes", "8,4K,64K"});
   args.insert(args.end(), c.extra.begin(), c.extra.end());
   const auto r = run(args, 120s);
@@ -539,8 +552,9 @@ TEST_P(perf_run_shm, verifies_its_data_and_prints_the_documented_json) {
   expect_perf_schema(j, c.test, c.mode, sizes, "shm");
   EXPECT_EQ(j.at("settings").at("transport"), "shared memory");
   EXPECT_EQ(j.at("settings").at("peer_address"), srv.address());
-  EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << "the server must end cleanly after the client's goodbye\n"
-                                                << srv.drain_log();
+  EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0)
+      << "the server must end cleanly after the client's goodbye\n"
+      << srv.drain_log();
 }
 
 std::vector<run_case> shm_run_cases() {
@@ -557,10 +571,11 @@ INSTANTIATE_TEST_SUITE_P(cli, perf_run_shm, testing::ValuesIn(shm_run_cases()), 
 TEST(cli, table_output_names_units_and_the_resolved_settings) {
   server_process srv;
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
-  const auto r = run({"perf", srv.address(), "--mode", "lat", "--size", "8", "--iters", "100"}, 60s);
+  const auto r =
+      run({"perf", srv.address(), "--mode", "lat", "--size", "8", "--iters", "100"}, 60s);
   ASSERT_EQ(exit_code(r), 0) << r.output;
-  for (const char* s : {"provider soft", "IRD/ORD", "CRC on", "MSS", "bytes", "p50[us]", "p99[us]", "p999[us]",
-                        "max[us]"})
+  for (const char* s : {"provider soft", "IRD/ORD", "CRC on", "MSS", "bytes", "p50[us]", "p99[us]",
+                        "p999[us]", "max[us]"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << " missing:\n" << r.output;
 }
 
@@ -577,7 +592,8 @@ TEST(cli, devices_json_lists_the_soft_device_with_its_capabilities) {
     EXPECT_TRUE(d.at("transport").is_string());
     EXPECT_TRUE(d.at("available").is_boolean());
     if (!d.at("available").get<bool>()) {
-      EXPECT_FALSE(d.at("reason").get<std::string>().empty()) << "an unavailable device must say why";
+      EXPECT_FALSE(d.at("reason").get<std::string>().empty())
+          << "an unavailable device must say why";
       continue;
     }
     const auto& a = d.at("attributes");
@@ -637,8 +653,8 @@ parsed_perftest parse_perftest(std::vector<std::string> args) {
 TEST(perftest, flags_have_perftests_meanings) {
   using conveyor::tool::perf_mode;
   using conveyor::tool::perf_test;
-  auto p = parse_perftest({"write_bw", "-s", "4096", "-n", "500", "-q", "4", "-t", "64", "-I", "0", "-p", "7000",
-                           "-l", "8", "-F", "-R", "--report_gbits", "10.0.0.2"});
+  auto p = parse_perftest({"write_bw", "-s", "4096", "-n", "500", "-q", "4", "-t", "64", "-I", "0",
+                           "-p", "7000", "-l", "8", "-F", "-R", "--report_gbits", "10.0.0.2"});
   ASSERT_EQ(p.error, "");
   EXPECT_FALSE(p.o.server);
   EXPECT_EQ(p.o.test, perf_test::write);
@@ -687,35 +703,41 @@ TEST(perftest, flags_have_perftests_meanings) {
 }
 
 TEST(perftest, flags_that_do_not_apply_say_why) {
-  EXPECT_NE(parse_perftest({"write_bw", "-c", "UD", "h"}).error.find("reliable connected"), std::string::npos);
+  EXPECT_NE(parse_perftest({"write_bw", "-c", "UD", "h"}).error.find("reliable connected"),
+            std::string::npos);
   EXPECT_NE(parse_perftest({"write_bw", "-m", "4096", "h"}).error.find("MTU"), std::string::npos);
   EXPECT_NE(parse_perftest({"write_bw", "-b", "h"}).error.find("bidirectional"), std::string::npos);
-  EXPECT_NE(parse_perftest({"write_bw", "-s", "lots", "h"}).error.find("not a size"), std::string::npos);
-  EXPECT_NE(parse_perftest({"write_lat", "-s", "4", "h"}).error.find("at least 8"), std::string::npos);
+  EXPECT_NE(parse_perftest({"write_bw", "-s", "lots", "h"}).error.find("not a size"),
+            std::string::npos);
+  EXPECT_NE(parse_perftest({"write_lat", "-s", "4", "h"}).error.find("at least 8"),
+            std::string::npos);
 }
 
 TEST(perftest, write_bw_server_without_host_and_client_with_bare_host) {
   const std::uint16_t port = cvt::unused_port();
   ASSERT_NE(port, 0);
-  server_process srv(server_process::raw_args{{"write_bw", "-p", std::to_string(port), "--verify"}});
+  server_process srv(
+      server_process::raw_args{{"write_bw", "-p", std::to_string(port), "--verify"}});
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
   EXPECT_EQ(srv.address(), "0.0.0.0:" + std::to_string(port));
-  const auto r = run({"write_bw", "-p", std::to_string(port), "-s", "4096", "-n", "200", "--report_gbits", "-F",
-                      "--verify", "localhost"},
+  const auto r = run({"write_bw", "-p", std::to_string(port), "-s", "4096", "-n", "200",
+                      "--report_gbits", "-F", "--verify", "localhost"},
                      60s);
   ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
   EXPECT_NE(r.output.find("BW[Gb/s]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("10^9 bits/s"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("127.0.0.1:" + std::to_string(port)), std::string::npos)
-      << "localhost, a bare host, is port " << port << ":\n" << r.output;
+      << "localhost, a bare host, is port " << port << ":\n"
+      << r.output;
   EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << srv.drain_log();
 }
 
 TEST(perftest, conveyor_perf_points_perftest_letters_to_the_right_flag) {
-  for (const auto& args : std::vector<std::vector<std::string>>{{"perf", "-s", "65536", "10.0.0.2"},
-                                                                {"perf", "-t", "128", "10.0.0.2"},
-                                                                {"perf", "-s", "4096"},
-                                                                {"perf", "-p", "18515", "10.0.0.2"}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"perf", "-s", "65536", "10.0.0.2"},
+                                             {"perf", "-t", "128", "10.0.0.2"},
+                                             {"perf", "-s", "4096"},
+                                             {"perf", "-p", "18515", "10.0.0.2"}}) {
     const auto r = run(args, 10s);
     EXPECT_EQ(exit_code(r), 2) << r.output;
     EXPECT_NE(r.output.find("conveyor write_bw"), std::string::npos) << r.output;
@@ -734,7 +756,8 @@ TEST(cli, negative_counts_and_durations_are_refused_naming_the_bound_only) {
     r = run({"perf", "127.0.0.1:1", opt, "-1"}, 10s);
     EXPECT_EQ(exit_code(r), 2) << r.output;
     EXPECT_NE(r.output.find(opt), std::string::npos) << r.output;
-    EXPECT_EQ(r.output.find("17976931348623157"), std::string::npos) << "DBL_MAX printed:\n" << r.output;
+    EXPECT_EQ(r.output.find("17976931348623157"), std::string::npos) << "DBL_MAX printed:\n"
+                                                                     << r.output;
     EXPECT_LT(r.output.size(), 400u) << r.output;
   }
 }
@@ -743,7 +766,8 @@ TEST(cli, bare_hosts_and_ipv6_without_brackets_reach_the_default_port) {
   // Nothing listens: the message names the resolved address with port 18515.
   // (Whether something listens on 18515 on this machine does not matter.)
   for (const std::string host : {"::1", "localhost", "127.0.0.1"}) {
-    const auto r = run({"perf", host, "--timeout", "3", "--mode", "lat", "--iters", "1", "--warmup", "0"}, 20s);
+    const auto r = run(
+        {"perf", host, "--timeout", "3", "--mode", "lat", "--iters", "1", "--warmup", "0"}, 20s);
     EXPECT_NE(r.output.find(":18515"), std::string::npos) << host << ":\n" << r.output;
     EXPECT_EQ(r.output.find("not a numeric"), std::string::npos) << host << ":\n" << r.output;
     EXPECT_EQ(r.output.find("missing port"), std::string::npos) << host << ":\n" << r.output;
@@ -782,7 +806,9 @@ TEST(cli, a_second_client_of_a_busy_server_hears_busy_at_once) {
   // build (a sanitizer build is slower): the second must arrive mid-run, not
   // after the one-client server has gone (tsan failed it so).
   const std::string first_s = std::to_string(cvt::scaled(4000ms).count() / 1000.0);
-  std::thread t([&] { first = run({"perf", srv.address(), "--duration", first_s, "--quiet"}, 60s); });
+  std::thread t([&] {
+    first = run({"perf", srv.address(), "--duration", first_s, "--quiet"}, 60s);
+  });
   std::this_thread::sleep_for(cvt::scaled(1500ms));  // the first is running its test
   const auto t0 = std::chrono::steady_clock::now();
   const auto second = run({"perf", srv.address(), "--duration", "0.2", "--quiet"}, 30s);
@@ -800,7 +826,8 @@ TEST(cli, sigint_removes_the_shm_socket_path_and_a_restart_binds_it) {
   ::unlink(path.c_str());
   for (int sig : {SIGINT, SIGTERM}) {
     server_process srv({"--provider", "shm"}, path);
-    ASSERT_FALSE(srv.address().empty()) << "bind after a " << sig << " stop failed:\n" << srv.drain_log();
+    ASSERT_FALSE(srv.address().empty()) << "bind after a " << sig << " stop failed:\n"
+                                        << srv.drain_log();
     ASSERT_EQ(::access(path.c_str(), F_OK), 0) << "the server listens on the path";
     EXPECT_EQ(srv.interrupt(sig, cvt::scaled(10s)), 128 + sig) << srv.drain_log();
     EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the socket path was left behind";
@@ -816,7 +843,8 @@ TEST(cli, sigint_on_a_client_prints_what_was_measured) {
   // after a size or two of the four, not after all of them (tsan failed it so).
   const std::string per_size = std::to_string(cvt::scaled(1500ms).count() / 1000.0);
   server_process client(server_process::raw_args{
-      {"perf", srv.address(), "--sizes", "8,16,32,64", "--duration", per_size, "--json", "--quiet"}, false});
+      {"perf", srv.address(), "--sizes", "8,16,32,64", "--duration", per_size, "--json", "--quiet"},
+      false});
   // The client in the background: give it time for a size or two of the four.
   std::this_thread::sleep_for(cvt::scaled(2500ms));
   EXPECT_EQ(client.interrupt(SIGINT, cvt::scaled(10s)), 128 + SIGINT) << client.drain_log();
@@ -828,7 +856,8 @@ TEST(cli, sigint_on_a_client_prints_what_was_measured) {
 TEST(cli, shm_settings_name_the_data_path) {
   server_process srv({"--provider", "shm"}, unique_shm_name());
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
-  const auto r = run({"perf", srv.address(), "--provider", "shm", "--size", "64K", "--iters", "50"}, 60s);
+  const auto r =
+      run({"perf", srv.address(), "--provider", "shm", "--size", "64K", "--iters", "50"}, 60s);
   ASSERT_EQ(exit_code(r), 0) << r.output;
   EXPECT_NE(r.output.find("data path "), std::string::npos) << r.output;
   const bool named = r.output.find("direct mapping") != std::string::npos ||
@@ -839,16 +868,20 @@ TEST(cli, shm_settings_name_the_data_path) {
 }
 
 TEST(cli, a_log_level_that_is_not_one_is_named_in_a_warning) {
-  const auto r = cvt::run_command({"/usr/bin/env", "CONVEYOR_LOG=verbose", tool, "devices"}, cvt::scaled(20s));
+  const auto r =
+      cvt::run_command({"/usr/bin/env", "CONVEYOR_LOG=verbose", tool, "devices"}, cvt::scaled(20s));
   EXPECT_EQ(exit_code(r), 0) << r.output;
-  EXPECT_NE(r.output.find("CONVEYOR_LOG=verbose is not a log level"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CONVEYOR_LOG=verbose is not a log level"), std::string::npos)
+      << r.output;
 }
 
 TEST(cli, env_lists_every_variable_with_its_value_and_default) {
-  const auto r = cvt::run_command({"/usr/bin/env", "CONVEYOR_SPIN_US=7", tool, "env"}, cvt::scaled(10s));
+  const auto r =
+      cvt::run_command({"/usr/bin/env", "CONVEYOR_SPIN_US=7", tool, "env"}, cvt::scaled(10s));
   EXPECT_EQ(exit_code(r), 0) << r.output;
-  for (const char* v : {"CONVEYOR_LOG", "CONVEYOR_SPIN_US", "CONVEYOR_ENGINE_SPIN_US", "CONVEYOR_ENGINE_PARK",
-                        "CONVEYOR_SHM_CMA", "CONVEYOR_SHM_DIRECT", "CONVEYOR_VERBS_GID_INDEX", "CONVEYOR_GLOO_DEVICE"})
+  for (const char* v : {"CONVEYOR_LOG", "CONVEYOR_SPIN_US", "CONVEYOR_ENGINE_SPIN_US",
+                        "CONVEYOR_ENGINE_PARK", "CONVEYOR_SHM_CMA", "CONVEYOR_SHM_DIRECT",
+                        "CONVEYOR_VERBS_GID_INDEX", "CONVEYOR_GLOO_DEVICE"})
     EXPECT_NE(r.output.find(v), std::string::npos) << v << " missing:\n" << r.output;
   const auto line = r.output.substr(r.output.find("CONVEYOR_SPIN_US"));
   EXPECT_LT(line.find(" 7 "), line.find('\n')) << "the current value is shown:\n" << r.output;
@@ -859,14 +892,17 @@ TEST(cli, env_lists_every_variable_with_its_value_and_default) {
 TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
   for (const std::string provider : {"soft", "shm"}) {
     const std::string bind = provider == "shm" ? unique_shm_name() : "127.0.0.1:0";
-    server_process srv(server_process::raw_args{{"ping", "--server", bind, "-p", provider, "--once"}});
+    server_process srv(
+        server_process::raw_args{{"ping", "--server", bind, "-p", provider, "--once"}});
     ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
     const auto r = run({"ping", srv.address(), "-p", provider, "--size", "64K"}, 30s);
     ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
     for (const char* s : {"connected", "IRD/ORD", "SEND 65536 B, echoed and verified: round trip",
                           "RDMA READ of it, verified", "conveyor ping: OK"})
-      EXPECT_NE(r.output.find(s), std::string::npos) << provider << ": " << s << " missing:\n" << r.output;
-    EXPECT_NE(r.output.find(provider == "shm" ? "data path" : "MPA rev 2"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find(s), std::string::npos) << provider << ": " << s << " missing:\n"
+                                                     << r.output;
+    EXPECT_NE(r.output.find(provider == "shm" ? "data path" : "MPA rev 2"), std::string::npos)
+        << r.output;
     EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << srv.drain_log();
   }
 }

@@ -1,7 +1,7 @@
 // Numeric environment overrides: a malformed value is ignored with one warning
 // that names the variable; devices opened with one still work.
-#include <conveyor/conveyor.hpp>
 #include <gtest/gtest.h>
+#include <conveyor/conveyor.hpp>
 
 #include <cstdlib>
 #include <string>
@@ -29,7 +29,8 @@ TEST(env, well_formed_numbers_are_read) {
 
 TEST(env, malformed_numbers_are_ignored_with_one_warning_naming_the_variable) {
   for (const char* bad : {"12abc", "-1", "fast", "99999999999"}) {
-    const std::string name = std::string("CONVEYOR_TEST_ENV_BAD_") + std::to_string(bad[0] == '-' ? 0 : bad[0]);
+    const std::string name =
+        std::string("CONVEYOR_TEST_ENV_BAD_") + std::to_string(bad[0] == '-' ? 0 : bad[0]);
     ::setenv(name.c_str(), bad, 1);
     testing::internal::CaptureStderr();
     EXPECT_EQ(conveyor::detail::env_u32(name.c_str()), std::nullopt) << bad;

@@ -34,9 +34,11 @@ TEST_F(fixture, whole_region_is_in_bounds_but_one_byte_past_is_not) {
   key_table::guard g;
   std::byte* p = nullptr;
   EXPECT_EQ(kt.acquire(k, 1, base(), 4096, access::remote_read, g, &p), key_check::ok);
-  EXPECT_EQ(kt.acquire(k, 1, base() + 1, 4096, access::remote_read, g, &p), key_check::out_of_bounds);
+  EXPECT_EQ(kt.acquire(k, 1, base() + 1, 4096, access::remote_read, g, &p),
+            key_check::out_of_bounds);
   EXPECT_EQ(kt.acquire(k, 1, base() - 1, 2, access::remote_read, g, &p), key_check::out_of_bounds);
-  EXPECT_EQ(kt.acquire(k, 1, base() + 4096, 1, access::remote_read, g, &p), key_check::out_of_bounds);
+  EXPECT_EQ(kt.acquire(k, 1, base() + 4096, 1, access::remote_read, g, &p),
+            key_check::out_of_bounds);
   // Overflowing address arithmetic must not wrap into the region.
   EXPECT_EQ(kt.acquire(k, 1, base() + 8, ~std::uint64_t{0}, access::remote_read, g, &p),
             key_check::out_of_bounds);

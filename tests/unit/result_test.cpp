@@ -1,6 +1,6 @@
 // result<T>::value() on an error: the exception carries Conveyor's error text.
-#include <conveyor/conveyor.hpp>
 #include <gtest/gtest.h>
+#include <conveyor/conveyor.hpp>
 
 #include <exception>
 #include <string>
@@ -9,7 +9,9 @@ namespace cvy = conveyor;
 
 namespace {
 
-cvy::result<int> failing() { return cvy::make_error(cvy::errc::not_found, "open device \"nope\": no such device"); }
+cvy::result<int> failing() {
+  return cvy::make_error(cvy::errc::not_found, "open device \"nope\": no such device");
+}
 
 }  // namespace
 

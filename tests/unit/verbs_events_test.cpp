@@ -24,7 +24,9 @@ async_event_fields qp_event(ibv_event_type t, std::string_view where = qp_where)
   return {.type = t, .ibdev = "rxe0", .device_port = 1, .qp_num = 17, .qp_where = where};
 }
 
-bool names(const std::string& s, std::string_view what) { return s.find(what) != std::string::npos; }
+bool names(const std::string& s, std::string_view what) {
+  return s.find(what) != std::string::npos;
+}
 
 }  // namespace
 
@@ -50,7 +52,8 @@ TEST(verbs_events, qp_error_on_a_foreign_qp_names_it_by_number_and_changes_nothi
 }
 
 TEST(verbs_events, cq_error_is_cq_error_and_fails_the_cq) {
-  const auto r = translate_async_event({.type = IBV_EVENT_CQ_ERR, .ibdev = "siw0", .device_port = 1});
+  const auto r =
+      translate_async_event({.type = IBV_EVENT_CQ_ERR, .ibdev = "siw0", .device_port = 1});
   EXPECT_EQ(r.event.type, device_event_type::cq_error);
   EXPECT_TRUE(names(r.event.description, "device siw0 port 1")) << r.event.description;
   EXPECT_TRUE(names(r.event.description, "cq_overflow")) << r.event.description;
@@ -71,8 +74,8 @@ TEST(verbs_events, port_error_is_port_down_for_the_events_port_and_fails_its_qps
 }
 
 TEST(verbs_events, port_active_is_port_active_and_changes_nothing) {
-  const auto r =
-      translate_async_event({.type = IBV_EVENT_PORT_ACTIVE, .ibdev = "rxe0", .device_port = 1, .event_port = 1});
+  const auto r = translate_async_event(
+      {.type = IBV_EVENT_PORT_ACTIVE, .ibdev = "rxe0", .device_port = 1, .event_port = 1});
   EXPECT_EQ(r.event.type, device_event_type::port_active);
   EXPECT_EQ(r.event.port, 1);
   EXPECT_TRUE(names(r.event.description, "device rxe0 port 1")) << r.event.description;
@@ -81,10 +84,11 @@ TEST(verbs_events, port_active_is_port_active_and_changes_nothing) {
 }
 
 TEST(verbs_events, address_changes_are_other_naming_the_port) {
-  for (auto t : {IBV_EVENT_LID_CHANGE, IBV_EVENT_GID_CHANGE, IBV_EVENT_PKEY_CHANGE, IBV_EVENT_SM_CHANGE,
-                 IBV_EVENT_CLIENT_REREGISTER}) {
+  for (auto t : {IBV_EVENT_LID_CHANGE, IBV_EVENT_GID_CHANGE, IBV_EVENT_PKEY_CHANGE,
+                 IBV_EVENT_SM_CHANGE, IBV_EVENT_CLIENT_REREGISTER}) {
     SCOPED_TRACE(ibv_event_type_str(t));
-    const auto r = translate_async_event({.type = t, .ibdev = "rxe0", .device_port = 1, .event_port = 1});
+    const auto r =
+        translate_async_event({.type = t, .ibdev = "rxe0", .device_port = 1, .event_port = 1});
     EXPECT_EQ(r.event.type, device_event_type::other);
     EXPECT_EQ(r.event.port, 1);
     EXPECT_TRUE(names(r.event.description, "device rxe0 port 1")) << r.event.description;
@@ -109,8 +113,9 @@ TEST(verbs_events, a_removed_device_is_device_fatal_naming_it) {
 }
 
 TEST(verbs_events, informational_qp_and_srq_events_are_other_and_change_nothing) {
-  for (auto t : {IBV_EVENT_COMM_EST, IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG, IBV_EVENT_PATH_MIG_ERR,
-                 IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED, IBV_EVENT_WQ_FATAL}) {
+  for (auto t : {IBV_EVENT_COMM_EST, IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG,
+                 IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_SRQ_ERR,
+                 IBV_EVENT_SRQ_LIMIT_REACHED, IBV_EVENT_WQ_FATAL}) {
     SCOPED_TRACE(ibv_event_type_str(t));
     const auto r = translate_async_event(qp_event(t));
     EXPECT_EQ(r.event.type, device_event_type::other);
@@ -147,8 +152,11 @@ TEST(verbs_events, a_qp_failed_by_its_port_going_down_is_a_qp_error_naming_every
 
 TEST(verbs_events, deliver_calls_the_callback_once_with_the_event) {
   std::vector<cvy::device_event> got;
-  std::function<void(const cvy::device_event&)> cb = [&](const cvy::device_event& e) { got.push_back(e); };
-  const auto t = translate_async_event({.type = IBV_EVENT_PORT_ERR, .ibdev = "rxe0", .event_port = 1});
+  std::function<void(const cvy::device_event&)> cb = [&](const cvy::device_event& e) {
+    got.push_back(e);
+  };
+  const auto t =
+      translate_async_event({.type = IBV_EVENT_PORT_ERR, .ibdev = "rxe0", .event_port = 1});
   EXPECT_TRUE(cvy::verbs::deliver_event(cb, t.event));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].type, device_event_type::port_down);

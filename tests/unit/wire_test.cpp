@@ -353,7 +353,8 @@ std::vector<sample> all_samples() {
   return s;
 }
 
-// Independent of wire::is_tagged/queue_of on purpose: the test must not check the codec against itself.
+// Independent of wire::is_tagged/queue_of on purpose: the test must not check the codec against
+// itself.
 bool tagged_per_rfc5040(rdmap_op op) {
   return op == rdmap_op::write || op == rdmap_op::read_response;
 }

@@ -46,13 +46,13 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <map>
 #include <condition_variable>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -107,20 +107,26 @@ struct side {
     dev = std::move(*d);
     pd = dev.alloc_pd().value();
     cq = dev.create_cq({.depth = 512}).value();
-    qp = pd.create_qp({.send_cq = &cq, .recv_cq = &cq, .cap = {.max_send_wr = 64, .max_recv_wr = 64,
-                                                               .max_send_sge = 2, .max_recv_sge = 2,
-                                                               .max_inline_data = 64}})
+    qp = pd.create_qp({.send_cq = &cq,
+                       .recv_cq = &cq,
+                       .cap = {.max_send_wr = 64,
+                               .max_recv_wr = 64,
+                               .max_send_sge = 2,
+                               .max_recv_sge = 2,
+                               .max_inline_data = 64}})
              .value();
     region.assign(1 << 20, std::byte{0});
     scratch.assign(1 << 20, std::byte{0});
     recvbuf.assign(32 * 4096, std::byte{0});
     inv.assign(4096, std::byte{0});
-    const auto all = cvy::access::local_write | cvy::access::remote_write | cvy::access::remote_read |
+    const auto all = cvy::access::local_write | cvy::access::remote_write |
+                     cvy::access::remote_read |
                      (dev.attr().atomics ? cvy::access::remote_atomic : cvy::access::none);
     mr = pd.register_memory(std::span(region), all).value();
     smr = pd.register_memory(std::span(scratch), cvy::access::local_write).value();
     rmr = pd.register_memory(std::span(recvbuf), cvy::access::local_write).value();
-    imr = pd.register_memory(std::span(inv), cvy::access::local_write | cvy::access::remote_write).value();
+    imr = pd.register_memory(std::span(inv), cvy::access::local_write | cvy::access::remote_write)
+              .value();
     for (std::uint64_t i = 0; i < 32; ++i)
       if (qp.post_recv(rmr.slice(i * 4096, 4096), 1000 + i) != cvy::errc::ok) return false;
     return true;
@@ -131,7 +137,6 @@ struct side {
     return *r;
   }
 };
-
 
 // Both ends' capabilities: what may be used between them.
 struct caps {
@@ -168,7 +173,8 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
   }
   std::array<std::byte, 2 * cvy::remote_region::encoded_size> pd{};
   s.mr.remote().encode_to(std::span(pd).first<cvy::remote_region::encoded_size>());
-  s.imr.remote().encode_to(std::span(pd).subspan<cvy::remote_region::encoded_size, cvy::remote_region::encoded_size>());
+  s.imr.remote().encode_to(
+      std::span(pd).subspan<cvy::remote_region::encoded_size, cvy::remote_region::encoded_size>());
   auto info = req->accept(s.qp, pd);
   if (!info) {
     std::printf("interop: server: accept: %s\n", info.error().to_string().c_str());
@@ -177,8 +183,9 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
   }
   if (c.server.rfind("soft", 0) == 0) {
     CHECK(info->attr.crc == c.crc, "server (soft) CRC %d, wanted %d", info->attr.crc, c.crc);
-    std::printf("interop: server soft: crc %s, mpa rev %d, ird %u ord %u\n", info->attr.crc ? "on" : "off",
-                info->attr.mpa_revision, info->attr.ird, info->attr.ord);
+    std::printf("interop: server soft: crc %s, mpa rev %d, ird %u ord %u\n",
+                info->attr.crc ? "on" : "off", info->attr.mpa_revision, info->attr.ird,
+                info->attr.ord);
   }
   if (sc != scenario::data) {
     // The peer's violation must end in a Terminate that moves our QP to ERROR:
@@ -187,9 +194,11 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
     CHECK(wc.has_value(), "server: no completion after the peer's %s (QP not moved to ERROR)",
           sc == scenario::bad_rkey ? "bad-rkey WRITE" : "out-of-bounds READ");
     if (wc) {
-      CHECK(wc->status != cvy::wc_status::success, "server: expected flushed receives, got %s", st(wc->status).c_str());
-      std::printf("interop: server: after the violation: %s (vendor_err 0x%x), QP %s\n", st(wc->status).c_str(),
-                  wc->vendor_err, std::string(cvy::to_string(s.qp.state())).c_str());
+      CHECK(wc->status != cvy::wc_status::success, "server: expected flushed receives, got %s",
+            st(wc->status).c_str());
+      std::printf("interop: server: after the violation: %s (vendor_err 0x%x), QP %s\n",
+                  st(wc->status).c_str(), wc->vendor_err,
+                  std::string(cvy::to_string(s.qp.state())).c_str());
     }
     for (int i = 0; i < 100 && !client_done; ++i) std::this_thread::sleep_for(50ms);
     return;
@@ -202,8 +211,8 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
     bool inv, imm, wimm;
     std::uint32_t imm_value = 0;
   };
-  std::vector<expect> ex = {{1000, 1, false, false, false}, {0, 0, false, false, false},
-                            {4096, 2, false, false, false}};
+  std::vector<expect> ex = {
+      {1000, 1, false, false, false}, {0, 0, false, false, false}, {4096, 2, false, false, false}};
   if (k.inv) ex.push_back({16, 3, true, false, false});
   if (k.imm) {
     ex.push_back({8, 4, false, true, false, 0xC0FFEE04u});
@@ -214,37 +223,48 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
     auto wc = s.wait(20s);
     CHECK(wc.has_value(), "server: message %zu did not arrive", i);
     if (!wc) return;
-    CHECK(wc->status == cvy::wc_status::success, "server: message %zu: %s (vendor_err 0x%x)", i, st(wc->status).c_str(),
-          wc->vendor_err);
+    CHECK(wc->status == cvy::wc_status::success, "server: message %zu: %s (vendor_err 0x%x)", i,
+          st(wc->status).c_str(), wc->vendor_err);
     if (wc->status != cvy::wc_status::success) return;
     const auto& e = ex[i];
-    CHECK(wc->byte_len == e.len, "server: message %zu: %u bytes, wanted %u", i, wc->byte_len, e.len);
+    CHECK(wc->byte_len == e.len, "server: message %zu: %u bytes, wanted %u", i, wc->byte_len,
+          e.len);
     auto idx = wc->wr_id - 1000;
     auto got = std::span(s.recvbuf).subspan(idx * 4096, e.wimm ? 0 : wc->byte_len);
     std::size_t bad = 0;
-    if (e.len > 0 && !e.wimm) CHECK(same(got, e.seed, &bad), "server: message %zu: byte %zu differs", i, bad);
+    if (e.len > 0 && !e.wimm)
+      CHECK(same(got, e.seed, &bad), "server: message %zu: byte %zu differs", i, bad);
     CHECK(wc->with_inv == e.inv, "server: message %zu: with_inv %d", i, wc->with_inv);
-    if (e.inv) CHECK(wc->invalidated_rkey == s.imr.rkey(), "server: invalidated rkey 0x%x, wanted 0x%x",
-                     wc->invalidated_rkey, s.imr.rkey());
+    if (e.inv)
+      CHECK(wc->invalidated_rkey == s.imr.rkey(), "server: invalidated rkey 0x%x, wanted 0x%x",
+            wc->invalidated_rkey, s.imr.rkey());
     CHECK(wc->with_imm == e.imm, "server: message %zu: with_imm %d", i, wc->with_imm);
-    if (e.imm) CHECK(wc->imm_data == e.imm_value, "server: imm 0x%x, wanted 0x%x", wc->imm_data, e.imm_value);
-    if (e.wimm) CHECK(wc->opcode == cvy::wc_opcode::recv_rdma_with_imm, "server: WRITE_WITH_IMM opcode");
+    if (e.imm)
+      CHECK(wc->imm_data == e.imm_value, "server: imm 0x%x, wanted 0x%x", wc->imm_data,
+            e.imm_value);
+    if (e.wimm)
+      CHECK(wc->opcode == cvy::wc_opcode::recv_rdma_with_imm, "server: WRITE_WITH_IMM opcode");
   }
   // Region: [0, 256 KiB) written with seed 5 by the client; [256K,+64) by WRITE_WITH_IMM seed 6.
   std::size_t bad = 0;
-  CHECK(same(std::span(s.region).first(256 * 1024), 5, &bad), "server: WRITE data differs at byte %zu", bad);
-  if (k.imm) CHECK(same(std::span(s.region).subspan(256 * 1024, 64), 6, &bad), "server: WRITE_WITH_IMM data at %zu", bad);
+  CHECK(same(std::span(s.region).first(256 * 1024), 5, &bad),
+        "server: WRITE data differs at byte %zu", bad);
+  if (k.imm)
+    CHECK(same(std::span(s.region).subspan(256 * 1024, 64), 6, &bad),
+          "server: WRITE_WITH_IMM data at %zu", bad);
   // Answer with our checksum of the written part: the client compares.
   std::uint64_t h = sum(std::span(s.region).first(256 * 1024));
   std::memcpy(s.scratch.data(), &h, 8);
   CHECK(s.qp.post_send_msg(s.smr.slice(0, 8), 1) == cvy::errc::ok, "server: post reply");
   auto wc = s.wait();
-  CHECK(wc && wc->status == cvy::wc_status::success, "server: reply SEND: %s", wc ? st(wc->status).c_str() : "timeout");
+  CHECK(wc && wc->status == cvy::wc_status::success, "server: reply SEND: %s",
+        wc ? st(wc->status).c_str() : "timeout");
   server_done = true;
   for (int i = 0; i < 200 && !client_done; ++i) std::this_thread::sleep_for(50ms);
 }
 
-void run_client(const config& c, scenario sc, caps k, const std::string& addr, std::atomic<bool>& server_done) {
+void run_client(const config& c, scenario sc, caps k, const std::string& addr,
+                std::atomic<bool>& server_done) {
   side s;
   // Keep the connection until the server has seen its last completion: this
   // outlives nothing after it, so it is declared after `s`, whose destructor
@@ -265,18 +285,23 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr, s
   }
   if (c.client.rfind("soft", 0) == 0) {
     CHECK(info->attr.crc == c.crc, "client (soft) CRC %d, wanted %d", info->attr.crc, c.crc);
-    std::printf("interop: client soft: crc %s, mpa rev %d, ird %u ord %u\n", info->attr.crc ? "on" : "off",
-                info->attr.mpa_revision, info->attr.ird, info->attr.ord);
+    std::printf("interop: client soft: crc %s, mpa rev %d, ird %u ord %u\n",
+                info->attr.crc ? "on" : "off", info->attr.mpa_revision, info->attr.ird,
+                info->attr.ord);
   }
   auto peer = cvy::remote_region::decode(info->private_data).value();
-  auto peer_inv = cvy::remote_region::decode(std::span(info->private_data).subspan(cvy::remote_region::encoded_size)).value();
+  auto peer_inv = cvy::remote_region::decode(
+                      std::span(info->private_data).subspan(cvy::remote_region::encoded_size))
+                      .value();
   auto one = [&](const cvy::send_wr& wr, const char* what) {
     auto p = s.qp.post_send(wr);
     CHECK(p == cvy::errc::ok, "client: post %s: %s", what, std::string(cvy::to_string(p)).c_str());
     if (p != cvy::errc::ok) return std::optional<cvy::work_completion>{};
     auto wc = s.wait();
     CHECK(wc.has_value(), "client: %s: no completion", what);
-    if (wc) CHECK(wc->status == cvy::wc_status::success, "client: %s: %s (vendor_err 0x%x)", what, st(wc->status).c_str(), wc->vendor_err);
+    if (wc)
+      CHECK(wc->status == cvy::wc_status::success, "client: %s: %s (vendor_err 0x%x)", what,
+            st(wc->status).c_str(), wc->vendor_err);
     if (wc) std::printf("interop: client: %-22s %s\n", what, st(wc->status).c_str());
     return wc;
   };
@@ -285,21 +310,32 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr, s
     std::array<cvy::sge, 1> g2{s.smr.slice(8192, 4096)};
     std::array<cvy::send_wr, 2> wrs{};
     if (sc == scenario::bad_rkey) {
-      wrs[0] = {.wr_id = 1, .opcode = cvy::wr_opcode::rdma_write, .sg_list = g, .remote_addr = peer.addr,
+      wrs[0] = {.wr_id = 1,
+                .opcode = cvy::wr_opcode::rdma_write,
+                .sg_list = g,
+                .remote_addr = peer.addr,
                 .rkey = peer.rkey ^ 0x5a5a00u};
     } else {
-      wrs[0] = {.wr_id = 1, .opcode = cvy::wr_opcode::rdma_read, .sg_list = g,
-                .remote_addr = peer.addr + peer.length - 1024, .rkey = peer.rkey};
+      wrs[0] = {.wr_id = 1,
+                .opcode = cvy::wr_opcode::rdma_read,
+                .sg_list = g,
+                .remote_addr = peer.addr + peer.length - 1024,
+                .rkey = peer.rkey};
     }
-    wrs[1] = {.wr_id = 2, .opcode = cvy::wr_opcode::rdma_read, .sg_list = g2, .remote_addr = peer.addr, .rkey = peer.rkey};
+    wrs[1] = {.wr_id = 2,
+              .opcode = cvy::wr_opcode::rdma_read,
+              .sg_list = g2,
+              .remote_addr = peer.addr,
+              .rkey = peer.rkey};
     CHECK(s.qp.post_send(wrs) == cvy::errc::ok, "client: post violation");
     auto a = s.wait(15s);
     auto b = s.wait(15s);
     CHECK(a && b, "client: violation: %s completion missing", a ? "second" : "first");
     if (a && b) {
-      std::printf("interop: client: violation -> wr1 %s (vendor_err 0x%x), wr2 %s\n", st(a->status).c_str(),
-                  a->vendor_err, st(b->status).c_str());
-      const bool first_failed = a->status == cvy::wc_status::rem_access_err || a->status == cvy::wc_status::rem_op_err ||
+      std::printf("interop: client: violation -> wr1 %s (vendor_err 0x%x), wr2 %s\n",
+                  st(a->status).c_str(), a->vendor_err, st(b->status).c_str());
+      const bool first_failed = a->status == cvy::wc_status::rem_access_err ||
+                                a->status == cvy::wc_status::rem_op_err ||
                                 a->status == cvy::wc_status::rem_inv_req_err;
       // Linux siw handles every received Terminate by moving the QP to ERROR
       // and flushing (siw_proc_terminate): its READ completes flushed, not with
@@ -308,36 +344,68 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr, s
       const bool kernel_iwarp_initiator =
           c.client.rfind("verbs:", 0) == 0 && s.dev.attr().transport_type == cvy::transport::iwarp;
       if (kernel_iwarp_initiator && !first_failed && a->status == cvy::wc_status::wr_flush_err)
-        std::printf("interop: client: kernel iWARP flushed the violating request on the peer's Terminate\n");
+        std::printf(
+            "interop: client: kernel iWARP flushed the violating request on the peer's "
+            "Terminate\n");
       CHECK(first_failed || (sc == scenario::bad_rkey && b->status != cvy::wc_status::success) ||
                 (kernel_iwarp_initiator && a->status == cvy::wc_status::wr_flush_err),
-            "client: the violation was not reported (wr1 %s, wr2 %s)", st(a->status).c_str(), st(b->status).c_str());
-      CHECK(b->status != cvy::wc_status::success, "client: a request after the violation succeeded on a dead QP");
+            "client: the violation was not reported (wr1 %s, wr2 %s)", st(a->status).c_str(),
+            st(b->status).c_str());
+      CHECK(b->status != cvy::wc_status::success,
+            "client: a request after the violation succeeded on a dead QP");
     }
     return;
   }
-  // WRITE 256 KiB (seed 5) then READ it back; READ the server's seed-77 half (multi-segment response).
+  // WRITE 256 KiB (seed 5) then READ it back; READ the server's seed-77 half (multi-segment
+  // response).
   fill(std::span(s.scratch).first(256 * 1024), 5);
   std::array<cvy::sge, 1> g{s.smr.slice(0, 256 * 1024)};
-  one({.wr_id = 10, .opcode = cvy::wr_opcode::rdma_write, .sg_list = g, .remote_addr = peer.addr, .rkey = peer.rkey}, "WRITE 256 KiB");
+  one({.wr_id = 10,
+       .opcode = cvy::wr_opcode::rdma_write,
+       .sg_list = g,
+       .remote_addr = peer.addr,
+       .rkey = peer.rkey},
+      "WRITE 256 KiB");
   std::array<cvy::sge, 1> rg{s.smr.slice(256 * 1024, 256 * 1024)};
-  one({.wr_id = 11, .opcode = cvy::wr_opcode::rdma_read, .sg_list = rg, .remote_addr = peer.addr, .rkey = peer.rkey}, "READ 256 KiB back");
+  one({.wr_id = 11,
+       .opcode = cvy::wr_opcode::rdma_read,
+       .sg_list = rg,
+       .remote_addr = peer.addr,
+       .rkey = peer.rkey},
+      "READ 256 KiB back");
   std::size_t bad = 0;
-  CHECK(same(std::span(s.scratch).subspan(256 * 1024, 256 * 1024), 5, &bad), "client: READ-back differs at %zu", bad);
+  CHECK(same(std::span(s.scratch).subspan(256 * 1024, 256 * 1024), 5, &bad),
+        "client: READ-back differs at %zu", bad);
   std::array<cvy::sge, 1> rg2{s.smr.slice(512 * 1024, 512 * 1024)};
-  one({.wr_id = 12, .opcode = cvy::wr_opcode::rdma_read, .sg_list = rg2, .remote_addr = peer.addr + 512 * 1024, .rkey = peer.rkey},
+  one({.wr_id = 12,
+       .opcode = cvy::wr_opcode::rdma_read,
+       .sg_list = rg2,
+       .remote_addr = peer.addr + 512 * 1024,
+       .rkey = peer.rkey},
       "READ 512 KiB");
-  CHECK(same(std::span(s.scratch).subspan(512 * 1024, 512 * 1024), 77, &bad), "client: READ differs at %zu", bad);
+  CHECK(same(std::span(s.scratch).subspan(512 * 1024, 512 * 1024), 77, &bad),
+        "client: READ differs at %zu", bad);
   std::array<cvy::sge, 1> z{s.smr.slice(0, 0)};
-  one({.wr_id = 13, .opcode = cvy::wr_opcode::rdma_write, .sg_list = z, .remote_addr = peer.addr, .rkey = peer.rkey}, "WRITE 0 bytes");
-  one({.wr_id = 14, .opcode = cvy::wr_opcode::rdma_read, .sg_list = z, .remote_addr = peer.addr, .rkey = peer.rkey}, "READ 0 bytes");
+  one({.wr_id = 13,
+       .opcode = cvy::wr_opcode::rdma_write,
+       .sg_list = z,
+       .remote_addr = peer.addr,
+       .rkey = peer.rkey},
+      "WRITE 0 bytes");
+  one({.wr_id = 14,
+       .opcode = cvy::wr_opcode::rdma_read,
+       .sg_list = z,
+       .remote_addr = peer.addr,
+       .rkey = peer.rkey},
+      "READ 0 bytes");
   // SENDs (the scratch's first 256 KiB still holds seed 5: use a separate area).
-  auto send = [&](std::uint32_t len, unsigned seed, cvy::wr_opcode op, cvy::send_flags extra, std::uint32_t imm_or_inv,
-                  const char* what) {
+  auto send = [&](std::uint32_t len, unsigned seed, cvy::wr_opcode op, cvy::send_flags extra,
+                  std::uint32_t imm_or_inv, const char* what) {
     auto area = std::span(s.scratch).subspan(768 * 1024, len);
     fill(area, seed);
     std::array<cvy::sge, 1> sg{s.smr.slice(768 * 1024, len)};
-    cvy::send_wr wr{.wr_id = 20, .opcode = op, .flags = cvy::send_flags::signaled | extra, .sg_list = sg};
+    cvy::send_wr wr{
+        .wr_id = 20, .opcode = op, .flags = cvy::send_flags::signaled | extra, .sg_list = sg};
     if (op == cvy::wr_opcode::send_with_imm) wr.imm_data = imm_or_inv;
     if (op == cvy::wr_opcode::send_with_inv) wr.invalidate_rkey = imm_or_inv;
     one(wr, what);
@@ -345,13 +413,20 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr, s
   send(1000, 1, cvy::wr_opcode::send, cvy::send_flags::none, 0, "SEND 1000");
   send(0, 0, cvy::wr_opcode::send, cvy::send_flags::none, 0, "SEND 0 bytes");
   send(4096, 2, cvy::wr_opcode::send, cvy::send_flags::solicited, 0, "SEND 4096 solicited");
-  if (k.inv) send(16, 3, cvy::wr_opcode::send_with_inv, cvy::send_flags::inline_data, peer_inv.rkey, "SEND_WITH_INV (inline)");
+  if (k.inv)
+    send(16, 3, cvy::wr_opcode::send_with_inv, cvy::send_flags::inline_data, peer_inv.rkey,
+         "SEND_WITH_INV (inline)");
   if (k.imm) {
-    send(8, 4, cvy::wr_opcode::send_with_imm, cvy::send_flags::none, 0xC0FFEE00u + 4, "SEND_WITH_IMM");
+    send(8, 4, cvy::wr_opcode::send_with_imm, cvy::send_flags::none, 0xC0FFEE00u + 4,
+         "SEND_WITH_IMM");
     fill(std::span(s.scratch).subspan(800 * 1024, 64), 6);
     std::array<cvy::sge, 1> wg{s.smr.slice(800 * 1024, 64)};
-    one({.wr_id = 21, .opcode = cvy::wr_opcode::rdma_write_with_imm, .sg_list = wg, .remote_addr = peer.addr + 256 * 1024,
-         .rkey = peer.rkey, .imm_data = 0xC0FFEE00u + 5},
+    one({.wr_id = 21,
+         .opcode = cvy::wr_opcode::rdma_write_with_imm,
+         .sg_list = wg,
+         .remote_addr = peer.addr + 256 * 1024,
+         .rkey = peer.rkey,
+         .imm_data = 0xC0FFEE00u + 5},
         "WRITE_WITH_IMM");
   }
   if (k.atomics) {
@@ -359,14 +434,16 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr, s
     auto r = peer.slice(1016 * 1024, 8);
     // The server's region there holds seed-77 bytes: FETCH_ADD returns them.
     std::uint64_t before = 0;
-    for (int i = 7; i >= 0; --i) before = (before << 8) | static_cast<std::uint64_t>(pattern(1016 * 1024 - 512 * 1024 + static_cast<std::size_t>(i), 77));
+    for (int i = 7; i >= 0; --i)
+      before = (before << 8) | static_cast<std::uint64_t>(pattern(
+                                   1016 * 1024 - 512 * 1024 + static_cast<std::size_t>(i), 77));
     CHECK(s.qp.post_fetch_add(ag[0], r, 5, 30) == cvy::errc::ok, "post fetch_add");
     auto wc = s.wait();
     CHECK(wc && wc->status == cvy::wc_status::success, "fetch_add");
     std::uint64_t got = 0;
     std::memcpy(&got, s.scratch.data() + 900 * 1024, 8);
-    CHECK(got == before, "fetch_add returned 0x%llx, wanted 0x%llx", static_cast<unsigned long long>(got),
-          static_cast<unsigned long long>(before));
+    CHECK(got == before, "fetch_add returned 0x%llx, wanted 0x%llx",
+          static_cast<unsigned long long>(got), static_cast<unsigned long long>(before));
     CHECK(s.qp.post_cmp_swap(ag[0], r, before + 5, 42, 31) == cvy::errc::ok, "post cmp_swap");
     wc = s.wait();
     CHECK(wc && wc->status == cvy::wc_status::success, "cmp_swap");
@@ -376,12 +453,14 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr, s
   }
   send(4, 9, cvy::wr_opcode::send, cvy::send_flags::none, 0, "SEND done");
   auto wc = s.wait(20s);
-  CHECK(wc && wc->status == cvy::wc_status::success && wc->opcode == cvy::wc_opcode::recv && wc->byte_len == 8,
+  CHECK(wc && wc->status == cvy::wc_status::success && wc->opcode == cvy::wc_opcode::recv &&
+            wc->byte_len == 8,
         "client: the server's reply");
   if (wc && wc->status == cvy::wc_status::success) {
     std::uint64_t h = 0;
     std::memcpy(&h, s.recvbuf.data() + (wc->wr_id - 1000) * 4096, 8);
-    CHECK(h == sum(std::span(s.scratch).first(256 * 1024)), "client: the server's checksum of the WRITE differs");
+    CHECK(h == sum(std::span(s.scratch).first(256 * 1024)),
+          "client: the server's checksum of the WRITE differs");
   }
 }
 
@@ -392,7 +471,8 @@ bool run(const config& c, scenario sc, const char* name) {
     struct r {
       bool first, second, inv;
     };
-    return d ? r{d->attr().atomics, d->attr().immediate_data, d->attr().send_with_invalidate} : r{false, false, false};
+    return d ? r{d->attr().atomics, d->attr().immediate_data, d->attr().send_with_invalidate}
+             : r{false, false, false};
   };
   auto a = probe(c.server), b = probe(c.client);
   // soft claims atomics/immediate only with a Conveyor peer (negotiated): with a
@@ -403,8 +483,9 @@ bool run(const config& c, scenario sc, const char* name) {
     return sa && ca;
   };
   caps k{pick(a.first, b.first), pick(a.second, b.second), a.inv && b.inv};
-  std::printf("interop: === %s: server %s, client %s, crc %s, atomics %s, immediate %s\n", name, c.server.c_str(),
-              c.client.c_str(), c.crc ? "on" : "off", k.atomics ? "yes" : "no", k.imm ? "yes" : "no");
+  std::printf("interop: === %s: server %s, client %s, crc %s, atomics %s, immediate %s\n", name,
+              c.server.c_str(), c.client.c_str(), c.crc ? "on" : "off", k.atomics ? "yes" : "no",
+              k.imm ? "yes" : "no");
   std::promise<std::string> addr;
   auto fut = addr.get_future();
   std::atomic<bool> done{false}, server_done{false};
@@ -442,13 +523,15 @@ int port_events(const std::string& dev_name, const std::string& netdev) {
         if (e.type == t) return true;
       return false;
     });
-    CHECK(got, "no %s event from %s within 20 s", std::string(cvy::to_string(t)).c_str(), dev_name.c_str());
+    CHECK(got, "no %s event from %s within 20 s", std::string(cvy::to_string(t)).c_str(),
+          dev_name.c_str());
     for (const auto& e : events) {
       if (e.type != t) continue;
       std::printf("interop: event %s: port %u: %s\n", std::string(cvy::to_string(e.type)).c_str(),
                   unsigned{e.port}, e.description.c_str());
       CHECK(e.port == 1, "the event names port %u, expected 1", unsigned{e.port});
-      CHECK(e.description.find(ibdev) != std::string::npos, "the description does not name %s", ibdev.c_str());
+      CHECK(e.description.find(ibdev) != std::string::npos, "the description does not name %s",
+            ibdev.c_str());
     }
     events.clear();
   };
@@ -461,7 +544,6 @@ int port_events(const std::string& dev_name, const std::string& netdev) {
   return failures == 0 ? 0 : 1;
 }
 
-
 // What cuts the connection: the link going down (with the provider's policy,
 // checked, or without it, only measured) or the device being removed.
 enum class cut { port_down, port_down_kernel_alone, removal };
@@ -469,9 +551,12 @@ enum class cut { port_down, port_down_kernel_alone, removal };
 // One connection on `dev_name` (both QPs on one device), requests in flight,
 // then the cut. Everything is checked except for port_down_kernel_alone,
 // which prints what the kernel device does by itself.
-void port_down_once(const std::string& dev_name, const std::string& netdev, const std::string& ip, cut how) {
+void port_down_once(const std::string& dev_name, const std::string& netdev, const std::string& ip,
+                    cut how) {
   const bool enforce = how != cut::port_down_kernel_alone;
-  const char* label = how == cut::port_down ? "conveyor" : how == cut::removal ? "removal" : "kernel alone";
+  const char* label = how == cut::port_down ? "conveyor"
+                      : how == cut::removal ? "removal"
+                                            : "kernel alone";
   const char* what = how == cut::removal ? "device removal" : "link down";
   const int before = failures;
   event_log ev;
@@ -491,7 +576,10 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
   auto ccq = dev.create_cq({.depth = 1024}).value();
   auto scq = dev.create_cq({.depth = 1024}).value();
   constexpr std::size_t mib = 1 << 20, n_ops = 64, n_recv = 16, slots = 8;
-  const cvy::qp_caps caps{.max_send_wr = 128, .max_recv_wr = 32, .max_send_sge = 1, .max_recv_sge = 1,
+  const cvy::qp_caps caps{.max_send_wr = 128,
+                          .max_recv_wr = 32,
+                          .max_send_sge = 1,
+                          .max_recv_sge = 1,
                           .max_inline_data = 0};
   auto cqp = pd.create_qp({.send_cq = &ccq, .recv_cq = &ccq, .cap = caps}).value();
   auto sqp = pd.create_qp({.send_cq = &scq, .recv_cq = &scq, .cap = caps}).value();
@@ -499,13 +587,15 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
   fill(local, 3);
   fill(remote, 4);
   auto lmr = pd.register_memory(std::span(local), cvy::access::local_write).value();
-  auto rmr = pd.register_memory(std::span(remote), cvy::access::local_write | cvy::access::remote_read |
-                                                       cvy::access::remote_write)
-                 .value();
+  auto rmr =
+      pd.register_memory(std::span(remote), cvy::access::local_write | cvy::access::remote_read |
+                                                cvy::access::remote_write)
+          .value();
   auto bmr = pd.register_memory(std::span(rbuf), cvy::access::local_write).value();
   for (std::uint64_t i = 0; i < n_recv; ++i) {
     CHECK(cqp.post_recv(bmr.slice(i * 4096, 4096), 1000 + i) == cvy::errc::ok, "client post_recv");
-    CHECK(sqp.post_recv(bmr.slice((n_recv + i) * 4096, 4096), 2000 + i) == cvy::errc::ok, "server post_recv");
+    CHECK(sqp.post_recv(bmr.slice((n_recv + i) * 4096, 4096), 2000 + i) == cvy::errc::ok,
+          "server post_recv");
   }
   std::optional<cvy::listener> lis;
   if (auto l = cvy::listener::bind(dev, ip + ":0"); l) {
@@ -541,16 +631,19 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
     return;
   }
   const auto peer = cvy::remote_region::decode(info->private_data).value();
-  std::printf("interop: [%s] connected QP %u (client, %s) <-> QP %u (server)\n", label, cqp.qp_num(),
-              info->attr.local_address.c_str(), sqp.qp_num());
+  std::printf("interop: [%s] connected QP %u (client, %s) <-> QP %u (server)\n", label,
+              cqp.qp_num(), info->attr.local_address.c_str(), sqp.qp_num());
   // READs and WRITEs, alternating, 1 MiB each, all signaled.
   std::vector<cvy::sge> sg(n_ops);
   std::vector<cvy::send_wr> wrs(n_ops);
   for (std::size_t i = 0; i < n_ops; ++i) {
     const std::size_t off = (i % slots) * mib;
     sg[i] = lmr.slice(off, mib);
-    wrs[i] = {.wr_id = i + 1, .opcode = i % 2 == 0 ? cvy::wr_opcode::rdma_read : cvy::wr_opcode::rdma_write,
-              .sg_list = std::span(&sg[i], 1), .remote_addr = peer.addr + off, .rkey = peer.rkey};
+    wrs[i] = {.wr_id = i + 1,
+              .opcode = i % 2 == 0 ? cvy::wr_opcode::rdma_read : cvy::wr_opcode::rdma_write,
+              .sg_list = std::span(&sg[i], 1),
+              .remote_addr = peer.addr + off,
+              .rkey = peer.rkey};
   }
   CHECK(cqp.post_send(wrs) == cvy::errc::ok, "post %zu READ/WRITEs", n_ops);
   const auto t_down = steady::now();
@@ -590,9 +683,12 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
         any = true;
         const done x{ms_since(t_down, steady::now()), buf[i]};
         if (x.wc.status != cvy::wc_status::success) first_error_seen = true;
-        if (x.wc.wr_id >= 2000) srecv.push_back(x);
-        else if (x.wc.wr_id >= 1000) crecv.push_back(x);
-        else sends.push_back(x);
+        if (x.wc.wr_id >= 2000)
+          srecv.push_back(x);
+        else if (x.wc.wr_id >= 1000)
+          crecv.push_back(x);
+        else
+          sends.push_back(x);
       }
     }
     if (sends.size() >= n_ops && crecv.size() >= n_recv && srecv.size() >= n_recv) break;
@@ -610,57 +706,70 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
     for (const auto& x : *v) {
       last_ms = std::max(last_ms, x.at_ms);
       ++hist[st(x.wc.status)];
-      if (x.wc.status != cvy::wc_status::success && (!first_err || x.at_ms < first_err->at_ms)) first_err = x;
+      if (x.wc.status != cvy::wc_status::success && (!first_err || x.at_ms < first_err->at_ms))
+        first_err = x;
     }
   std::size_t ok_sends = 0;
   for (const auto& x : sends) ok_sends += x.wc.status == cvy::wc_status::success;
   std::string h;
   for (const auto& [k, v] : hist) h += " " + k + "=" + std::to_string(v);
-  std::printf("interop: [%s] after %s (%.0f ms watched): %zu/%zu READ/WRITEs completed (%zu success), "
-              "receives %zu/%zu client %zu/%zu server, the last %.1f ms after %s; statuses:%s\n",
-              label, what, waited, sends.size(), n_ops, ok_sends, crecv.size(), n_recv, srecv.size(), n_recv, last_ms,
-              what, h.c_str());
+  std::printf(
+      "interop: [%s] after %s (%.0f ms watched): %zu/%zu READ/WRITEs completed (%zu success), "
+      "receives %zu/%zu client %zu/%zu server, the last %.1f ms after %s; statuses:%s\n",
+      label, what, waited, sends.size(), n_ops, ok_sends, crecv.size(), n_recv, srecv.size(),
+      n_recv, last_ms, what, h.c_str());
   if (first_err)
-    std::printf("interop: [%s] first error completion %.1f ms after %s: wr_id %llu %s (vendor_err 0x%x)\n",
-                label, first_err->at_ms, what, static_cast<unsigned long long>(first_err->wc.wr_id),
-                st(first_err->wc.status).c_str(), first_err->wc.vendor_err);
+    std::printf(
+        "interop: [%s] first error completion %.1f ms after %s: wr_id %llu %s (vendor_err 0x%x)\n",
+        label, first_err->at_ms, what, static_cast<unsigned long long>(first_err->wc.wr_id),
+        st(first_err->wc.status).c_str(), first_err->wc.vendor_err);
   else
     std::printf("interop: [%s] no error completion within %.0f ms of %s\n", label, waited, what);
-  const auto want = how == cut::removal ? cvy::device_event_type::device_fatal : cvy::device_event_type::port_down;
+  const auto want = how == cut::removal ? cvy::device_event_type::device_fatal
+                                        : cvy::device_event_type::port_down;
   const std::string want_name(cvy::to_string(want));
-  auto down = ev.wait([&](const cvy::device_event& e) { return e.type == want; }, enforce ? 20s : 1s);
+  auto down =
+      ev.wait([&](const cvy::device_event& e) { return e.type == want; }, enforce ? 20s : 1s);
   if (down)
     std::printf("interop: [%s] %s event %.1f ms after %s: %s\n", label, want_name.c_str(),
                 ms_since(t_down, down->first), what, down->second.description.c_str());
   for (auto* q : {&cqp, &sqp}) {
     const auto num = q->qp_num();
-    auto e = ev.wait([&](const cvy::device_event& x) { return x.type == cvy::device_event_type::qp_error && x.qp_num == num; },
-                     enforce ? 5s : 0ms);
+    auto e = ev.wait(
+        [&](const cvy::device_event& x) {
+          return x.type == cvy::device_event_type::qp_error && x.qp_num == num;
+        },
+        enforce ? 5s : 0ms);
     if (e)
-      std::printf("interop: [%s] qp_error event %.1f ms after %s: %s\n", label, ms_since(t_down, e->first), what,
-                  e->second.description.c_str());
+      std::printf("interop: [%s] qp_error event %.1f ms after %s: %s\n", label,
+                  ms_since(t_down, e->first), what, e->second.description.c_str());
     if (enforce) {
       CHECK(e.has_value(), "no qp_error event for QP %u", num);
       if (e) {
         const auto& s = e->second.description;
-        CHECK(s.find("device " + ibdev) != std::string::npos && s.find("port 1") != std::string::npos &&
-                  s.find("QP " + std::to_string(num)) != std::string::npos && s.find("peer ") != std::string::npos,
+        CHECK(s.find("device " + ibdev) != std::string::npos &&
+                  s.find("port 1") != std::string::npos &&
+                  s.find("QP " + std::to_string(num)) != std::string::npos &&
+                  s.find("peer ") != std::string::npos,
               "the qp_error event does not name device, port, QP and peer: %s", s.c_str());
         CHECK(e->second.port == 1, "qp_error names port %u", unsigned{e->second.port});
       }
     }
-    std::printf("interop: [%s] QP %u state %s\n", label, num, std::string(cvy::to_string(q->state())).c_str());
+    std::printf("interop: [%s] QP %u state %s\n", label, num,
+                std::string(cvy::to_string(q->state())).c_str());
   }
   if (enforce) {
     CHECK(down.has_value(), "no %s event within 20 s", want_name.c_str());
     if (down) {
-      if (how == cut::port_down) CHECK(down->second.port == 1, "port_down names port %u", unsigned{down->second.port});
-      CHECK(down->second.description.find(ibdev) != std::string::npos, "%s does not name %s: %s", want_name.c_str(),
-            ibdev.c_str(), down->second.description.c_str());
+      if (how == cut::port_down)
+        CHECK(down->second.port == 1, "port_down names port %u", unsigned{down->second.port});
+      CHECK(down->second.description.find(ibdev) != std::string::npos, "%s does not name %s: %s",
+            want_name.c_str(), ibdev.c_str(), down->second.description.c_str());
     }
-    CHECK(sends.size() == n_ops, "only %zu of %zu READ/WRITEs completed within 30 s", sends.size(), n_ops);
-    CHECK(crecv.size() == n_recv && srecv.size() == n_recv, "receives completed: client %zu, server %zu of %zu",
-          crecv.size(), srecv.size(), n_recv);
+    CHECK(sends.size() == n_ops, "only %zu of %zu READ/WRITEs completed within 30 s", sends.size(),
+          n_ops);
+    CHECK(crecv.size() == n_recv && srecv.size() == n_recv,
+          "receives completed: client %zu, server %zu of %zu", crecv.size(), srecv.size(), n_recv);
     // Each request exactly once.
     std::vector<int> seen(n_ops + 1, 0);
     for (const auto& x : sends)
@@ -670,18 +779,28 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
     // Nothing succeeds after the first failure; receives flush (no peer sent anything).
     bool failed = false;
     for (const auto& x : sends) {
-      if (x.wc.status != cvy::wc_status::success) failed = true;
-      else CHECK(!failed, "wr_id %llu succeeded after an earlier request failed", static_cast<unsigned long long>(x.wc.wr_id));
+      if (x.wc.status != cvy::wc_status::success)
+        failed = true;
+      else
+        CHECK(!failed, "wr_id %llu succeeded after an earlier request failed",
+              static_cast<unsigned long long>(x.wc.wr_id));
     }
     for (const auto* v : {&crecv, &srecv})
       for (const auto& x : *v)
-        CHECK(x.wc.status == cvy::wc_status::wr_flush_err, "receive %llu: %s, expected wr_flush_err",
+        CHECK(x.wc.status == cvy::wc_status::wr_flush_err,
+              "receive %llu: %s, expected wr_flush_err",
               static_cast<unsigned long long>(x.wc.wr_id), st(x.wc.status).c_str());
-    if (ok_sends == n_ops) std::printf("interop: [%s] note: every READ/WRITE had completed before the link went down\n", label);
-    CHECK(cqp.state() == cvy::qp_state::error && sqp.state() == cvy::qp_state::error, "QPs not in ERROR");
+    if (ok_sends == n_ops)
+      std::printf("interop: [%s] note: every READ/WRITE had completed before the link went down\n",
+                  label);
+    CHECK(cqp.state() == cvy::qp_state::error && sqp.state() == cvy::qp_state::error,
+          "QPs not in ERROR");
     std::array<cvy::sge, 1> g{lmr.slice(0, 8)};
-    const auto p = cqp.post_send({.wr_id = 99, .opcode = cvy::wr_opcode::rdma_write, .sg_list = g,
-                                  .remote_addr = peer.addr, .rkey = peer.rkey});
+    const auto p = cqp.post_send({.wr_id = 99,
+                                  .opcode = cvy::wr_opcode::rdma_write,
+                                  .sg_list = g,
+                                  .remote_addr = peer.addr,
+                                  .rkey = peer.rkey});
     CHECK(p == cvy::errc::qp_in_error, "post after the %s: %s, expected qp_in_error", what,
           std::string(cvy::to_string(p)).c_str());
   }
@@ -703,10 +822,13 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
       if (i == 50) {  // (what still holds the device, if anything)
         std::printf("interop: [%s] after 5 s, open RDMA files:\n", label);
         std::fflush(stdout);
-        (void)std::system(("ls -l /proc/" + std::to_string(::getpid()) + "/fd | grep -i 'infiniband\\|rdma'").c_str());
+        (void)std::system(
+            ("ls -l /proc/" + std::to_string(::getpid()) + "/fd | grep -i 'infiniband\\|rdma'")
+                .c_str());
       }
     }
-    CHECK(rm_done, "rdma link delete %s did not return within 30 s of closing the device", ibdev.c_str());
+    CHECK(rm_done, "rdma link delete %s did not return within 30 s of closing the device",
+          ibdev.c_str());
     if (rm_done) {
       rm.join();
       CHECK(rm_rc == 0, "rdma link delete %s: status %d", ibdev.c_str(), rm_rc.load());
@@ -715,26 +837,31 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
     } else {
       rm.detach();  // (blocked in the kernel; it ends with this process)
     }
-    std::printf("interop: %s %s: %s\n", label, dev_name.c_str(), failures == before ? "PASS" : "FAIL");
+    std::printf("interop: %s %s: %s\n", label, dev_name.c_str(),
+                failures == before ? "PASS" : "FAIL");
     return;
   }
   // The link comes back for what runs next.
   CHECK(set_link(netdev, true), "taking %s up failed", netdev.c_str());
-  auto upe = ev.wait([](const cvy::device_event& e) { return e.type == cvy::device_event_type::port_active; }, 20s);
+  auto upe = ev.wait(
+      [](const cvy::device_event& e) { return e.type == cvy::device_event_type::port_active; },
+      20s);
   CHECK(upe.has_value(), "no port_active within 20 s of taking %s up", netdev.c_str());
-  if (upe) std::printf("interop: [%s] port_active again: %s\n", label, upe->second.description.c_str());
+  if (upe)
+    std::printf("interop: [%s] port_active again: %s\n", label, upe->second.description.c_str());
   const auto t_close = steady::now();
   cqp = cvy::queue_pair{};
   sqp = cvy::queue_pair{};
   std::printf("interop: [%s] QPs closed in %.0f ms\n", label, ms_since(t_close, steady::now()));
-  std::printf("interop: port down [%s] %s: %s\n", label, dev_name.c_str(), failures == before ? "PASS" : "FAIL");
+  std::printf("interop: port down [%s] %s: %s\n", label, dev_name.c_str(),
+              failures == before ? "PASS" : "FAIL");
 }
 
 int port_down(const std::string& dev_name, const std::string& netdev, const std::string& ip) {
   port_down_once(dev_name, netdev, ip, cut::port_down);
   port_down_once(dev_name, netdev, ip, cut::port_down_kernel_alone);
-  std::printf("interop: port down %s: %s (%d failure(s))\n", dev_name.c_str(), failures == 0 ? "PASS" : "FAIL",
-              failures);
+  std::printf("interop: port down %s: %s (%d failure(s))\n", dev_name.c_str(),
+              failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;
 }
 
@@ -745,10 +872,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--server") c.server = next();
-    else if (a == "--client") c.client = next();
-    else if (a == "--addr") c.addr = next();
-    else if (a == "--crc") c.crc = next() != "0";
+    if (a == "--server")
+      c.server = next();
+    else if (a == "--client")
+      c.client = next();
+    else if (a == "--addr")
+      c.addr = next();
+    else if (a == "--crc")
+      c.crc = next() != "0";
     else if (a == "--port-down" && i + 3 < argc) {
       return port_down(argv[i + 1], argv[i + 2], argv[i + 3]);
     } else if (a == "--device-removal" && i + 2 < argc) {
@@ -764,11 +895,15 @@ int main(int argc, char** argv) {
     } else if (a == "--list") {
       for (const auto& d : cvy::device::list())
         std::printf("%-16s %-6s %-10s %s %s\n", d.name.c_str(), d.provider.c_str(),
-                    std::string(cvy::to_string(d.transport_type)).c_str(), d.available ? "available" : "unavailable",
-                    d.reason.c_str());
+                    std::string(cvy::to_string(d.transport_type)).c_str(),
+                    d.available ? "available" : "unavailable", d.reason.c_str());
       return 0;
     } else {
-      std::fprintf(stderr, "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list | --port-events DEV NETDEV | --port-down DEV NETDEV IP | --device-removal DEV IP | --transport DEV IP | --port-flap DEV NETDEV IP\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s --server DEV --client DEV [--crc 0|1] [--addr IP] | --list | "
+                   "--port-events DEV NETDEV | --port-down DEV NETDEV IP | --device-removal DEV IP "
+                   "| --transport DEV IP | --port-flap DEV NETDEV IP\n",
+                   argv[0]);
       return 2;
     }
   }

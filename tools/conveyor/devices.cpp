@@ -16,7 +16,10 @@ namespace {
 nlohmann::json attr_json(const device_attr& a) {
   nlohmann::json ports = nlohmann::json::array();
   for (const auto& p : a.ports)
-    ports.push_back({{"port", p.num}, {"state", p.state}, {"link_layer", p.link_layer}, {"mtu", p.mtu},
+    ports.push_back({{"port", p.num},
+                     {"state", p.state},
+                     {"link_layer", p.link_layer},
+                     {"mtu", p.mtu},
                      {"addresses", p.addresses}});
   return {{"max_qp", a.max_qp},
           {"max_cqe", a.max_cqe},
@@ -55,8 +58,10 @@ int run_devices(const devices_options& o) {
       device_options opts;
       opts.progress = progress_mode::manual;  // no engine thread just to look
       auto dev = device::open(info.name, opts);
-      if (dev) attr = dev->attr();
-      else why = dev.error().to_string();
+      if (dev)
+        attr = dev->attr();
+      else
+        why = dev.error().to_string();
     }
     if (!why.empty()) d["reason"] = why;
     if (attr) d["attributes"] = attr_json(*attr);
@@ -67,12 +72,13 @@ int run_devices(const devices_options& o) {
     std::printf("%s\n", info.name.c_str());
     std::printf("    provider:          %s\n", info.provider.c_str());
     std::printf("    transport:         %s\n", std::string(to_string(info.transport_type)).c_str());
-    std::printf("    available:         %s%s%s\n", info.available ? "yes" : "no", why.empty() ? "" : ": ",
-                why.c_str());
+    std::printf("    available:         %s%s%s\n", info.available ? "yes" : "no",
+                why.empty() ? "" : ": ", why.c_str());
     if (!attr) continue;
     const auto& a = *attr;
     for (const auto& p : a.ports) {
-      std::printf("    port %u:            %s, link layer %s", p.num, p.state.c_str(), p.link_layer.c_str());
+      std::printf("    port %u:            %s, link layer %s", p.num, p.state.c_str(),
+                  p.link_layer.c_str());
       if (p.mtu != 0) std::printf(", MTU %u", p.mtu);
       std::printf("\n");
       for (const auto& addr : p.addresses) std::printf("        address:       %s\n", addr.c_str());
@@ -87,15 +93,18 @@ int run_devices(const devices_options& o) {
     std::printf("    max_mr_size:       %llu\n", static_cast<unsigned long long>(a.max_mr_size));
     std::printf("    max_msg_size:      %u\n", a.max_msg_size);
     std::printf("    max_qp_rd_atom:    %u (IRD/ORD limit)\n", a.max_qp_rd_atom);
-    std::printf("    atomics:           %s\n",
-                a.atomic_cap == conveyor::atomic_scope::global ? "yes, atomic against the CPU too (global)"
-                : a.atomic_cap == conveyor::atomic_scope::rdma ? "yes, among RDMA atomics only (rdma)"
-                : a.atomics                                    ? "yes"
-                                                               : "no");
+    std::printf("    atomics:           %s\n", a.atomic_cap == conveyor::atomic_scope::global
+                                                   ? "yes, atomic against the CPU too (global)"
+                                               : a.atomic_cap == conveyor::atomic_scope::rdma
+                                                   ? "yes, among RDMA atomics only (rdma)"
+                                               : a.atomics ? "yes"
+                                                           : "no");
     std::printf("    immediate data:    %s\n", a.immediate_data ? "yes" : "no");
     std::printf("    send with inval.:  %s\n", a.send_with_invalidate ? "yes" : "no");
   }
-  if (o.json) std::cout << nlohmann::json{{"schema", "conveyor-devices/1"}, {"devices", out}}.dump(2) << std::endl;
+  if (o.json)
+    std::cout << nlohmann::json{{"schema", "conveyor-devices/1"}, {"devices", out}}.dump(2)
+              << std::endl;
   if (!any && !o.provider.empty()) {
     std::fprintf(stderr, "conveyor devices: no provider named '%s' is built into this library\n",
                  o.provider.c_str());

@@ -50,7 +50,9 @@ namespace {
 
 using clk = std::chrono::steady_clock;
 
-std::string key_name(std::uint64_t i) { return "key:" + std::to_string(i); }
+std::string key_name(std::uint64_t i) {
+  return "key:" + std::to_string(i);
+}
 
 // Key popularity: uniform, or Zipf(s) by inverting the cumulative weights. A
 // guide table (the first rank whose weight reaches j/n) makes a draw a couple of
@@ -447,11 +449,14 @@ bool sample_cpu(int pid, cpu_sample& out) {
   return true;
 }
 
-float micros(clk::duration d) { return std::chrono::duration<float, std::micro>(d).count(); }
+float micros(clk::duration d) {
+  return std::chrono::duration<float, std::micro>(d).count();
+}
 
 double pct(std::vector<float>& v, double p) {
   if (v.empty()) return 0;
-  const auto k = static_cast<std::size_t>(std::min<double>(double(v.size() - 1), p * double(v.size())));
+  const auto k =
+      static_cast<std::size_t>(std::min<double>(double(v.size() - 1), p * double(v.size())));
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
   return v[k];
 }
@@ -571,7 +576,8 @@ int run_kv_bench(const kv_client_options& o) {
   cpu_sample cpu0, cpu1;
   const bool have_cpu = o.server_pid > 0 && sample_cpu(o.server_pid, cpu0);
   const auto start = clk::now();
-  sh.end = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(o.seconds));
+  sh.end =
+      start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(o.seconds));
   go.count_down();
   for (auto& th : threads) th.join();
   const double secs = std::chrono::duration<double>(clk::now() - start).count();
@@ -589,35 +595,34 @@ int run_kv_bench(const kv_client_options& o) {
     all.errors += t.errors;
   }
   const double ops = double(all.gets + all.sets);
-  nlohmann::json j = {
-      {"schema", "conveyor-kv-bench/1"},
-      {"protocol", o.protocol},
-      {"provider", o.protocol == "rdma" ? o.provider : o.protocol},
-      {"clients", o.clients},
-      {"keys", o.keys},
-      {"value_size", o.value_size},
-      {"get_ratio", o.get_ratio},
-      {"zipf", o.zipf},
-      {"depth", o.depth},
-      {"seconds", secs},
-      {"load_s", load_s},
-      {"ops_per_s", ops / secs},
-      {"gets_per_s", double(all.gets) / secs},
-      {"gets", all.gets},
-      {"sets", all.sets},
-      {"misses", all.misses},
-      {"errors", all.errors},
-      {"retries", all.retries},
-      {"get_us",
-       {{"p50", pct(all.get_us, 0.5)},
-        {"p99", pct(all.get_us, 0.99)},
-        {"p999", pct(all.get_us, 0.999)},
-        {"steps", all.get_us.size()}}},
-      {"set_us",
-       {{"p50", pct(all.set_us, 0.5)},
-        {"p99", pct(all.set_us, 0.99)},
-        {"p999", pct(all.set_us, 0.999)},
-        {"steps", all.set_us.size()}}}};
+  nlohmann::json j = {{"schema", "conveyor-kv-bench/1"},
+                      {"protocol", o.protocol},
+                      {"provider", o.protocol == "rdma" ? o.provider : o.protocol},
+                      {"clients", o.clients},
+                      {"keys", o.keys},
+                      {"value_size", o.value_size},
+                      {"get_ratio", o.get_ratio},
+                      {"zipf", o.zipf},
+                      {"depth", o.depth},
+                      {"seconds", secs},
+                      {"load_s", load_s},
+                      {"ops_per_s", ops / secs},
+                      {"gets_per_s", double(all.gets) / secs},
+                      {"gets", all.gets},
+                      {"sets", all.sets},
+                      {"misses", all.misses},
+                      {"errors", all.errors},
+                      {"retries", all.retries},
+                      {"get_us",
+                       {{"p50", pct(all.get_us, 0.5)},
+                        {"p99", pct(all.get_us, 0.99)},
+                        {"p999", pct(all.get_us, 0.999)},
+                        {"steps", all.get_us.size()}}},
+                      {"set_us",
+                       {{"p50", pct(all.set_us, 0.5)},
+                        {"p99", pct(all.set_us, 0.99)},
+                        {"p999", pct(all.set_us, 0.999)},
+                        {"steps", all.set_us.size()}}}};
   if (all.errors) j["first_error"] = all.first_error;
   if (cpu_ok) {
     // Threads named *-engine are the software providers' engines (the "NIC");
@@ -632,8 +637,11 @@ int run_kv_bench(const kv_client_options& o) {
     const double total = cpu1.total_s - cpu0.total_s;
     const double app = std::max(0.0, total - engine);
     const double mgets = double(all.gets) / 1e6;
-    j["server_cpu"] = {{"pid", o.server_pid}, {"total_s", total}, {"app_s", app},
-                       {"engine_s", engine},  {"threads", threads_j}};
+    j["server_cpu"] = {{"pid", o.server_pid},
+                       {"total_s", total},
+                       {"app_s", app},
+                       {"engine_s", engine},
+                       {"threads", threads_j}};
     j["server_cpu_s_per_mget"] = mgets > 0 ? total / mgets : 0.0;
     j["server_app_cpu_s_per_mget"] = mgets > 0 ? app / mgets : 0.0;
   }
@@ -656,10 +664,10 @@ int run_kv_bench(const kv_client_options& o) {
                   j["set_us"]["p50"].get<double>(), j["set_us"]["p99"].get<double>(),
                   j["set_us"]["p999"].get<double>());
     if (cpu_ok)
-      std::printf("  server CPU %.3f s (application %.3f s, engine %.3f s): %.3f s per million GETs\n",
-                  j["server_cpu"]["total_s"].get<double>(), j["server_cpu"]["app_s"].get<double>(),
-                  j["server_cpu"]["engine_s"].get<double>(),
-                  j["server_cpu_s_per_mget"].get<double>());
+      std::printf(
+          "  server CPU %.3f s (application %.3f s, engine %.3f s): %.3f s per million GETs\n",
+          j["server_cpu"]["total_s"].get<double>(), j["server_cpu"]["app_s"].get<double>(),
+          j["server_cpu"]["engine_s"].get<double>(), j["server_cpu_s_per_mget"].get<double>());
     if (all.errors) std::printf("  first error: %s\n", all.first_error.c_str());
   }
   if (all.errors) {

@@ -22,7 +22,7 @@ struct kv_client_options {
   double seconds = 5;
   bool load = true;  // SET every key first
   bool json = false;
-  std::string protocol = "rdma";  // rdma | resp | memcached (kv_bench.cpp)
+  std::string protocol = "rdma";   // rdma | resp | memcached (kv_bench.cpp)
   std::string host = "127.0.0.1";  // resp, memcached
   std::uint16_t port = 0;          // 0: 7379 (resp), 11211 (memcached)
   std::uint16_t load_port = 0;     // rdma: load over RESP at host:load_port (same store)

@@ -34,7 +34,8 @@ std::string version_text() {
   std::string out = "conveyor " + std::string(conveyor::version_string) + "\n";
   out += "  library    libconveyor " + sv(b.version) + ", commit " + sv(b.commit) + "\n";
   out += "  compiler   " + sv(b.compiler) + ", " + sv(b.build_type) + "\n";
-  out += "  providers  " + sv(b.providers) + " (built in; `conveyor devices` shows which are usable)\n";
+  out += "  providers  " + sv(b.providers) +
+         " (built in; `conveyor devices` shows which are usable)\n";
   out += "  ISA-L      " + sv(b.isal);
   return out;
 }
@@ -45,7 +46,8 @@ int main(int argc, char** argv) {
   using namespace conveyor::tool;
   CLI::App app{"conveyor: RDMA devices and performance (docs/CLI.md)", "conveyor"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", version_text, "print the version and the facts of the build, then exit");
+  app.set_version_flag("--version", version_text,
+                       "print the version and the facts of the build, then exit");
   devices_options dopts;
   auto* devices = app.add_subcommand("devices", "list every device of every provider");
   devices->add_flag("--json", dopts.json, "JSON output (schema conveyor-devices/1)");
@@ -66,10 +68,13 @@ int main(int argc, char** argv) {
   kv_client_options kv_copts;  // kv get|set|del|bench (kv_client.cpp)
   const auto kv_client = add_kv_client_commands(*kv, kv_copts);
   ping_options pingopts;
-  auto* ping = app.add_subcommand("ping", "check RDMA to a host: SEND, WRITE and READ, verified (rping-style)");
+  auto* ping = app.add_subcommand(
+      "ping", "check RDMA to a host: SEND, WRITE and READ, verified (rping-style)");
   add_ping_options(*ping, pingopts);
-  auto* env = app.add_subcommand("env", "every environment variable Conveyor reads: its value now and its default");
-  auto* version = app.add_subcommand("version", "print the version and the facts of the build (as --version)");
+  auto* env = app.add_subcommand(
+      "env", "every environment variable Conveyor reads: its value now and its default");
+  auto* version =
+      app.add_subcommand("version", "print the version and the facts of the build (as --version)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

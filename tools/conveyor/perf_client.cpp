@@ -31,7 +31,9 @@ namespace {
 
 using clk = std::chrono::steady_clock;
 
-double secs(clk::duration d) { return std::chrono::duration<double>(d).count(); }
+double secs(clk::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 // Progress lines on stderr for runs that last more than a couple of seconds.
 class progress_line {
@@ -61,13 +63,14 @@ class progress_line {
 // Bounded busy loops: no progress for the timeout fails with what was waited for.
 class stall_guard {
  public:
-  stall_guard(double timeout, perf_endpoint& ep) : limit_(std::chrono::duration<double>(timeout)), ep_(ep) {}
+  stall_guard(double timeout, perf_endpoint& ep)
+      : limit_(std::chrono::duration<double>(timeout)), ep_(ep) {}
   void progress() { last_ = clk::now(); }
   void check(const char* waiting_for) {
     if (++spins_ % 1024 != 0) return;
     if (clk::now() - last_ > limit_)
-      fail(std::string("no progress for ") + std::to_string(static_cast<int>(limit_.count())) + " s while waiting for " +
-           waiting_for + " (" + ep_.describe() + ")");
+      fail(std::string("no progress for ") + std::to_string(static_cast<int>(limit_.count())) +
+           " s while waiting for " + waiting_for + " (" + ep_.describe() + ")");
   }
 
  private:
@@ -81,8 +84,8 @@ class client {
  public:
   explicit client(const perf_options& o)
       : o_(o),
-        layout_(data_layout::make(*std::max_element(o.sizes.begin(), o.sizes.end()), std::max(o.tx_depth, o.batch),
-                                  o.qps)),
+        layout_(data_layout::make(*std::max_element(o.sizes.begin(), o.sizes.end()),
+                                  std::max(o.tx_depth, o.batch), o.qps)),
         ep_(open_perf_device(o), o, layout_),
         progress_(o.quiet) {}
 
@@ -102,7 +105,9 @@ class client {
   remote_region peer_slot(std::uint32_t qp, std::uint64_t n, std::uint64_t len) const {
     return {peer_.data.addr + layout_.offset(qp, n), len, peer_.data.rkey};
   }
-  std::byte* local_slot(std::uint32_t qp, std::uint64_t n) { return ep_.data_mr().data() + layout_.offset(qp, n); }
+  std::byte* local_slot(std::uint32_t qp, std::uint64_t n) {
+    return ep_.data_mr().data() + layout_.offset(qp, n);
+  }
   std::uint32_t effective_depth() const;
 
   perf_options o_;
@@ -114,7 +119,7 @@ class client {
   std::vector<std::uint64_t> sent_total_;  // receive-consuming requests per QP, whole session
   std::uint32_t client_recvs_ = 0;         // receives posted on data QP 0 for echoes
   std::uint64_t client_recv_seq_ = 0;
-  std::uint64_t min_per_qp_ = 0;           // of the last bandwidth loop
+  std::uint64_t min_per_qp_ = 0;  // of the last bandwidth loop
 };
 
 std::size_t client::reap_send(std::span<work_completion> wcs) {
@@ -122,14 +127,15 @@ std::size_t client::reap_send(std::span<work_completion> wcs) {
   if (!n) fail("poll: " + std::string(to_string(n.error())));
   for (std::size_t i = 0; i < *n; ++i)
     if (wcs[i].status != wc_status::success)
-      fail(std::string(to_string(wcs[i].opcode)) + " failed: " + std::string(to_string(wcs[i].status)) + " (" +
-           ep_.describe() + ")");
+      fail(std::string(to_string(wcs[i].opcode)) +
+           " failed: " + std::string(to_string(wcs[i].status)) + " (" + ep_.describe() + ")");
   return *n;
 }
 
 std::uint32_t client::effective_depth() const {
   std::uint32_t d = o_.tx_depth;
-  if (o_.test == perf_test::read || is_atomic(o_.test)) d = std::min(d, std::max<std::uint32_t>(1, settings_.ord));
+  if (o_.test == perf_test::read || is_atomic(o_.test))
+    d = std::min(d, std::max<std::uint32_t>(1, settings_.ord));
   return d;
 }
 
@@ -162,8 +168,9 @@ void client::connect_all() {
       fail("connect to " + o_.address + ": " + e.to_string() + hint);
     }
     auto w = perf_welcome::decode(info->private_data);
-    if (!w) fail("the peer at " + o_.address + " is not a conveyor perf server of protocol version " +
-                 std::to_string(perf_protocol_version));
+    if (!w)
+      fail("the peer at " + o_.address + " is not a conveyor perf server of protocol version " +
+           std::to_string(perf_protocol_version));
     peer_ = *w;
     return *info;
   };
@@ -199,7 +206,8 @@ void client::check_supported() {
   if (needs_ext && !settings_.extensions) {
     const char* what = is_atomic(o_.test) ? "atomics" : "immediate data";
     fail(std::string(to_string(o_.test)) + " is not supported on this connection: " + what +
-         " need both ends to support them (provider " + settings_.provider + ", device " + settings_.device + ")");
+         " need both ends to support them (provider " + settings_.provider + ", device " +
+         settings_.device + ")");
   }
 }
 
@@ -208,8 +216,9 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
   const std::uint32_t depth = effective_depth();
   const std::uint32_t batch = std::min(o_.batch, depth);
   const std::uint64_t size = r.size;
-  const bool inl = size <= ep_.inline_size() && (o_.test == perf_test::write || o_.test == perf_test::send ||
-                                              o_.test == perf_test::write_imm);
+  const bool inl =
+      size <= ep_.inline_size() && (o_.test == perf_test::write || o_.test == perf_test::send ||
+                                    o_.test == perf_test::write_imm);
   const bool credits = consumes_receive(o_.test);
   std::vector<std::uint64_t> posted(nq, 0), completed(nq, 0);
   std::vector<sge> sges(batch);
@@ -228,7 +237,8 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
     if (!stop) {
       const auto now = clk::now();
       stop = o_.iters != 0 ? posted_total >= o_.iters : now - t0 >= duration;
-      progress_.update(label, o_.iters != 0 ? static_cast<double>(completed_total) / static_cast<double>(o_.iters)
+      progress_.update(label, o_.iters != 0 ? static_cast<double>(completed_total) /
+                                                  static_cast<double>(o_.iters)
                                             : secs(now - t0) / o_.duration);
     }
     if (stop && completed_total == posted_total) break;
@@ -258,9 +268,15 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
         w.wr_id = (static_cast<std::uint64_t>(q) << 40) | (seq + 1);
         const auto remote = peer_slot(q, seq, size);
         switch (o_.test) {
-          case perf_test::write: w.opcode = wr_opcode::rdma_write; break;
-          case perf_test::read: w.opcode = wr_opcode::rdma_read; break;
-          case perf_test::send: w.opcode = wr_opcode::send; break;
+          case perf_test::write:
+            w.opcode = wr_opcode::rdma_write;
+            break;
+          case perf_test::read:
+            w.opcode = wr_opcode::rdma_read;
+            break;
+          case perf_test::send:
+            w.opcode = wr_opcode::send;
+            break;
           case perf_test::write_imm:
             w.opcode = wr_opcode::rdma_write_with_imm;
             w.imm_data = static_cast<std::uint32_t>(seq);
@@ -300,7 +316,8 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
       if (r.verified) {
         for (std::uint64_t seq = completed[q]; seq < upto; ++seq) {
           if (o_.test == perf_test::read) {
-            if (!check_pattern({local_slot(q, seq), size}, seed, seq % layout_.slots)) ++r.verify_errors;
+            if (!check_pattern({local_slot(q, seq), size}, seed, seq % layout_.slots))
+              ++r.verify_errors;
           } else if (o_.test == perf_test::compare_swap) {
             std::uint64_t v;
             std::memcpy(&v, local_slot(q, seq), 8);
@@ -373,9 +390,11 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
       if (*n == 1) {
         const auto& wc = wcs[0];
         if (wc.status != wc_status::success)
-          fail("receive failed: " + std::string(to_string(wc.status)) + " (" + ep_.describe() + ")");
+          fail("receive failed: " + std::string(to_string(wc.status)) + " (" + ep_.describe() +
+               ")");
         --client_recvs_;
-        if (o_.test == perf_test::write_imm && (!wc.with_imm || wc.imm_data != static_cast<std::uint32_t>(i)))
+        if (o_.test == perf_test::write_imm &&
+            (!wc.with_imm || wc.imm_data != static_cast<std::uint32_t>(i)))
           fail("echo carried the wrong immediate value");
         return;
       }
@@ -396,10 +415,12 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
     switch (o_.test) {
       case perf_test::write: {
         std::memcpy(src + size - 8, &i, 8);
-        send_wr w{.wr_id = i, .opcode = wr_opcode::rdma_write,
+        send_wr w{.wr_id = i,
+                  .opcode = wr_opcode::rdma_write,
                   .flags = (signaled ? send_flags::signaled : send_flags::none) |
                            (inl ? send_flags::inline_data : send_flags::none),
-                  .sg_list = std::span(&src_sge, 1), .remote_addr = peer_slot(0, 0, size).addr,
+                  .sg_list = std::span(&src_sge, 1),
+                  .remote_addr = peer_slot(0, 0, size).addr,
                   .rkey = peer_.data.rkey};
         check(qp.post_send(w), "post WRITE");
         while (load_remote_written(landing + size - 8) != i) {
@@ -413,7 +434,9 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
       case perf_test::fetch_add:
       case perf_test::compare_swap: {
         const sge s = ep_.data_mr().slice(layout_.offset(0, 0), is_atomic(o_.test) ? 8 : size);
-        send_wr w{.wr_id = i, .sg_list = std::span(&s, 1), .remote_addr = peer_slot(0, 0, size).addr,
+        send_wr w{.wr_id = i,
+                  .sg_list = std::span(&s, 1),
+                  .remote_addr = peer_slot(0, 0, size).addr,
                   .rkey = peer_.data.rkey};
         w.opcode = o_.test == perf_test::read        ? wr_opcode::rdma_read
                    : o_.test == perf_test::fetch_add ? wr_opcode::atomic_fetch_and_add
@@ -435,8 +458,9 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
       }
       case perf_test::send:
       case perf_test::write_imm: {
-        send_wr w{.wr_id = i, .flags = (signaled ? send_flags::signaled : send_flags::none) |
-                                       (inl ? send_flags::inline_data : send_flags::none),
+        send_wr w{.wr_id = i,
+                  .flags = (signaled ? send_flags::signaled : send_flags::none) |
+                           (inl ? send_flags::inline_data : send_flags::none),
                   .sg_list = std::span(&src_sge, 1)};
         if (o_.test == perf_test::send) {
           w.opcode = wr_opcode::send;
@@ -463,8 +487,12 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
   // WRITE completes after everything before it.
   {
     const sge none = ep_.data_mr().slice(0, 0);
-    send_wr w{.wr_id = 0, .opcode = wr_opcode::rdma_write, .flags = send_flags::signaled,
-              .sg_list = std::span(&none, 1), .remote_addr = peer_.data.addr, .rkey = peer_.data.rkey};
+    send_wr w{.wr_id = 0,
+              .opcode = wr_opcode::rdma_write,
+              .flags = send_flags::signaled,
+              .sg_list = std::span(&none, 1),
+              .remote_addr = peer_.data.addr,
+              .rkey = peer_.data.rkey};
     check(qp.post_send(w), "post final WRITE");
     wait_send("the final completion");
   }
@@ -473,7 +501,9 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
   r.seconds = secs(clk::now() - t_start);
   r.lat = latency_stats::from_ns(samples);
   if (r.lat->mean > 0) r.mops = 1.0 / r.lat->mean;
-  r.mb_per_s = r.seconds > 0 ? static_cast<double>(size) * static_cast<double>(r.iterations) / r.seconds / 1e6 : 0;
+  r.mb_per_s = r.seconds > 0
+                   ? static_cast<double>(size) * static_cast<double>(r.iterations) / r.seconds / 1e6
+                   : 0;
 }
 
 perf_result client::run_size(std::uint64_t size, std::uint64_t seed, std::size_t index) {
@@ -483,24 +513,34 @@ perf_result client::run_size(std::uint64_t size, std::uint64_t seed, std::size_t
   r.size = size;
   r.verified = o_.verify;
   // What this side sends carries the pattern of its slot.
-  if (o_.verify && (o_.test == perf_test::write || o_.test == perf_test::send || o_.test == perf_test::write_imm) &&
+  if (o_.verify &&
+      (o_.test == perf_test::write || o_.test == perf_test::send ||
+       o_.test == perf_test::write_imm) &&
       o_.mode != perf_mode::lat) {
     for (std::uint32_t q = 0; q < o_.qps; ++q)
-      for (std::uint32_t j = 0; j < layout_.slots; ++j) fill_pattern({local_slot(q, j), size}, seed, j);
+      for (std::uint32_t j = 0; j < layout_.slots; ++j)
+        fill_pattern({local_slot(q, j), size}, seed, j);
   }
-  ctl_msg b{.kind = ctl_kind::begin, .test = o_.test, .mode = o_.mode, .verify = o_.verify, .size = size,
-            .count = static_cast<std::uint64_t>(o_.duration * 1000), .seed = seed};
+  ctl_msg b{.kind = ctl_kind::begin,
+            .test = o_.test,
+            .mode = o_.mode,
+            .verify = o_.verify,
+            .size = size,
+            .count = static_cast<std::uint64_t>(o_.duration * 1000),
+            .seed = seed};
   ep_.send_ctl(b);
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o_.timeout * 1000));
   auto ready = ep_.recv_ctl(timeout);
   if (ready.kind != ctl_kind::ready) fail("the server did not start the phase (protocol error)");
 
-  const std::string label = std::string(to_string(o_.test)) + " " + std::string(to_string(o_.mode)) + " " +
-                            format_size(size) + " (" + std::to_string(index + 1) + "/" +
-                            std::to_string(o_.sizes.size()) + ")";
+  const std::string label = std::string(to_string(o_.test)) + " " +
+                            std::string(to_string(o_.mode)) + " " + format_size(size) + " (" +
+                            std::to_string(index + 1) + "/" + std::to_string(o_.sizes.size()) + ")";
   const auto c0 = cpu_times::now();
-  if (o_.mode == perf_mode::lat) lat_loop(r, seed, label);
-  else bw_loop(r, seed, label);
+  if (o_.mode == perf_mode::lat)
+    lat_loop(r, seed, label);
+  else
+    bw_loop(r, seed, label);
   const auto c = cpu_times::now() - c0;
   r.user_s = c.user;
   r.sys_s = c.sys;
@@ -508,12 +548,18 @@ perf_result client::run_size(std::uint64_t size, std::uint64_t seed, std::size_t
     r.mb_per_s = static_cast<double>(size) * static_cast<double>(r.iterations) / r.seconds / 1e6;
     r.mops = static_cast<double>(r.iterations) / r.seconds / 1e6;
   }
-  ctl_msg e{.kind = ctl_kind::end, .test = o_.test, .mode = o_.mode, .verify = o_.verify, .size = size,
-            .count = r.iterations + (o_.mode == perf_mode::lat ? o_.warmup : 0), .seed = seed,
+  ctl_msg e{.kind = ctl_kind::end,
+            .test = o_.test,
+            .mode = o_.mode,
+            .verify = o_.verify,
+            .size = size,
+            .count = r.iterations + (o_.mode == perf_mode::lat ? o_.warmup : 0),
+            .seed = seed,
             .min_per_qp = o_.mode == perf_mode::lat ? r.iterations : min_per_qp_};
   ep_.send_ctl(e);
   auto res = ep_.recv_ctl(timeout + std::chrono::seconds(30));  // the server may be verifying
-  if (res.kind != ctl_kind::result) fail("the server did not report the phase's result (protocol error)");
+  if (res.kind != ctl_kind::result)
+    fail("the server did not report the phase's result (protocol error)");
   r.peer_user_s = static_cast<double>(res.user_us) / 1e6;
   r.peer_sys_s = static_cast<double>(res.sys_us) / 1e6;
   r.verify_errors += res.errors;
@@ -542,8 +588,11 @@ int client::run() {
       j["interrupted"] = name;
       std::cout << j.dump(2) << std::endl;
     }
-    std::fprintf(stderr, "conveyor perf: interrupted by %s after %zu of %zu sizes%s\n", name, results.size(),
-                 o_.sizes.size(), results.empty() ? "" : o_.json ? " (their results above)" : " (the rows above are complete)");
+    std::fprintf(stderr, "conveyor perf: interrupted by %s after %zu of %zu sizes%s\n", name,
+                 results.size(), o_.sizes.size(),
+                 results.empty() ? ""
+                 : o_.json       ? " (their results above)"
+                                 : " (the rows above are complete)");
   });
   bool verify_failed = false;
   for (std::size_t i = 0; i < o_.sizes.size(); ++i) {

@@ -14,21 +14,30 @@ namespace conveyor::tool {
 
 std::string_view to_string(perf_test t) noexcept {
   switch (t) {
-    case perf_test::write: return "write";
-    case perf_test::read: return "read";
-    case perf_test::send: return "send";
-    case perf_test::fetch_add: return "fetch-add";
-    case perf_test::compare_swap: return "compare-swap";
-    case perf_test::write_imm: return "write-imm";
+    case perf_test::write:
+      return "write";
+    case perf_test::read:
+      return "read";
+    case perf_test::send:
+      return "send";
+    case perf_test::fetch_add:
+      return "fetch-add";
+    case perf_test::compare_swap:
+      return "compare-swap";
+    case perf_test::write_imm:
+      return "write-imm";
   }
   return "?";
 }
 
 std::string_view to_string(perf_mode m) noexcept {
   switch (m) {
-    case perf_mode::bw: return "bw";
-    case perf_mode::lat: return "lat";
-    case perf_mode::rate: return "rate";
+    case perf_mode::bw:
+      return "bw";
+    case perf_mode::lat:
+      return "lat";
+    case perf_mode::rate:
+      return "rate";
   }
   return "?";
 }
@@ -46,13 +55,19 @@ std::optional<std::uint64_t> parse_size(std::string_view text) {
   auto [p, ec] = std::from_chars(text.data(), end, v);
   if (ec != std::errc() || p == text.data()) return std::nullopt;
   std::string unit(p, end);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   std::uint64_t mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib" || unit == "kb") mult = 1ull << 10;
-  else if (unit == "m" || unit == "mib" || unit == "mb") mult = 1ull << 20;
-  else if (unit == "g" || unit == "gib" || unit == "gb") mult = 1ull << 30;
-  else return std::nullopt;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb")
+    mult = 1ull << 10;
+  else if (unit == "m" || unit == "mib" || unit == "mb")
+    mult = 1ull << 20;
+  else if (unit == "g" || unit == "gib" || unit == "gb")
+    mult = 1ull << 30;
+  else
+    return std::nullopt;
   if (v > (~0ull) / mult) return std::nullopt;
   return v * mult;
 }
@@ -103,7 +118,8 @@ CLI::Validator whole_number(std::uint64_t lo, std::uint64_t hi) {
         std::uint64_t v = 0;
         auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
         if (ec != std::errc() || p != s.data() + s.size() || v < lo || v > hi)
-          return "must be a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", not '" + s + "'";
+          return "must be a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                 ", not '" + s + "'";
         return {};
       },
       "N");
@@ -117,36 +133,47 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   auto& all_sizes = o.typed.all;
   auto& max_size_text = o.typed.max_size;
   auto& max_memory_text = o.typed.max_memory;
-  app.add_option("address", o.address,
-                 "client: the server's address (ip:port); server: where to listen (default 0.0.0.0:18515)");
+  app.add_option(
+      "address", o.address,
+      "client: the server's address (ip:port); server: where to listen (default 0.0.0.0:18515)");
   app.add_flag("-s,--server", o.server, "run the server side (waits for a client)");
   app.add_flag("--persistent", o.persistent, "server: keep serving clients one after another");
   app.add_option("-p,--provider", o.provider, "provider: soft, shm, verbs")->default_val("soft");
   app.add_option("-d,--device", o.device, "device name (default: the provider's first device)");
-  app.add_option("-t,--test", o.typed.test, "operation: write, read, send, fetch-add, compare-swap, write-imm")
+  app.add_option("-t,--test", o.typed.test,
+                 "operation: write, read, send, fetch-add, compare-swap, write-imm")
       ->check(CLI::IsMember({"write", "read", "send", "fetch-add", "compare-swap", "write-imm"}))
       ->default_str("write");
-  app.add_option("-m,--mode", o.typed.mode, "bw (bandwidth), lat (round-trip latency), rate (message rate)")
+  app.add_option("-m,--mode", o.typed.mode,
+                 "bw (bandwidth), lat (round-trip latency), rate (message rate)")
       ->check(CLI::IsMember({"bw", "lat", "rate"}))
       ->default_str("bw");
-  app.add_option("-S,--size", size_text, "message size (8, 4K, 1M, ...)")->check(CLI::Validator(check_size, "SIZE"));
+  app.add_option("-S,--size", size_text, "message size (8, 4K, 1M, ...)")
+      ->check(CLI::Validator(check_size, "SIZE"));
   app.add_option("--sizes", sizes_text, "comma-separated message sizes, run in order");
   app.add_flag("-a,--all", all_sizes, "sweep sizes 2 B .. 8 MiB in powers of two");
-  app.add_option("-n,--iters", o.iters, "iterations per size (default: lat 1000; bw/rate use --duration)")
+  app.add_option("-n,--iters", o.iters,
+                 "iterations per size (default: lat 1000; bw/rate use --duration)")
       ->check(whole_number(1, 1ull << 40));
   app.add_option("-D,--duration", o.duration, "seconds per size (default for bw/rate: 1)")
       ->check(positive_seconds());
-  app.add_option("--warmup", o.warmup, "untimed iterations before each size (default: lat 100, bw 0)")
+  app.add_option("--warmup", o.warmup,
+                 "untimed iterations before each size (default: lat 100, bw 0)")
       ->check(whole_number(0, 1ull << 40));
   app.add_option("-q,--qps", o.qps, "number of connected QPs (data is spread round-robin)")
-      ->check(CLI::Range(1, 64))->default_val(1);
-  app.add_option("--tx-depth", o.tx_depth, "outstanding requests per QP (default: bw/rate 128; READ/atomics limited by ORD)")
+      ->check(CLI::Range(1, 64))
+      ->default_val(1);
+  app.add_option("--tx-depth", o.tx_depth,
+                 "outstanding requests per QP (default: bw/rate 128; READ/atomics limited by ORD)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--rx-depth", o.rx_depth, "receives posted per QP for send / write-imm")
-      ->check(CLI::Range(1, 8192))->default_val(512);
+      ->check(CLI::Range(1, 8192))
+      ->default_val(512);
   app.add_option("-I,--inline", o.inline_size, "post messages up to this size inline")
-      ->check(CLI::Range(0, 4096))->default_val(64);
-  app.add_option("--batch", o.batch, "signal one request in N, post N at a time (default: bw 16, rate 16, lat 1)")
+      ->check(CLI::Range(0, 4096))
+      ->default_val(64);
+  app.add_option("--batch", o.batch,
+                 "signal one request in N, post N at a time (default: bw 16, rate 16, lat 1)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--crc", o.typed.crc, "ask for MPA CRC32c: on or off (soft)")
       ->check(CLI::IsMember({"on", "off"}))
@@ -154,18 +181,26 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   app.add_option("--progress", o.typed.progress, "progress engine: thread or manual")
       ->check(CLI::IsMember({"thread", "manual"}))
       ->default_str("thread");
-  app.add_option("--cpu", o.cpu, "pin this process (and its engine thread) to one CPU")->check(whole_number(0, 65535));
+  app.add_option("--cpu", o.cpu, "pin this process (and its engine thread) to one CPU")
+      ->check(whole_number(0, 65535));
   app.add_flag("--verify", o.verify, "check the bytes moved, on both sides (slower)");
   app.add_flag("--json", o.json, "print results as JSON (schema conveyor-perf/1, docs/CLI.md)");
   app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
-  app.add_flag("--report_gbits,--report-gbits", o.report_gbits,
-               "bandwidth in Gb/s (10^9 bit/s) instead of MB/s (10^6 byte/s), as perftest's --report_gbits");
-  app.add_flag("-F,--CPU-freq")->description("accepted for perftest habits: there is no CPU-frequency check to silence");
-  app.add_option("--timeout", o.timeout, "seconds without progress (or to connect) before giving up")
-      ->check(positive_seconds())->default_val(10);
-  app.add_option("--accept-timeout", o.accept_timeout, "server: seconds to wait for a client (0 = forever)")
-      ->check(non_negative_seconds())->default_val(0);
-  app.add_option("--max-size", max_size_text, "server: largest message size it accepts (default 64M)")
+  app.add_flag(
+      "--report_gbits,--report-gbits", o.report_gbits,
+      "bandwidth in Gb/s (10^9 bit/s) instead of MB/s (10^6 byte/s), as perftest's --report_gbits");
+  app.add_flag("-F,--CPU-freq")
+      ->description("accepted for perftest habits: there is no CPU-frequency check to silence");
+  app.add_option("--timeout", o.timeout,
+                 "seconds without progress (or to connect) before giving up")
+      ->check(positive_seconds())
+      ->default_val(10);
+  app.add_option("--accept-timeout", o.accept_timeout,
+                 "server: seconds to wait for a client (0 = forever)")
+      ->check(non_negative_seconds())
+      ->default_val(0);
+  app.add_option("--max-size", max_size_text,
+                 "server: largest message size it accepts (default 64M)")
       ->check(CLI::Validator(check_size, "SIZE"));
   app.add_option(
          "--max-memory", max_memory_text,
@@ -200,18 +235,19 @@ void add_perf_options(CLI::App& app, perf_options& o) {
                                                  {"compare-swap", perf_test::compare_swap},
                                                  {"write-imm", perf_test::write_imm}};
     o.test = tests.at(o.typed.test);
-    o.mode = o.typed.mode == "lat" ? perf_mode::lat : o.typed.mode == "rate" ? perf_mode::rate : perf_mode::bw;
+    o.mode = o.typed.mode == "lat"    ? perf_mode::lat
+             : o.typed.mode == "rate" ? perf_mode::rate
+                                      : perf_mode::bw;
     o.progress = o.typed.progress == "manual" ? progress_mode::manual : progress_mode::thread;
     o.crc = o.typed.crc == "on";
   });
 }
 
-
 std::string resolve_address(const perf_options& o, std::string_view address, std::string& why) {
   std::string a(address);
   // shm: abstract names and socket paths; never a host.
-  if (o.provider == "shm" || o.device.starts_with("shm") || a.starts_with('@') || a.starts_with('/') ||
-      a.starts_with('.'))
+  if (o.provider == "shm" || o.device.starts_with("shm") || a.starts_with('@') ||
+      a.starts_with('/') || a.starts_with('.'))
     return a;
   const std::string port = std::to_string(o.default_port);
   std::string host, service;
@@ -222,8 +258,10 @@ std::string resolve_address(const perf_options& o, std::string_view address, std
       return {};
     }
     host = a.substr(1, close - 1);
-    if (close + 1 == a.size()) service = port;
-    else if (a[close + 1] == ':') service = a.substr(close + 2);
+    if (close + 1 == a.size())
+      service = port;
+    else if (a[close + 1] == ':')
+      service = a.substr(close + 2);
     else {
       why = "address \"" + a + "\": expected [ipv6]:port";
       return {};
@@ -244,8 +282,10 @@ std::string resolve_address(const perf_options& o, std::string_view address, std
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0 || res == nullptr) {
-    const bool bad_port = service.empty() || service.find_first_not_of("0123456789") != std::string::npos;
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+      rc != 0 || res == nullptr) {
+    const bool bad_port =
+        service.empty() || service.find_first_not_of("0123456789") != std::string::npos;
     why = "address \"" + a + "\": " +
           (bad_port ? "the port '" + service + "' is not a number"
                     : "cannot resolve host '" + host + "': " + ::gai_strerror(rc)) +
@@ -263,10 +303,12 @@ std::string resolve_address(const perf_options& o, std::string_view address, std
   char buf[INET6_ADDRSTRLEN] = {};
   std::string out;
   if (pick->ai_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr, buf, sizeof buf);
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr, buf,
+                sizeof buf);
     out = "[" + std::string(buf) + "]:" + service;
   } else {
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr, buf, sizeof buf);
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr, buf,
+                sizeof buf);
     out = std::string(buf) + ":" + service;
   }
   ::freeaddrinfo(res);
@@ -275,7 +317,8 @@ std::string resolve_address(const perf_options& o, std::string_view address, std
 
 namespace {
 bool is_number(std::string_view s) {
-  return !s.empty() && std::isdigit(static_cast<unsigned char>(s.front())) && parse_size(s).has_value();
+  return !s.empty() && std::isdigit(static_cast<unsigned char>(s.front())) &&
+         parse_size(s).has_value();
 }
 }  // namespace
 
@@ -287,44 +330,58 @@ std::string perftest_habit_hint(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     const bool num_next = i + 1 < args.size() && is_number(args[i + 1]);
-    if (a == "-s" && num_next) add("-s is --server in `conveyor perf`: the message size is -S/--size");
-    if (a == "-p" && num_next) add("-p is --provider in `conveyor perf`: put the port in the address (HOST:PORT)");
+    if (a == "-s" && num_next)
+      add("-s is --server in `conveyor perf`: the message size is -S/--size");
+    if (a == "-p" && num_next)
+      add("-p is --provider in `conveyor perf`: put the port in the address (HOST:PORT)");
     if (a == "-t" && num_next) add("-t is --test in `conveyor perf`: the tx depth is --tx-depth");
     if (a == "-m" && num_next) add("-m is --mode in `conveyor perf`; the MTU is the path's own");
     if (a == "-x" || a == "-R" || a == "--rdma_cm" || a == "--ib-dev" || a == "--port")
       add(a + " is perftest's spelling");
   }
   if (hint.empty()) return {};
-  return hint + ". perftest's flags, with perftest's meanings, are taken by `conveyor write_bw`, `read_lat`, ... "
-                "(e.g. conveyor write_bw -s 65536 -p 18515 HOST; docs/CLI.md, \"perftest habits\")";
+  return hint +
+         ". perftest's flags, with perftest's meanings, are taken by `conveyor write_bw`, "
+         "`read_lat`, ... "
+         "(e.g. conveyor write_bw -s 65536 -p 18515 HOST; docs/CLI.md, \"perftest habits\")";
 }
 
 std::string validate_perf_options(perf_options& o) {
   if (!o.provider.empty() && o.provider.find_first_not_of("0123456789") == std::string::npos)
-    return "provider '" + o.provider + "' is a number: -p is --provider (soft, shm, verbs) here, not a port";
+    return "provider '" + o.provider +
+           "' is a number: -p is --provider (soft, shm, verbs) here, not a port";
   if (!o.address.empty() && o.address.find_first_not_of("0123456789") == std::string::npos)
-    return "'" + o.address + "' is a number, not an address (HOST, HOST:PORT, [IPv6]:PORT or @shm-name)";
+    return "'" + o.address +
+           "' is a number, not an address (HOST, HOST:PORT, [IPv6]:PORT or @shm-name)";
   if (o.server) {
     if (o.address.empty()) o.address = o.provider == "shm" ? "@conveyor-perf" : "0.0.0.0:18515";
     return {};
   }
-  if (o.address.empty()) return "the server's address is missing (e.g. conveyor perf 10.0.0.1:18515)";
+  if (o.address.empty())
+    return "the server's address is missing (e.g. conveyor perf 10.0.0.1:18515)";
   if (o.iters != 0 && o.duration != 0) return "--iters and --duration exclude each other";
-  if (o.sizes.empty()) o.sizes.push_back(is_atomic(o.test) ? 8 : (o.mode == perf_mode::bw ? 65536 : 8));
+  if (o.sizes.empty())
+    o.sizes.push_back(is_atomic(o.test) ? 8 : (o.mode == perf_mode::bw ? 65536 : 8));
   for (auto s : o.sizes) {
-    if (is_atomic(o.test) && s != 8) return "atomics move exactly 8 bytes: use --size 8 (or leave it out)";
+    if (is_atomic(o.test) && s != 8)
+      return "atomics move exactly 8 bytes: use --size 8 (or leave it out)";
     if (o.mode == perf_mode::lat && o.test == perf_test::write && s < 8)
       return "write latency needs --size of at least 8 (the peer watches the last 8 bytes)";
     if (s > 0x7FFFFFFFull) return "message size " + std::to_string(s) + " exceeds 2 GiB - 1";
   }
   if (o.iters == 0 && o.duration == 0) {
-    if (o.mode == perf_mode::lat) o.iters = 1000;
-    else o.duration = 1.0;
+    if (o.mode == perf_mode::lat)
+      o.iters = 1000;
+    else
+      o.duration = 1.0;
   }
   if (o.warmup == 0 && o.mode == perf_mode::lat) o.warmup = 100;
   if (o.tx_depth == 0) o.tx_depth = o.mode == perf_mode::lat ? 1 : 128;
-  if (o.batch == 0) o.batch = o.mode == perf_mode::lat ? 1 : std::min<std::uint32_t>(16, o.tx_depth);
-  if (o.batch > o.tx_depth) return "--batch " + std::to_string(o.batch) + " exceeds --tx-depth " + std::to_string(o.tx_depth);
+  if (o.batch == 0)
+    o.batch = o.mode == perf_mode::lat ? 1 : std::min<std::uint32_t>(16, o.tx_depth);
+  if (o.batch > o.tx_depth)
+    return "--batch " + std::to_string(o.batch) + " exceeds --tx-depth " +
+           std::to_string(o.tx_depth);
   if (o.mode == perf_mode::lat && o.qps != 1) return "latency runs use one QP (drop --qps)";
   return {};
 }

@@ -23,31 +23,31 @@ bool consumes_receive(perf_test t) noexcept;
 
 struct perf_options {
   bool server = false;
-  bool persistent = false;          // server: serve clients one after another
-  std::string address;              // client: the server's; server: where to bind
+  bool persistent = false;  // server: serve clients one after another
+  std::string address;      // client: the server's; server: where to bind
   std::string provider = "soft";
-  std::string device;               // a device name; "" = the provider's first
+  std::string device;  // a device name; "" = the provider's first
   perf_test test = perf_test::write;
   perf_mode mode = perf_mode::bw;
-  std::vector<std::uint64_t> sizes; // message sizes in bytes, in run order
-  std::uint64_t iters = 0;          // per size; 0 = use duration
-  double duration = 0;              // seconds per size; 0 = use iters
-  std::uint64_t warmup = 0;         // untimed iterations first
+  std::vector<std::uint64_t> sizes;  // message sizes in bytes, in run order
+  std::uint64_t iters = 0;           // per size; 0 = use duration
+  double duration = 0;               // seconds per size; 0 = use iters
+  std::uint64_t warmup = 0;          // untimed iterations first
   std::uint32_t qps = 1;
-  std::uint32_t tx_depth = 0;       // outstanding requests per QP (0 = mode default)
-  std::uint32_t rx_depth = 512;     // receives posted per QP for send/write-imm
-  std::uint32_t inline_size = 64;   // messages up to this size go inline
-  std::uint32_t batch = 0;          // signal one request in `batch` (0 = mode default)
+  std::uint32_t tx_depth = 0;      // outstanding requests per QP (0 = mode default)
+  std::uint32_t rx_depth = 512;    // receives posted per QP for send/write-imm
+  std::uint32_t inline_size = 64;  // messages up to this size go inline
+  std::uint32_t batch = 0;         // signal one request in `batch` (0 = mode default)
   bool crc = true;
   progress_mode progress = progress_mode::thread;
-  int cpu = -1;                     // pin the process to this CPU
+  int cpu = -1;  // pin the process to this CPU
   bool verify = false;
   bool json = false;
-  bool quiet = false;               // no progress lines on stderr
-  bool report_gbits = false;        // bandwidth in Gb/s (10^9 bit/s) instead of MB/s (10^6 B/s)
+  bool quiet = false;                  // no progress lines on stderr
+  bool report_gbits = false;           // bandwidth in Gb/s (10^9 bit/s) instead of MB/s (10^6 B/s)
   std::uint16_t default_port = 18515;  // of a bare host (perftest's port)
-  double timeout = 10;              // seconds without progress before giving up
-  double accept_timeout = 0;        // server: seconds to wait for a client (0 = forever)
+  double timeout = 10;                 // seconds without progress before giving up
+  double accept_timeout = 0;           // server: seconds to wait for a client (0 = forever)
   std::uint64_t max_size = 64ull << 20;  // server: largest message it accepts
   // server: the most memory one client may make it allocate for its data
   // region (QPs x slots x slot size), so a hello cannot ask for gigabytes.

@@ -41,11 +41,14 @@ std::string format_seconds(double s) {
 namespace {
 // shm's data path, as the settings line names it.
 std::string describe_data_path(const perf_settings& s) {
-  std::string bulk = s.data_path == "cma"      ? "cross-memory attach (the peer's engine copies with process_vm_readv/writev)"
-                     : s.data_path == "staged" ? "staged (copied through the shared rings)"
-                                               : (s.data_path.empty() ? std::string("unknown") : s.data_path);
+  std::string bulk =
+      s.data_path == "cma"
+          ? "cross-memory attach (the peer's engine copies with process_vm_readv/writev)"
+      : s.data_path == "staged" ? "staged (copied through the shared rings)"
+                                : (s.data_path.empty() ? std::string("unknown") : s.data_path);
   if (s.direct_mapping)
-    return "direct mapping (this process reads and writes the server's region itself; SEND: " + bulk + ")";
+    return "direct mapping (this process reads and writes the server's region itself; SEND: " +
+           bulk + ")";
   return bulk;
 }
 }  // namespace
@@ -53,9 +56,11 @@ std::string describe_data_path(const perf_settings& s) {
 void print_settings(std::FILE* out, const perf_settings& s) {
   const auto& o = s.opts;
   std::fprintf(out, "conveyor perf: %s %s\n", std::string(to_string(o.test)).c_str(),
-               o.mode == perf_mode::bw ? "bandwidth" : o.mode == perf_mode::lat ? "latency (round trip)" : "message rate");
-  std::fprintf(out, "  provider %s, device %s (%s), progress %s%s\n", s.provider.c_str(), s.device.c_str(),
-               s.transport.c_str(), s.progress.c_str(),
+               o.mode == perf_mode::bw    ? "bandwidth"
+               : o.mode == perf_mode::lat ? "latency (round trip)"
+                                          : "message rate");
+  std::fprintf(out, "  provider %s, device %s (%s), progress %s%s\n", s.provider.c_str(),
+               s.device.c_str(), s.transport.c_str(), s.progress.c_str(),
                o.cpu >= 0 ? (", pinned to CPU " + std::to_string(o.cpu)).c_str() : "");
   std::fprintf(out, "  connection %s -> %s\n", s.local_address.c_str(), s.peer_address.c_str());
   if (s.transport == "shm" || !s.data_path.empty()) {
@@ -63,24 +68,29 @@ void print_settings(std::FILE* out, const perf_settings& s) {
     std::fprintf(out, "  IRD/ORD %u/%u, data path %s, atomics/immediate %s\n", s.ird, s.ord,
                  describe_data_path(s).c_str(), s.extensions ? "yes" : "no");
   } else {
-    std::fprintf(out, "  IRD/ORD %u/%u, CRC %s, MSS %u, FPDU %u B, MPA rev %u, atomics/immediate %s\n", s.ird, s.ord,
-                 s.crc ? "on" : "off", s.mss, s.max_fpdu, s.mpa_revision, s.extensions ? "yes" : "no");
+    std::fprintf(out,
+                 "  IRD/ORD %u/%u, CRC %s, MSS %u, FPDU %u B, MPA rev %u, atomics/immediate %s\n",
+                 s.ird, s.ord, s.crc ? "on" : "off", s.mss, s.max_fpdu, s.mpa_revision,
+                 s.extensions ? "yes" : "no");
   }
-  std::string amount = o.iters != 0 ? std::to_string(o.iters) + " iterations" : format_seconds(o.duration);
-  std::fprintf(out, "  QPs %u, tx depth %u, signal 1 in %u, inline up to %u B, %s per size, warmup %llu%s\n", o.qps,
-               o.tx_depth, o.batch, o.inline_size, amount.c_str(), static_cast<unsigned long long>(o.warmup),
-               o.verify ? ", verifying data" : "");
+  std::string amount =
+      o.iters != 0 ? std::to_string(o.iters) + " iterations" : format_seconds(o.duration);
+  std::fprintf(
+      out, "  QPs %u, tx depth %u, signal 1 in %u, inline up to %u B, %s per size, warmup %llu%s\n",
+      o.qps, o.tx_depth, o.batch, o.inline_size, amount.c_str(),
+      static_cast<unsigned long long>(o.warmup), o.verify ? ", verifying data" : "");
 }
 
 void print_table_header(std::FILE* out, const perf_settings& s) {
   if (s.opts.mode == perf_mode::lat) {
-    std::fprintf(out, "%12s %10s %10s %10s %10s %10s %10s %10s\n", "bytes", "iters", "min[us]", "p50[us]",
-                 "p99[us]", "p999[us]", "max[us]", "mean[us]");
+    std::fprintf(out, "%12s %10s %10s %10s %10s %10s %10s %10s\n", "bytes", "iters", "min[us]",
+                 "p50[us]", "p99[us]", "p999[us]", "max[us]", "mean[us]");
   } else {
     std::fprintf(out, "  units: %s, rate[Mops/s] = 10^6 operations/s\n",
-                 s.opts.report_gbits ? "BW[Gb/s] = 10^9 bits/s" : "BW[MB/s] = 10^6 bytes/s (--report_gbits for Gb/s)");
-    std::fprintf(out, "%12s %10s %12s %12s %10s %14s\n", "bytes", "ops", s.opts.report_gbits ? "BW[Gb/s]" : "BW[MB/s]",
-                 "rate[Mops/s]", "secs",
+                 s.opts.report_gbits ? "BW[Gb/s] = 10^9 bits/s"
+                                     : "BW[MB/s] = 10^6 bytes/s (--report_gbits for Gb/s)");
+    std::fprintf(out, "%12s %10s %12s %12s %10s %14s\n", "bytes", "ops",
+                 s.opts.report_gbits ? "BW[Gb/s]" : "BW[MB/s]", "rate[Mops/s]", "secs",
                  "CPU[s/GB]");
   }
 }
@@ -90,14 +100,17 @@ void print_table_row(std::FILE* out, const perf_settings& s, const perf_result& 
   if (s.opts.mode == perf_mode::lat && r.lat) {
     const auto& l = *r.lat;
     std::fprintf(out, "%12llu %10llu %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f%s\n",
-                 static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(r.iterations), l.min, l.p50,
-                 l.p99, l.p999, l.max, l.mean, mark.c_str());
+                 static_cast<unsigned long long>(r.size),
+                 static_cast<unsigned long long>(r.iterations), l.min, l.p50, l.p99, l.p999, l.max,
+                 l.mean, mark.c_str());
   } else {
     // MB/s with one decimal; Gb/s (8e-3 of the MB/s figure) with three.
     const bool gbits = s.opts.report_gbits;
-    std::fprintf(out, "%12llu %10llu %12.*f %12.3f %10.3f %14.3f%s\n", static_cast<unsigned long long>(r.size),
-                 static_cast<unsigned long long>(r.iterations), gbits ? 3 : 1, gbits ? r.mb_per_s * 8e-3 : r.mb_per_s,
-                 r.mops, r.seconds, r.cpu_s_per_gb(), mark.c_str());
+    std::fprintf(out, "%12llu %10llu %12.*f %12.3f %10.3f %14.3f%s\n",
+                 static_cast<unsigned long long>(r.size),
+                 static_cast<unsigned long long>(r.iterations), gbits ? 3 : 1,
+                 gbits ? r.mb_per_s * 8e-3 : r.mb_per_s, r.mops, r.seconds, r.cpu_s_per_gb(),
+                 mark.c_str());
   }
   std::fflush(out);
 }
@@ -146,14 +159,18 @@ nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& r
         {"mb_per_s", r.mb_per_s},
         {"gbit_per_s", r.mb_per_s * 8e-3},
         {"mops", r.mops},
-        {"cpu", {{"user_s", r.user_s}, {"sys_s", r.sys_s}, {"peer_user_s", r.peer_user_s},
-                 {"peer_sys_s", r.peer_sys_s}, {"s_per_gb", r.cpu_s_per_gb()}}},
+        {"cpu",
+         {{"user_s", r.user_s},
+          {"sys_s", r.sys_s},
+          {"peer_user_s", r.peer_user_s},
+          {"peer_sys_s", r.peer_sys_s},
+          {"s_per_gb", r.cpu_s_per_gb()}}},
         {"verified", r.verified},
         {"verify_errors", r.verify_errors},
     };
     if (r.lat)
-      row["lat_us"] = {{"min", r.lat->min}, {"mean", r.lat->mean}, {"p50", r.lat->p50}, {"p99", r.lat->p99},
-                       {"p999", r.lat->p999}, {"max", r.lat->max}};
+      row["lat_us"] = {{"min", r.lat->min}, {"mean", r.lat->mean}, {"p50", r.lat->p50},
+                       {"p99", r.lat->p99}, {"p999", r.lat->p999}, {"max", r.lat->max}};
     else
       row["lat_us"] = nullptr;
     rows.push_back(std::move(row));

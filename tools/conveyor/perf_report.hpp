@@ -29,8 +29,8 @@ struct perf_result {
   std::uint64_t size = 0;
   std::uint64_t iterations = 0;  // operations timed
   double seconds = 0;
-  double mb_per_s = 0;           // 10^6 bytes per second
-  double mops = 0;               // 10^6 operations per second
+  double mb_per_s = 0;  // 10^6 bytes per second
+  double mops = 0;      // 10^6 operations per second
   std::optional<latency_stats> lat;
   double user_s = 0, sys_s = 0;            // this process during the timed part
   double peer_user_s = 0, peer_sys_s = 0;  // the server's, during the phase

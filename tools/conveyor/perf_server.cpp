@@ -14,8 +14,8 @@
 #include <stop_token>
 #include <thread>
 
-#include <csignal>
 #include <unistd.h>
+#include <csignal>
 
 #include "perf.hpp"
 #include "perf_report.hpp"
@@ -49,7 +49,9 @@ class session {
   void on_recv(const work_completion& wc, const ctl_msg& begin);
   void echo(std::uint64_t seq, const ctl_msg& begin);
   void reap_send();
-  std::byte* slot(std::uint32_t q, std::uint64_t n) { return ep_.data_mr().data() + ep_.layout().offset(q, n); }
+  std::byte* slot(std::uint32_t q, std::uint64_t n) {
+    return ep_.data_mr().data() + ep_.layout().offset(q, n);
+  }
   std::byte* spare() { return ep_.data_mr().data() + ep_.layout().spare(); }
   std::uint32_t qp_index(std::uint32_t qp_num) const {
     for (std::uint32_t i = 0; i < ep_.qps().size(); ++i)
@@ -80,8 +82,8 @@ void session::reap_send() {
   if (!n) fail("poll: " + std::string(to_string(n.error())));
   for (std::size_t i = 0; i < *n; ++i)
     if (wcs[i].status != wc_status::success)
-      fail(std::string(to_string(wcs[i].opcode)) + " to the client failed: " + std::string(to_string(wcs[i].status)) +
-           " (" + ep_.describe() + ")");
+      fail(std::string(to_string(wcs[i].opcode)) + " to the client failed: " +
+           std::string(to_string(wcs[i].status)) + " (" + ep_.describe() + ")");
 }
 
 void session::top_up_recvs() {
@@ -89,7 +91,8 @@ void session::top_up_recvs() {
   for (std::uint32_t q = 0; q < hello_.qps; ++q) {
     while (posted_[q] - consumed_[q] < hello_.rx_depth) {
       const sge s = ep_.data_mr().slice(l.offset(q, recv_seq_[q]), l.slot_size);
-      check(ep_.qps()[q].post_recv(s, recv_seq_[q]), "post receive on data QP " + std::to_string(q));
+      check(ep_.qps()[q].post_recv(s, recv_seq_[q]),
+            "post receive on data QP " + std::to_string(q));
       ++recv_seq_[q];
       ++posted_[q];
     }
@@ -104,9 +107,11 @@ void session::write_credit(std::uint32_t q, bool wait) {
   // Inline where the QP allows it; otherwise the NIC reads the word later, and
   // a newer credit written there meanwhile is as good (credits are cumulative).
   const send_flags inl = ep_.inline_size() >= 8 ? send_flags::inline_data : send_flags::none;
-  send_wr w{.wr_id = 0, .opcode = wr_opcode::rdma_write,
+  send_wr w{.wr_id = 0,
+            .opcode = wr_opcode::rdma_write,
             .flags = inl | (signaled ? send_flags::signaled : send_flags::none),
-            .sg_list = std::span(&s, 1), .remote_addr = hello_.ctl.addr + ctl_layout::credit_off + 8 * q,
+            .sg_list = std::span(&s, 1),
+            .remote_addr = hello_.ctl.addr + ctl_layout::credit_off + 8 * q,
             .rkey = hello_.ctl.rkey};
   status st = ep_.qps()[q].post_send(w);
   while (st == errc::again) {
@@ -121,7 +126,8 @@ void session::write_credit(std::uint32_t q, bool wait) {
     while (true) {
       auto n = ep_.send_cq().wait(wc, std::chrono::milliseconds(20));
       if (n && *n == 1) {
-        if (wc[0].status != wc_status::success) fail("credit WRITE failed: " + std::string(to_string(wc[0].status)));
+        if (wc[0].status != wc_status::success)
+          fail("credit WRITE failed: " + std::string(to_string(wc[0].status)));
         return;
       }
       if (clk::now() > deadline) fail("credit WRITE did not complete (" + ep_.describe() + ")");
@@ -133,8 +139,9 @@ void session::echo(std::uint64_t seq, const ctl_msg& b) {
   const sge s = ep_.data_mr().slice(ep_.layout().spare(), b.size);
   const bool inl = b.size <= ep_.inline_size();
   const bool signaled = ++echo_seq_ % 64 == 0;
-  send_wr w{.wr_id = seq, .flags = (signaled ? send_flags::signaled : send_flags::none) |
-                                   (inl ? send_flags::inline_data : send_flags::none),
+  send_wr w{.wr_id = seq,
+            .flags = (signaled ? send_flags::signaled : send_flags::none) |
+                     (inl ? send_flags::inline_data : send_flags::none),
             .sg_list = std::span(&s, 1)};
   if (b.test == perf_test::send) {
     w.opcode = wr_opcode::send;
@@ -156,13 +163,15 @@ void session::on_recv(const work_completion& wc, const ctl_msg& b) {
   if (b.verify) {
     if (b.test == perf_test::send) {
       const std::uint64_t slot_of_sender = b.mode == perf_mode::lat ? 0 : k % ep_.layout().slots;
-      if (wc.byte_len != b.size || !check_pattern({slot(q, wc.wr_id), b.size}, b.seed, slot_of_sender))
+      if (wc.byte_len != b.size ||
+          !check_pattern({slot(q, wc.wr_id), b.size}, b.seed, slot_of_sender))
         ++verify_errors_;
     } else {
       // WRITE_WITH_IMM: the data landed in the slot the immediate value names.
       const std::uint64_t n = b.mode == perf_mode::lat ? 0 : wc.imm_data;
       const std::uint64_t slot_of_sender = b.mode == perf_mode::lat ? 0 : n % ep_.layout().slots;
-      if (!wc.with_imm || !check_pattern({slot(q, n), b.size}, b.seed, slot_of_sender)) ++verify_errors_;
+      if (!wc.with_imm || !check_pattern({slot(q, n), b.size}, b.seed, slot_of_sender))
+        ++verify_errors_;
     }
   }
   top_up_recvs();
@@ -198,7 +207,8 @@ std::uint64_t session::verify_end(const ctl_msg& b, const ctl_msg& e) {
 
 void session::phase(const ctl_msg& b) {
   const auto& l = ep_.layout();
-  if (b.size > l.slot_size) fail("phase size " + std::to_string(b.size) + " exceeds the size announced at connect");
+  if (b.size > l.slot_size)
+    fail("phase size " + std::to_string(b.size) + " exceeds the size announced at connect");
   verify_errors_ = 0;
   std::fill(phase_recvs_.begin(), phase_recvs_.end(), 0);
   // Prepare the memory the client will touch.
@@ -222,7 +232,8 @@ void session::phase(const ctl_msg& b) {
 
   // Serve until the client ends the phase. A phase with no traffic for the
   // timeout (beyond its announced duration) means the client is stuck.
-  const auto limit = std::chrono::duration<double>(ep_.opts().timeout) + std::chrono::milliseconds(b.count);
+  const auto limit =
+      std::chrono::duration<double>(ep_.opts().timeout) + std::chrono::milliseconds(b.count);
   auto last_progress = clk::now();
   std::uint64_t last_rx = rx_bytes();
   std::optional<ctl_msg> end;
@@ -240,10 +251,12 @@ void session::phase(const ctl_msg& b) {
         std::memcpy(src + b.size - 8, &expect, 8);
         const sge s = ep_.data_mr().slice(l.spare(), b.size);
         const bool inl = b.size <= ep_.inline_size();
-        send_wr w{.wr_id = expect, .opcode = wr_opcode::rdma_write,
+        send_wr w{.wr_id = expect,
+                  .opcode = wr_opcode::rdma_write,
                   .flags = (expect % 64 == 0 ? send_flags::signaled : send_flags::none) |
                            (inl ? send_flags::inline_data : send_flags::none),
-                  .sg_list = std::span(&s, 1), .remote_addr = hello_.data.addr + l.offset(0, 0),
+                  .sg_list = std::span(&s, 1),
+                  .remote_addr = hello_.data.addr + l.offset(0, 0),
                   .rkey = hello_.data.rkey};
         check(ep_.qps()[0].post_send(w), "post WRITE back");
         ++expect;
@@ -282,27 +295,34 @@ void session::phase(const ctl_msg& b) {
       }
     }
   }
-  if (end->kind != ctl_kind::end) fail("unexpected control message during a phase (protocol error)");
+  if (end->kind != ctl_kind::end)
+    fail("unexpected control message during a phase (protocol error)");
   // The end message can overtake the last receive completions (another QP):
   // take every one of this phase before answering, so none is left for the next.
   if (receives) {
     const auto deadline = clk::now() + std::chrono::duration<double>(ep_.opts().timeout);
-    while (std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0}) < end->count) {
+    while (std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0}) <
+           end->count) {
       auto n = ep_.recv_cq().wait(wcs, std::chrono::milliseconds(10));
       if (!n && n.error() != errc::timed_out) fail("poll: " + std::string(to_string(n.error())));
       for (std::size_t i = 0; n && i < *n; ++i) on_recv(wcs[i], b);
       if (clk::now() > deadline)
         fail("the client reported " + std::to_string(end->count) + " requests but only " +
-             std::to_string(std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0})) +
+             std::to_string(
+                 std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0})) +
              " arrived (" + ep_.describe() + ")");
     }
   }
   // Retire unsignaled sends (echoes, credits) before the next phase.
   const auto c = cpu_times::now() - c0;
   const std::uint64_t errors = verify_errors_ + verify_end(b, *end);
-  ctl_msg r{.kind = ctl_kind::result, .test = b.test, .mode = b.mode, .size = b.size,
+  ctl_msg r{.kind = ctl_kind::result,
+            .test = b.test,
+            .mode = b.mode,
+            .size = b.size,
             .count = std::accumulate(phase_recvs_.begin(), phase_recvs_.end(), std::uint64_t{0}),
-            .user_us = static_cast<std::uint64_t>(c.user * 1e6), .sys_us = static_cast<std::uint64_t>(c.sys * 1e6),
+            .user_us = static_cast<std::uint64_t>(c.user * 1e6),
+            .sys_us = static_cast<std::uint64_t>(c.sys * 1e6),
             .errors = errors};
   ep_.send_ctl(r);
 }
@@ -360,7 +380,8 @@ int run_perf_server(const perf_options& o) {
     const bool path = dev.attr().provider == "shm" && !o.address.starts_with('@');
     on_interrupt([path, address = o.address](int sig) {
       if (path) ::unlink(address.c_str());
-      std::fprintf(stderr, "conveyor perf server: interrupted by %s%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+      std::fprintf(stderr, "conveyor perf server: interrupted by %s%s\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM",
                    path ? ("; removed " + address).c_str() : "");
     });
     std::fprintf(stderr, "conveyor perf server: listening on %s (provider %s, device %s)\n",
@@ -370,8 +391,8 @@ int run_perf_server(const perf_options& o) {
     const auto slice = std::chrono::milliseconds(std::int64_t{3600} * 1000);
     const bool bounded = o.accept_timeout > 0;
     const auto give_up =
-        clk::now() + std::chrono::milliseconds(
-                         static_cast<std::int64_t>(bounded ? o.accept_timeout * 1000 : 0));
+        clk::now() +
+        std::chrono::milliseconds(static_cast<std::int64_t>(bounded ? o.accept_timeout * 1000 : 0));
     while (true) {
       const auto wait =
           bounded ? std::chrono::duration_cast<std::chrono::milliseconds>(give_up - clk::now())
@@ -450,8 +471,8 @@ int run_perf_server(const perf_options& o) {
               if (!other) continue;
               const std::string busy = "server busy: running the test of client " + client +
                                        "; try again when it is done";
-              std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n", other->peer_address().c_str(),
-                           busy.c_str());
+              std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n",
+                           other->peer_address().c_str(), busy.c_str());
               (void)other->reject(busy);
             }
           });

@@ -11,7 +11,9 @@
 
 namespace conveyor::tool {
 
-void fail(const std::string& what) { throw perf_failure(what); }
+void fail(const std::string& what) {
+  throw perf_failure(what);
+}
 
 void check(status s, std::string_view what) {
   if (s != errc::ok) fail(std::string(what) + ": " + std::string(to_string(s)));
@@ -19,7 +21,8 @@ void check(status s, std::string_view what) {
 
 namespace {
 
-constexpr std::array<std::byte, 4> magic{std::byte{'C'}, std::byte{'V'}, std::byte{'P'}, std::byte{'F'}};
+constexpr std::array<std::byte, 4> magic{std::byte{'C'}, std::byte{'V'}, std::byte{'P'},
+                                         std::byte{'F'}};
 
 // Little-endian field writer/reader over a byte vector / span.
 struct writer {
@@ -39,7 +42,8 @@ struct reader {
       return 0;
     }
     std::uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= std::to_integer<std::uint64_t>(in[at + static_cast<std::size_t>(i)]) << (8 * i);
+    for (int i = 0; i < bytes; ++i)
+      v |= std::to_integer<std::uint64_t>(in[at + static_cast<std::size_t>(i)]) << (8 * i);
     at += static_cast<std::size_t>(bytes);
     return v;
   }
@@ -88,8 +92,9 @@ std::optional<perf_hello> perf_hello::decode(std::span<const std::byte> b, std::
   perf_hello h;
   h.version = static_cast<std::uint16_t>(r.u(2));
   if (h.version != perf_protocol_version) {
-    why = "conveyor perf protocol version mismatch: the client speaks version " + std::to_string(h.version) +
-          ", this server version " + std::to_string(perf_protocol_version) + "; run the same release on both sides";
+    why = "conveyor perf protocol version mismatch: the client speaks version " +
+          std::to_string(h.version) + ", this server version " +
+          std::to_string(perf_protocol_version) + "; run the same release on both sides";
     return std::nullopt;
   }
   h.qps = static_cast<std::uint16_t>(r.u(2));
@@ -183,8 +188,8 @@ void fill_pattern(std::span<std::byte> out, std::uint64_t seed, std::uint64_t sl
 // Receive buffers are shared by several posted receives and a peer may be
 // placing the next message (same bytes) while this one is checked: the engine
 // stands for a NIC writing by DMA, which ThreadSanitizer cannot know.
-__attribute__((no_sanitize("thread"))) bool check_pattern(std::span<const std::byte> in, std::uint64_t seed,
-                                                          std::uint64_t slot) {
+__attribute__((no_sanitize("thread"))) bool check_pattern(std::span<const std::byte> in,
+                                                          std::uint64_t seed, std::uint64_t slot) {
   for (std::size_t i = 0; i < in.size(); ++i)
     if (in[i] != std::byte{pattern_byte(seed, slot, i)}) return false;
   return true;
@@ -196,18 +201,22 @@ data_layout data_layout::make(std::uint64_t max_size, std::uint32_t depth, std::
   // Enough slots for every outstanding request, within 64 MiB per QP (requests
   // beyond that reuse slots, which a NIC does not mind).
   const std::uint64_t cap = std::max<std::uint64_t>(1, (64ull << 20) / l.slot_size);
-  l.slots = static_cast<std::uint32_t>(std::max<std::uint64_t>(2, std::min<std::uint64_t>(depth, cap)));
+  l.slots =
+      static_cast<std::uint32_t>(std::max<std::uint64_t>(2, std::min<std::uint64_t>(depth, cap)));
   l.qps = qps;
   return l;
 }
 
 aligned_buffer::aligned_buffer(std::size_t n)
-    : ptr(static_cast<std::byte*>(::operator new(n, std::align_val_t{4096}))), size(n) {
+    : ptr(static_cast<std::byte*>(::operator new (n, std::align_val_t{4096}))), size(n) {
   std::memset(ptr, 0, n);
 }
-aligned_buffer::~aligned_buffer() { ::operator delete(ptr, std::align_val_t{4096}); }
+aligned_buffer::~aligned_buffer() {
+  ::operator delete (ptr, std::align_val_t{4096});
+}
 
-__attribute__((no_sanitize("thread"))) std::uint64_t load_remote_written(const std::byte* p) noexcept {
+__attribute__((no_sanitize("thread"))) std::uint64_t load_remote_written(
+    const std::byte* p) noexcept {
   const std::uint64_t v = *reinterpret_cast<const volatile std::uint64_t*>(p);
   std::atomic_thread_fence(std::memory_order_acquire);
   return v;
@@ -238,7 +247,9 @@ void apply_cpu_pinning(const perf_options& o) {
 cpu_times cpu_times::now() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
-  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  auto tv = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
   return {tv(ru.ru_utime), tv(ru.ru_stime)};
 }
 
@@ -247,7 +258,8 @@ device open_perf_device(const perf_options& o) {
   auto d = device::open(name, device_options_for(o));
   if (!d) {
     std::string hint;
-    if (d.error().code == errc::not_found) hint = " (`conveyor devices` lists what this machine has)";
+    if (d.error().code == errc::not_found)
+      hint = " (`conveyor devices` lists what this machine has)";
     fail("open device " + name + ": " + d.error().to_string() + hint);
   }
   return std::move(*d);
@@ -262,7 +274,8 @@ perf_endpoint::perf_endpoint(device dev, const perf_options& o, const data_layou
   rcq_ = check(dev_.create_cq({.depth = depth}), "create receive CQ on " + name);
   ccq_ = check(dev_.create_cq({.depth = 64}), "create control CQ on " + name);
   ctl_buf_ = std::make_unique<aligned_buffer>(ctl_layout::bytes);
-  constexpr auto all = access::local_write | access::remote_write | access::remote_read | access::remote_atomic;
+  constexpr auto all =
+      access::local_write | access::remote_write | access::remote_read | access::remote_atomic;
   // The data region is the provider's own memory: on shm a peer maps it and
   // serves its one-sided operations itself (direct mapping; CONVEYOR_SHM_DIRECT=off
   // keeps them in this side's engine).
@@ -276,12 +289,16 @@ void perf_endpoint::create_qps(std::uint32_t n, std::uint32_t tx_depth, std::uin
   // Device attributes may not know inline limits (verbs: per QP, 0 here):
   // ask for --inline then and use what each QP was granted.
   const std::uint32_t inline_cap =
-      a.max_inline_data > 0 ? std::min<std::uint32_t>(opts_.inline_size, a.max_inline_data) : opts_.inline_size;
+      a.max_inline_data > 0 ? std::min<std::uint32_t>(opts_.inline_size, a.max_inline_data)
+                            : opts_.inline_size;
   const std::uint32_t ord = std::min<std::uint32_t>(a.max_qp_rd_atom, 128);
   ctl_qp_ = check(pd_.create_qp({.send_cq = &ccq_,
                                  .recv_cq = &ccq_,
-                                 .cap = {.max_send_wr = 16, .max_recv_wr = ctl_layout::recv_slots,
-                                         .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = 64},
+                                 .cap = {.max_send_wr = 16,
+                                         .max_recv_wr = ctl_layout::recv_slots,
+                                         .max_send_sge = 1,
+                                         .max_recv_sge = 1,
+                                         .max_inline_data = 64},
                                  .max_rd_atomic = 1,
                                  .max_dest_rd_atomic = 1}),
                   "create control QP");
@@ -303,7 +320,8 @@ void perf_endpoint::create_qps(std::uint32_t n, std::uint32_t tx_depth, std::uin
 
 void perf_endpoint::post_ctl_recvs() {
   for (std::size_t i = 0; i < ctl_layout::recv_slots; ++i)
-    check(ctl_qp_.post_recv(ctl_mr_.slice(ctl_layout::recv_off + i * ctl_msg::wire_size, ctl_msg::wire_size), i),
+    check(ctl_qp_.post_recv(
+              ctl_mr_.slice(ctl_layout::recv_off + i * ctl_msg::wire_size, ctl_msg::wire_size), i),
           "post control receive");
 }
 
@@ -311,16 +329,20 @@ void perf_endpoint::send_ctl(const ctl_msg& m) {
   auto buf = ctl_mr_.data() + ctl_layout::send_off;
   m.encode(std::span<std::byte, ctl_msg::wire_size>(buf, ctl_msg::wire_size));
   const sge s = ctl_mr_.slice(ctl_layout::send_off, ctl_msg::wire_size);
-  check(ctl_qp_.post_send({.wr_id = 1u << 20, .opcode = wr_opcode::send, .flags = send_flags::signaled,
+  check(ctl_qp_.post_send({.wr_id = 1u << 20,
+                           .opcode = wr_opcode::send,
+                           .flags = send_flags::signaled,
                            .sg_list = std::span(&s, 1)}),
         "post control message");
   // The send buffer is reused by the next message: wait until this one is out.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(opts_.timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(opts_.timeout);
   while (true) {
     auto wc = ccq_.wait_one(std::chrono::milliseconds(50));
     if (wc) {
       if (wc->status != wc_status::success)
-        fail("control message to the peer failed: " + std::string(to_string(wc->status)) + " (" + describe() + ")");
+        fail("control message to the peer failed: " + std::string(to_string(wc->status)) + " (" +
+             describe() + ")");
       if (wc->opcode == wc_opcode::send) return;
       pending_.push_back(*wc);
       continue;
@@ -333,11 +355,13 @@ void perf_endpoint::send_ctl(const ctl_msg& m) {
 
 std::optional<ctl_msg> perf_endpoint::take_ctl(const work_completion& wc) {
   if (wc.status != wc_status::success)
-    fail("control connection failed: " + std::string(to_string(wc.status)) + " (" + describe() + ")");
+    fail("control connection failed: " + std::string(to_string(wc.status)) + " (" + describe() +
+         ")");
   if (wc.opcode != wc_opcode::recv) return std::nullopt;
   const std::size_t slot = wc.wr_id % ctl_layout::recv_slots;
   const std::size_t off = ctl_layout::recv_off + slot * ctl_msg::wire_size;
-  auto m = ctl_msg::decode(std::span<const std::byte, ctl_msg::wire_size>(ctl_mr_.data() + off, ctl_msg::wire_size));
+  auto m = ctl_msg::decode(
+      std::span<const std::byte, ctl_msg::wire_size>(ctl_mr_.data() + off, ctl_msg::wire_size));
   // Once the peer has gone (after its goodbye) the repost fails; the message stands.
   (void)ctl_qp_.post_recv(ctl_mr_.slice(off, ctl_msg::wire_size), slot);
   if (wc.byte_len != ctl_msg::wire_size || static_cast<std::uint32_t>(m.kind) == 0)
@@ -381,8 +405,8 @@ ctl_msg perf_endpoint::recv_ctl(std::chrono::milliseconds timeout) {
   while (true) {
     if (auto m = wait_ctl(std::chrono::milliseconds(20))) return *m;
     if (std::chrono::steady_clock::now() > deadline)
-      fail("no control message from the peer within " + std::to_string(timeout.count() / 1000) + " s (" +
-           describe() + ")");
+      fail("no control message from the peer within " + std::to_string(timeout.count() / 1000) +
+           " s (" + describe() + ")");
   }
 }
 
@@ -392,8 +416,9 @@ std::string perf_endpoint::describe() const {
     if (!qp) return;
     auto c = qp.counters();
     if (!s.empty()) s += "; ";
-    s += std::string(what) + " QP " + std::to_string(qp.qp_num()) + " " + std::string(to_string(qp.state())) +
-         ", tx/rx bytes " + std::to_string(c.tx_bytes) + "/" + std::to_string(c.rx_bytes);
+    s += std::string(what) + " QP " + std::to_string(qp.qp_num()) + " " +
+         std::string(to_string(qp.state())) + ", tx/rx bytes " + std::to_string(c.tx_bytes) + "/" +
+         std::to_string(c.rx_bytes);
   };
   one("control", ctl_qp_);
   if (!qps_.empty()) one("data", qps_.front());

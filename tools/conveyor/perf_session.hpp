@@ -48,11 +48,11 @@ void check(status s, std::string_view what);
 struct perf_hello {
   std::uint16_t version = perf_protocol_version;
   std::uint16_t qps = 1;
-  std::uint16_t index = 0;        // 0 = control QP, 1.. = data QPs
+  std::uint16_t index = 0;  // 0 = control QP, 1.. = data QPs
   std::uint32_t tx_depth = 1;
   std::uint32_t rx_depth = 1;
   std::uint64_t max_size = 0;
-  remote_region data, ctl;        // the client's regions (lengths: from the layout)
+  remote_region data, ctl;  // the client's regions (lengths: from the layout)
   // At most max_encoded bytes (the private data limit of an IB/RoCE connect).
   static constexpr std::size_t max_encoded = 55;
   std::vector<std::byte> encode() const;
@@ -76,11 +76,11 @@ struct ctl_msg {
   perf_mode mode = perf_mode::bw;
   bool verify = false;
   std::uint64_t size = 0;
-  std::uint64_t count = 0;        // end: operations done per QP (sum); result: receives seen
+  std::uint64_t count = 0;  // end: operations done per QP (sum); result: receives seen
   std::uint64_t seed = 0;
   std::uint64_t user_us = 0, sys_us = 0;  // result: the server's CPU during the phase
-  std::uint64_t errors = 0;       // result: bytes/values that failed verification
-  std::uint64_t min_per_qp = 0;   // end: the fewest operations any one data QP did
+  std::uint64_t errors = 0;               // result: bytes/values that failed verification
+  std::uint64_t min_per_qp = 0;           // end: the fewest operations any one data QP did
   static constexpr std::size_t wire_size = 96;
   void encode(std::span<std::byte, wire_size> out) const noexcept;
   static ctl_msg decode(std::span<const std::byte, wire_size> in) noexcept;
@@ -109,11 +109,11 @@ struct data_layout {
 
 // Layout of the control region.
 struct ctl_layout {
-  static constexpr std::size_t recv_slots = 8;  // 8 x 96 B < credit_off
-  static constexpr std::size_t recv_off = 0;                                 // receive buffers
-  static constexpr std::size_t send_off = recv_slots * ctl_msg::wire_size;   // one send buffer
-  static constexpr std::size_t credit_off = 1024;                            // 8 bytes per data QP
-  static constexpr std::size_t scratch_off = 2048;                           // atomics results, staging
+  static constexpr std::size_t recv_slots = 8;                              // 8 x 96 B < credit_off
+  static constexpr std::size_t recv_off = 0;                                // receive buffers
+  static constexpr std::size_t send_off = recv_slots * ctl_msg::wire_size;  // one send buffer
+  static constexpr std::size_t credit_off = 1024;                           // 8 bytes per data QP
+  static constexpr std::size_t scratch_off = 2048;  // atomics results, staging
   static constexpr std::size_t bytes = 8192;
 };
 

@@ -41,12 +41,16 @@ void add_flags(CLI::App& c, perftest_args& a, bool atomic) {
   c.add_option("-t,--tx-depth", a.tx_depth, "outstanding requests per QP (bw 128)");
   c.add_option("-r,--rx-depth", a.rx_depth, "receives the server keeps posted per QP (send) (512)");
   c.add_option("-I,--inline_size", a.inline_size, "post messages up to this size inline (64)");
-  c.add_option("-l,--post_list,-Q,--cq-mod", a.post_list, "post N requests at once, signal the last (bw 16)");
-  c.add_flag("--report_gbits,--report-gbits", a.report_gbits, "bandwidth in Gb/s (10^9 bit/s) instead of MB/s");
-  c.add_flag("-R,--rdma_cm", a.rdma_cm, "accepted: Conveyor always connects through its connection manager");
+  c.add_option("-l,--post_list,-Q,--cq-mod", a.post_list,
+               "post N requests at once, signal the last (bw 16)");
+  c.add_flag("--report_gbits,--report-gbits", a.report_gbits,
+             "bandwidth in Gb/s (10^9 bit/s) instead of MB/s");
+  c.add_flag("-R,--rdma_cm", a.rdma_cm,
+             "accepted: Conveyor always connects through its connection manager");
   c.add_flag("-F,--CPU-freq", a.cpu_freq, "accepted: there is no CPU-frequency check to silence");
   c.add_option("-x,--gid-index", a.gid_index, "verbs: the GID index (CONVEYOR_VERBS_GID_INDEX)");
-  c.add_option("-c,--connection", a.connection, "transport type: RC (the only one)")->default_val("RC");
+  c.add_option("-c,--connection", a.connection, "transport type: RC (the only one)")
+      ->default_val("RC");
   c.add_option("-m,--mtu", a.mtu, "refused: the MTU is the path's (soft: TCP's MSS)");
   c.add_flag("-b,--bidirectional", a.bidirectional, "refused: run a client on each side instead");
   if (atomic)
@@ -60,7 +64,8 @@ void add_flags(CLI::App& c, perftest_args& a, bool atomic) {
   c.add_option("--progress", a.progress, "progress engine: thread or manual")
       ->check(CLI::IsMember({"thread", "manual"}));
   c.add_option("--cpu", a.cpu, "pin this process to one CPU");
-  c.add_option("--timeout", a.timeout, "seconds without progress (or to connect) before giving up (10)");
+  c.add_option("--timeout", a.timeout,
+               "seconds without progress (or to connect) before giving up (10)");
 }
 
 }  // namespace
@@ -76,11 +81,15 @@ std::vector<perftest_command> add_perftest_commands(CLI::App& app, perftest_args
   return out;
 }
 
-std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode mode, perf_options& o) {
+std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode mode,
+                             perf_options& o) {
   if (a.connection != "RC")
     return "-c " + a.connection + ": Conveyor's queue pairs are reliable connected only (-c RC)";
-  if (a.mtu) return "-m: there is no MTU to set: soft runs over TCP (its MSS is in the settings), verbs uses the path's";
-  if (a.bidirectional) return "-b: bidirectional runs are not supported: start a client on each side";
+  if (a.mtu)
+    return "-m: there is no MTU to set: soft runs over TCP (its MSS is in the settings), verbs "
+           "uses the path's";
+  if (a.bidirectional)
+    return "-b: bidirectional runs are not supported: start a client on each side";
   o = perf_options{};
   o.test = test;
   if (is_atomic(test) && a.atomic_type == "CMP_AND_SWAP") o.test = perf_test::compare_swap;
@@ -97,9 +106,12 @@ std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode m
   o.default_port = a.port;
   o.server = a.host.empty();
   const std::string port = std::to_string(a.port);
-  if (o.provider == "shm") o.address = "@conveyor-perf-" + port;  // one host: the port names the socket
-  else if (o.server) o.address = "0.0.0.0:" + port;
-  else o.address = a.host;
+  if (o.provider == "shm")
+    o.address = "@conveyor-perf-" + port;  // one host: the port names the socket
+  else if (o.server)
+    o.address = "0.0.0.0:" + port;
+  else
+    o.address = a.host;
   if (!a.size.empty()) {
     auto v = parse_size(a.size);
     if (!v) return "-s: not a size: '" + a.size + "' (bytes, or 4K, 1M)";
@@ -108,7 +120,8 @@ std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode m
   }
   // -a: 2 B .. 8 MiB; a WRITE ping-pong watches the last 8 bytes, so write_lat starts at 8.
   if (a.all)
-    for (std::uint64_t v = test == perf_test::write && mode == perf_mode::lat ? 8 : 2; v <= (8ull << 20); v *= 2)
+    for (std::uint64_t v = test == perf_test::write && mode == perf_mode::lat ? 8 : 2;
+         v <= (8ull << 20); v *= 2)
       o.sizes.push_back(v);
   // perftest's -a runs atomics at their one size.
   if (a.all && is_atomic(test)) o.sizes = {8};
@@ -150,8 +163,11 @@ int run_perftest(const std::vector<perftest_command>& cmds, const perftest_args&
       return 2;
     }
     if (args.gid_index) {
-      if (o.provider == "verbs") ::setenv("CONVEYOR_VERBS_GID_INDEX", std::to_string(*args.gid_index).c_str(), 1);
-      else std::fprintf(stderr, "conveyor %s: -x applies to the verbs provider only; ignored\n", name.c_str());
+      if (o.provider == "verbs")
+        ::setenv("CONVEYOR_VERBS_GID_INDEX", std::to_string(*args.gid_index).c_str(), 1);
+      else
+        std::fprintf(stderr, "conveyor %s: -x applies to the verbs provider only; ignored\n",
+                     name.c_str());
     }
     return run_perf(o);
   }

@@ -23,26 +23,26 @@ namespace conveyor::tool {
 // What perftest's flags were given as (filled by CLI11, turned into
 // perf_options by perftest_to_perf).
 struct perftest_args {
-  std::string host;                       // empty: run the server
-  std::uint16_t port = 18515;             // -p
-  std::string device;                     // -d: soft, shm, verbs:<name>, or an rdma-core name (mlx5_0)
-  std::string size;                       // -s
-  bool all = false;                       // -a
-  std::uint64_t iters = 0;                // -n
-  double duration = 0;                    // -D
-  std::uint32_t qps = 1;                  // -q
-  std::uint32_t tx_depth = 0;             // -t
-  std::uint32_t rx_depth = 0;             // -r
+  std::string host;            // empty: run the server
+  std::uint16_t port = 18515;  // -p
+  std::string device;          // -d: soft, shm, verbs:<name>, or an rdma-core name (mlx5_0)
+  std::string size;            // -s
+  bool all = false;            // -a
+  std::uint64_t iters = 0;     // -n
+  double duration = 0;         // -D
+  std::uint32_t qps = 1;       // -q
+  std::uint32_t tx_depth = 0;  // -t
+  std::uint32_t rx_depth = 0;  // -r
   std::optional<std::uint32_t> inline_size;  // -I
-  std::uint32_t post_list = 0;            // -l / -Q: post N, signal one
-  bool report_gbits = false;              // --report_gbits
-  bool rdma_cm = false;                   // -R: accepted (Conveyor always connects through its CM)
-  bool cpu_freq = false;                  // -F: accepted (nothing to check)
-  std::optional<std::uint32_t> gid_index; // -x: verbs' GID index
-  std::string atomic_type;                // -A: CMP_AND_SWAP or FETCH_AND_ADD (atomic_*)
-  std::string connection = "RC";          // -c: RC only
-  std::optional<std::uint32_t> mtu;       // -m: refused with the reason
-  bool bidirectional = false;             // -b: refused with the reason
+  std::uint32_t post_list = 0;               // -l / -Q: post N, signal one
+  bool report_gbits = false;                 // --report_gbits
+  bool rdma_cm = false;                    // -R: accepted (Conveyor always connects through its CM)
+  bool cpu_freq = false;                   // -F: accepted (nothing to check)
+  std::optional<std::uint32_t> gid_index;  // -x: verbs' GID index
+  std::string atomic_type;                 // -A: CMP_AND_SWAP or FETCH_AND_ADD (atomic_*)
+  std::string connection = "RC";           // -c: RC only
+  std::optional<std::uint32_t> mtu;        // -m: refused with the reason
+  bool bidirectional = false;              // -b: refused with the reason
   // Conveyor's own long options, for what perftest has no letter for.
   std::string provider;
   bool json = false, verify = false, quiet = false;
@@ -62,7 +62,8 @@ struct perftest_command {
 std::vector<perftest_command> add_perftest_commands(CLI::App& app, perftest_args& args);
 // perftest's flags as `conveyor perf` options; "" or what is wrong (a flag
 // that does not apply, with what to use instead).
-std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode mode, perf_options& o);
+std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode mode,
+                             perf_options& o);
 // Runs the command that was parsed, or returns -1 if none of them was.
 int run_perftest(const std::vector<perftest_command>& cmds, const perftest_args& args);
 

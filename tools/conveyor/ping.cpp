@@ -1,8 +1,8 @@
 // `conveyor ping`: a connectivity check in the manner of rping and
 // ibv_rc_pingpong. The server registers a buffer with remote read and write
 // and hands its key over in the connection's private data ("CVPG" + the
-// remote_region; the client's hello is "CVPG" + the size); the client SENDs a pattern that the server echoes back,
-// WRITEs a second pattern into the server's buffer and READs it back, checks
+// remote_region; the client's hello is "CVPG" + the size); the client SENDs a pattern that the
+// server echoes back, WRITEs a second pattern into the server's buffer and READs it back, checks
 // every byte, and prints what the connection negotiated and each round trip.
 // A failure is one line that says what is wrong and what to try.
 #include "ping.hpp"
@@ -32,7 +32,9 @@ struct ping_failure {
   std::string what;
 };
 
-[[noreturn]] void fail(std::string what) { throw ping_failure{std::move(what)}; }
+[[noreturn]] void fail(std::string what) {
+  throw ping_failure{std::move(what)};
+}
 
 template <class T>
 T check(result<T> r, const std::string& what) {
@@ -40,7 +42,8 @@ T check(result<T> r, const std::string& what) {
     const auto& e = r.error();
     std::string hint;
     if (e.code == errc::resource_exhausted)
-      hint = " (on verbs this is usually the locked-memory limit: raise `ulimit -l`, RLIMIT_MEMLOCK)";
+      hint =
+          " (on verbs this is usually the locked-memory limit: raise `ulimit -l`, RLIMIT_MEMLOCK)";
     fail(what + ": " + e.to_string() + hint);
   }
   return std::move(*r);
@@ -50,16 +53,21 @@ void check(status s, const std::string& what) {
   if (s != errc::ok) fail(what + ": " + std::string(to_string(s)));
 }
 
-work_completion wait(completion_queue& cq, std::chrono::milliseconds timeout, const std::string& what) {
+work_completion wait(completion_queue& cq, std::chrono::milliseconds timeout,
+                     const std::string& what) {
   auto wc = cq.wait_one(timeout);
-  if (!wc) fail(what + ": " + (wc.error() == errc::timed_out ? "no completion within the timeout"
-                                                             : std::string(to_string(wc.error()))));
-  if (wc->status != wc_status::success) fail(what + " completed with " + std::string(to_string(wc->status)));
+  if (!wc)
+    fail(what + ": " +
+         (wc.error() == errc::timed_out ? "no completion within the timeout"
+                                        : std::string(to_string(wc.error()))));
+  if (wc->status != wc_status::success)
+    fail(what + " completed with " + std::string(to_string(wc->status)));
   return *wc;
 }
 
 void fill(std::span<std::byte> buf, std::uint8_t seed) {
-  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    buf[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
 }
 
 bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
@@ -74,7 +82,9 @@ device open_device(const ping_options& o) {
   const std::string name = o.device.empty() ? o.provider : o.device;
   auto d = device::open(name);
   if (!d) {
-    std::string hint = d.error().code == errc::not_found ? " (`conveyor devices` lists what this machine has)" : "";
+    std::string hint = d.error().code == errc::not_found
+                           ? " (`conveyor devices` lists what this machine has)"
+                           : "";
     fail("open device " + name + ": " + d.error().to_string() + hint);
   }
   return std::move(*d);
@@ -85,8 +95,8 @@ std::string describe(const qp_connection_attr& c, const device& dev) {
   if (!c.data_path.empty() || dev.attr().provider == "shm")
     s += ", data path " + (c.direct_mapping ? std::string("direct mapping") : c.data_path);
   else
-    s += ", MPA rev " + std::to_string(c.mpa_revision) + ", CRC " + (c.crc ? "on" : "off") + ", MSS " +
-         std::to_string(c.mss);
+    s += ", MPA rev " + std::to_string(c.mpa_revision) + ", CRC " + (c.crc ? "on" : "off") +
+         ", MSS " + std::to_string(c.mss);
   s += ", IRD/ORD " + std::to_string(c.ird) + "/" + std::to_string(c.ord) + ", atomics/immediate " +
        (c.extensions ? "yes" : "no");
   return s;
@@ -99,8 +109,8 @@ int serve(const ping_options& o) {
   on_interrupt([path, address = o.address](int) {
     if (path) ::unlink(address.c_str());
   });
-  std::fprintf(stderr, "conveyor ping server: listening on %s (provider %s, device %s)\n", lis.address().c_str(),
-               dev.attr().provider.c_str(), dev.attr().name.c_str());
+  std::fprintf(stderr, "conveyor ping server: listening on %s (provider %s, device %s)\n",
+               lis.address().c_str(), dev.attr().provider.c_str(), dev.attr().name.c_str());
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
   for (;;) {
     auto req = lis.accept(std::chrono::hours(1));
@@ -113,18 +123,22 @@ int serve(const ping_options& o) {
       // The client's hello: "CVPG" and the size it will move (big-endian), at most 16 MiB.
       const auto pdata = req->private_data();
       if (pdata.size() < 8 || std::memcmp(pdata.data(), magic, 4) != 0) {
-        std::fprintf(stderr, "conveyor ping server: refusing %s: not a conveyor ping client\n", peer.c_str());
-        (void)req->reject("this is a conveyor ping server; its clients run `conveyor ping ADDRESS`");
+        std::fprintf(stderr, "conveyor ping server: refusing %s: not a conveyor ping client\n",
+                     peer.c_str());
+        (void)req->reject(
+            "this is a conveyor ping server; its clients run `conveyor ping ADDRESS`");
         continue;
       }
       std::uint32_t size = 0;
-      for (int i = 4; i < 8; ++i) size = (size << 8) | std::to_integer<std::uint32_t>(pdata[static_cast<std::size_t>(i)]);
+      for (int i = 4; i < 8; ++i)
+        size = (size << 8) | std::to_integer<std::uint32_t>(pdata[static_cast<std::size_t>(i)]);
       if (size < 8 || size > (16u << 20)) {
         (void)req->reject("ping size " + std::to_string(size) + " is outside 8 .. 16 MiB");
         continue;
       }
       const auto rights = access::local_write | access::remote_read | access::remote_write;
-      auto target = check(pd.allocate_memory(size, rights), "allocate " + std::to_string(size) + " B");
+      auto target =
+          check(pd.allocate_memory(size, rights), "allocate " + std::to_string(size) + " B");
       auto echo = check(pd.allocate_memory(size, access::local_write), "allocate the echo buffer");
       check(qp.post_recv(echo.as_sge(), 1), "post the receive");
       std::vector<std::byte> reply(4);
@@ -136,7 +150,8 @@ int serve(const ping_options& o) {
       check(qp.post_send_msg(echo.slice(0, wc.byte_len), 2), "echo the SEND");
       wait(cq, timeout, "the echo");
       // The client WRITEs and READs on its own; it disconnects when done.
-      for (auto left = timeout; qp.state() != qp_state::error && left.count() > 0; left -= std::chrono::milliseconds(50))
+      for (auto left = timeout; qp.state() != qp_state::error && left.count() > 0;
+           left -= std::chrono::milliseconds(50))
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::fprintf(stderr, "conveyor ping server: %s pinged\n", peer.c_str());
     } catch (const ping_failure& f) {
@@ -155,9 +170,11 @@ std::string connect_hint(const error& e, const ping_options& o) {
       return "the peer at " + o.address + " rejected the connection: " + e.context +
              " (is it a `conveyor ping --server`?)";
     case errc::timed_out:
-      return "no handshake from " + o.address + " in time: a firewall, a busy peer, or not a Conveyor listener";
+      return "no handshake from " + o.address +
+             " in time: a firewall, a busy peer, or not a Conveyor listener";
     case errc::protocol_error:
-      return "the peer at " + o.address + " does not speak Conveyor's MPA handshake (another provider? " +
+      return "the peer at " + o.address +
+             " does not speak Conveyor's MPA handshake (another provider? " +
              "a shm server takes -p shm and an @name): " + e.to_string();
     case errc::address_error:
       return e.to_string() + " (addresses: HOST, HOST:PORT, [IPv6]:PORT; shm: @name or a path)";
@@ -171,7 +188,8 @@ int ping(const ping_options& o) {
   auto pd = check(dev.alloc_pd(), "alloc_pd");
   auto cq = check(dev.create_cq({.depth = 16}), "create_cq");
   auto qp = check(pd.create_qp({.send_cq = &cq, .recv_cq = &cq}), "create_qp");
-  auto out = check(pd.allocate_memory(o.size, access::local_write), "allocate " + std::to_string(o.size) + " B");
+  auto out = check(pd.allocate_memory(o.size, access::local_write),
+                   "allocate " + std::to_string(o.size) + " B");
   auto in = check(pd.allocate_memory(o.size, access::local_write), "allocate the receive buffer");
   auto back = check(pd.allocate_memory(o.size, access::local_write), "allocate the READ buffer");
   check(qp.post_recv(in.as_sge(), 1), "post the receive");
@@ -179,18 +197,20 @@ int ping(const ping_options& o) {
   const auto t_connect = clk::now();
   std::array<std::byte, 8> hello{};
   std::memcpy(hello.data(), magic, 4);
-  for (int i = 0; i < 4; ++i) hello[static_cast<std::size_t>(4 + i)] = static_cast<std::byte>(o.size >> (24 - 8 * i));
+  for (int i = 0; i < 4; ++i)
+    hello[static_cast<std::size_t>(4 + i)] = static_cast<std::byte>(o.size >> (24 - 8 * i));
   auto info = connect(qp, o.address, {.private_data = hello, .timeout = timeout});
   if (!info) fail(connect_hint(info.error(), o));
   const double connect_us = us_since(t_connect);
   const auto& pdata = info->private_data;
   if (pdata.size() < 4 || std::memcmp(pdata.data(), magic, 4) != 0)
-    fail("the peer at " + o.address + " accepted but is not a `conveyor ping --server` (no ping region in its reply)");
+    fail("the peer at " + o.address +
+         " accepted but is not a `conveyor ping --server` (no ping region in its reply)");
   auto peer = remote_region::decode(std::span(pdata).subspan(4));
   if (!peer || peer->length < o.size) fail("the peer's ping region is malformed or too small");
   const auto c = check(qp.connection(), "the connection's attributes");
-  std::printf("conveyor ping: connected %s -> %s in %.0f us\n  %s\n", c.local_address.c_str(), c.peer_address.c_str(),
-              connect_us, describe(c, dev).c_str());
+  std::printf("conveyor ping: connected %s -> %s in %.0f us\n  %s\n", c.local_address.c_str(),
+              c.peer_address.c_str(), connect_us, describe(c, dev).c_str());
 
   const std::string size = std::to_string(o.size) + " B";
   fill(std::span(out.data(), out.size()), 0x11);
@@ -199,7 +219,8 @@ int ping(const ping_options& o) {
   // The SEND's completion and the echo's receive, in whichever order they come.
   std::uint32_t echoed = 0;
   for (int seen = 0; seen < 2; ++seen) {
-    auto wc = wait(cq, timeout, seen == 0 ? "the SEND or its echo" : "the rest of the SEND's round trip");
+    auto wc =
+        wait(cq, timeout, seen == 0 ? "the SEND or its echo" : "the rest of the SEND's round trip");
     if (wc.wr_id == 1) echoed = wc.byte_len;
   }
   const double send_us = us_since(t0);
@@ -216,8 +237,10 @@ int ping(const ping_options& o) {
   check(qp.post_read(back.as_sge(), peer->slice(0, o.size), 12), "post the RDMA READ");
   wait(cq, timeout, "the RDMA READ");
   const double read_us = us_since(t0);
-  if (!same(std::span(back.data(), back.size()), std::span(out.data(), out.size()))) fail("the RDMA READ returned other bytes than the RDMA WRITE put there");
-  std::printf("  RDMA WRITE %s: %.1f us; RDMA READ of it, verified: %.1f us\n", size.c_str(), write_us, read_us);
+  if (!same(std::span(back.data(), back.size()), std::span(out.data(), out.size())))
+    fail("the RDMA READ returned other bytes than the RDMA WRITE put there");
+  std::printf("  RDMA WRITE %s: %.1f us; RDMA READ of it, verified: %.1f us\n", size.c_str(),
+              write_us, read_us);
   qp.disconnect();
   std::printf("conveyor ping: OK\n");
   return 0;
@@ -232,7 +255,8 @@ int run_ping(const ping_options& given) {
   p.device = o.device;
   if (o.address.empty()) {
     if (!o.server) {
-      std::fprintf(stderr, "conveyor ping: the server's address is missing (e.g. conveyor ping 10.0.0.2)\n");
+      std::fprintf(
+          stderr, "conveyor ping: the server's address is missing (e.g. conveyor ping 10.0.0.2)\n");
       return 2;
     }
     o.address = o.provider == "shm" ? "@conveyor-ping" : "0.0.0.0:18515";
@@ -254,8 +278,10 @@ int run_ping(const ping_options& given) {
 }
 
 void add_ping_options(CLI::App& app, ping_options& o) {
-  app.add_option("address", o.address, "client: the server (HOST, HOST:PORT, @shm-name); server: where to listen");
-  app.add_flag("-s,--server", o.server, "run the server (default 0.0.0.0:18515, shm @conveyor-ping)");
+  app.add_option("address", o.address,
+                 "client: the server (HOST, HOST:PORT, @shm-name); server: where to listen");
+  app.add_flag("-s,--server", o.server,
+               "run the server (default 0.0.0.0:18515, shm @conveyor-ping)");
   app.add_flag("--once", o.once, "server: exit after one client");
   app.add_option("-p,--provider", o.provider, "provider: soft, shm, verbs")->default_val("soft");
   app.add_option("-d,--device", o.device, "device name (default: the provider's first)");
@@ -263,14 +289,16 @@ void add_ping_options(CLI::App& app, ping_options& o) {
       ->transform(CLI::Validator(
           [](std::string& s) -> std::string {
             auto v = parse_size(s);
-            if (!v || *v < 8 || *v > (16u << 20)) return "must be a size from 8 to 16M, not '" + s + "'";
+            if (!v || *v < 8 || *v > (16u << 20))
+              return "must be a size from 8 to 16M, not '" + s + "'";
             s = std::to_string(*v);
             return {};
           },
           "SIZE"))
       ->default_val(4096);
   app.add_option("--timeout", o.timeout, "seconds for the connection and each step")
-      ->check(CLI::Range(0.001, 3600.0))->default_val(5);
+      ->check(CLI::Range(0.001, 3600.0))
+      ->default_val(5);
 }
 
 }  // namespace conveyor::tool

@@ -250,7 +250,8 @@ class Device final : public ::gloo::transport::Device, public std::enable_shared
     // put a millisecond on every small message.
     opts.engine_park = false;
     // cq.wait busy-polls this long before sleeping (CONVEYOR_GLOO_SPIN_US).
-    if (const char* sp = std::getenv("CONVEYOR_GLOO_SPIN_US")) opts.spin_us = std::uint32_t(std::atoi(sp));
+    if (const char* sp = std::getenv("CONVEYOR_GLOO_SPIN_US"))
+      opts.spin_us = std::uint32_t(std::atoi(sp));
     // The pairs' progress threads drive the engine themselves (manual
     // progress): one thread hand-off less per message each side (4 KiB
     // all_reduce over soft, 2 ranks: 1.5 ms -> 0.27 ms on the 2-core build

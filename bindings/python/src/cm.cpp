@@ -36,12 +36,16 @@ void bind_cm(py::module_& m) {
   m.attr("max_private_data") = max_private_data;
 
   py::class_<py_connection_info>(m, "ConnectionInfo", "What connect()/accept() learned.")
-      .def_readonly("private_data", &py_connection_info::private_data, "The peer's private data (bytes).")
+      .def_readonly("private_data", &py_connection_info::private_data,
+                    "The peer's private data (bytes).")
       .def_readonly("attr", &py_connection_info::attr, "The negotiated ConnectionAttr.");
 
-  py::class_<py_conn_request>(m, "ConnectRequest", "A peer's connection request, from Listener.accept().")
-      .def_property_readonly("private_data", [](const py_conn_request& r) { return from_bytes(r.req.private_data()); })
-      .def_property_readonly("peer_address", [](const py_conn_request& r) { return r.req.peer_address(); })
+  py::class_<py_conn_request>(m, "ConnectRequest",
+                              "A peer's connection request, from Listener.accept().")
+      .def_property_readonly(
+          "private_data", [](const py_conn_request& r) { return from_bytes(r.req.private_data()); })
+      .def_property_readonly("peer_address",
+                             [](const py_conn_request& r) { return r.req.peer_address(); })
       .def(
           "accept",
           [](py_conn_request& r, py_qp& q, const py::object& private_data) {
@@ -79,9 +83,11 @@ void bind_cm(py::module_& m) {
             }
             if (!res) raise_error(res.error());
           },
-          py::arg("reason") = py::none(), "Refuses the peer; it sees Rejected with this reason (str or bytes).");
+          py::arg("reason") = py::none(),
+          "Refuses the peer; it sees Rejected with this reason (str or bytes).");
 
-  py::class_<py_listener>(m, "Listener", "Listens for connection requests (soft: 'ip:port'; shm: '@name').")
+  py::class_<py_listener>(m, "Listener",
+                          "Listens for connection requests (soft: 'ip:port'; shm: '@name').")
       .def_static(
           "bind",
           [](py::object device, const std::string& address, int backlog) {
@@ -115,11 +121,13 @@ void bind_cm(py::module_& m) {
           },
           py::arg("timeout") = 5.0,
           "Waits (GIL released) for a peer's request, at most `timeout` seconds; raises TimedOut.")
-      .def("__repr__", [](const py_listener& l) { return "Listener(address='" + l.lis.address() + "')"; });
+      .def("__repr__",
+           [](const py_listener& l) { return "Listener(address='" + l.lis.address() + "')"; });
 
   m.def(
       "connect",
-      [](py_qp& q, const std::string& address, const py::object& private_data, const py::object& timeout) {
+      [](py_qp& q, const std::string& address, const py::object& private_data,
+         const py::object& timeout) {
         auto pd = to_bytes(private_data, "connect");
         auto& qp = q.get();
         use_guard in_use(q.users);
@@ -134,7 +142,8 @@ void bind_cm(py::module_& m) {
         if (!res) raise_error(res.error());
         return to_info(*res);
       },
-      py::arg("qp"), py::arg("address"), py::arg("private_data") = py::none(), py::arg("timeout") = 5.0,
+      py::arg("qp"), py::arg("address"), py::arg("private_data") = py::none(),
+      py::arg("timeout") = 5.0,
       "Connects `qp` (state INIT) to a listener; the QP is then RTS. GIL released. Private data: "
       "at most max_private_data bytes each way.");
 }

@@ -35,7 +35,9 @@ void raise_error(const error& e) {
   throw py::error_already_set();
 }
 
-void raise_error(errc code, std::string context) { raise_error(error{code, 0, std::move(context)}); }
+void raise_error(errc code, std::string context) {
+  raise_error(error{code, 0, std::move(context)});
+}
 
 void check_status(status s, const char* what, std::size_t bad) {
   if (s == errc::ok) return;
@@ -101,8 +103,9 @@ sge to_sge(const py::handle& h) {
     const auto& m = t[0].cast<py_mr&>().get();
     auto off = t[1].cast<std::size_t>(), len = t[2].cast<std::size_t>();
     if (off > m.size() || len > m.size() - off)
-      raise_error(errc::invalid_argument, "sge: [" + std::to_string(off) + ", +" + std::to_string(len) +
-                                              ") is outside the region of " + std::to_string(m.size()) + " bytes");
+      raise_error(errc::invalid_argument, "sge: [" + std::to_string(off) + ", +" +
+                                              std::to_string(len) + ") is outside the region of " +
+                                              std::to_string(m.size()) + " bytes");
     return m.slice(off, len);
   }
   throw py::type_error("expected an Sge, a MemoryRegion or (MemoryRegion, offset, length)");
@@ -114,8 +117,7 @@ namespace {
 // buffer protocol so that every memoryview counts as an export of the region
 // (close() refuses while any exists) and holds the region's Python object.
 struct region_memory {
-  PyObject_HEAD
-  PyObject* owner;
+  PyObject_HEAD PyObject* owner;
 };
 
 int region_memory_getbuffer(PyObject* self, Py_buffer* view, int flags) {
@@ -126,7 +128,8 @@ int region_memory_getbuffer(PyObject* self, Py_buffer* view, int flags) {
     return -1;
   }
   int readonly = r->has_view ? r->view.readonly : 0;
-  if (PyBuffer_FillInfo(view, self, r->mr.data(), static_cast<Py_ssize_t>(r->mr.size()), readonly, flags) != 0)
+  if (PyBuffer_FillInfo(view, self, r->mr.data(), static_cast<Py_ssize_t>(r->mr.size()), readonly,
+                        flags) != 0)
     return -1;
   ++r->exports;
   return 0;
@@ -174,7 +177,8 @@ py::memoryview region_memoryview(py::object owner) {
 std::string repr_region(const remote_region& rr) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "RemoteRegion(addr=0x%llx, length=%llu, rkey=0x%x)",
-                static_cast<unsigned long long>(rr.addr), static_cast<unsigned long long>(rr.length), rr.rkey);
+                static_cast<unsigned long long>(rr.addr),
+                static_cast<unsigned long long>(rr.length), rr.rkey);
   return buf;
 }
 
@@ -193,23 +197,28 @@ std::unique_ptr<py_mr> register_buffer(py::object pd_obj, py::object obj, std::u
     if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "numpy") && py::hasattr(obj, "detach"))
       target = obj.attr("detach")().attr("numpy")();
     else
-      throw py::type_error("register_memory: " + std::string(py::str(py::type::handle_of(obj).attr("__name__"))) +
-                           " does not expose the buffer protocol");
+      throw py::type_error(
+          "register_memory: " + std::string(py::str(py::type::handle_of(obj).attr("__name__"))) +
+          " does not expose the buffer protocol");
   }
   if (PyObject_GetBuffer(target.ptr(), &r->view, PyBUF_C_CONTIGUOUS) != 0) {
     py::error_already_set e;
-    raise_error(errc::invalid_argument,
-                std::string("register_memory: the buffer is not usable (it must be C-contiguous): ") + e.what());
+    raise_error(
+        errc::invalid_argument,
+        std::string("register_memory: the buffer is not usable (it must be C-contiguous): ") +
+            e.what());
   }
   r->has_view = true;
   const bool writes = (rights & (static_cast<std::uint32_t>(access::local_write) |
                                  static_cast<std::uint32_t>(access::remote_write) |
                                  static_cast<std::uint32_t>(access::remote_atomic))) != 0;
   if (writes && r->view.readonly)
-    raise_error(errc::invalid_argument,
-                "register_memory: the buffer is read-only, but the rights let the NIC write into it "
-                "(local_write/remote_write/remote_atomic)");
-  auto span = std::span(static_cast<std::byte*>(r->view.buf), static_cast<std::size_t>(r->view.len));
+    raise_error(
+        errc::invalid_argument,
+        "register_memory: the buffer is read-only, but the rights let the NIC write into it "
+        "(local_write/remote_write/remote_atomic)");
+  auto span =
+      std::span(static_cast<std::byte*>(r->view.buf), static_cast<std::size_t>(r->view.len));
   auto mr = pd.pd.register_memory(span, static_cast<access>(rights));
   if (!mr) raise_error(mr.error());
   r->mr = std::move(*mr);
@@ -269,7 +278,8 @@ void init_module(py::module_& m) {
       .value("manual", progress_mode::manual);
 
   // --- memory ----------------------------------------------------------------
-  py::class_<sge>(m, "Sge", "A scatter/gather element: registered local memory (addr, length, lkey).")
+  py::class_<sge>(m, "Sge",
+                  "A scatter/gather element: registered local memory (addr, length, lkey).")
       .def(py::init([](std::uint64_t addr, std::uint32_t length, std::uint32_t lkey) {
              return sge{addr, length, lkey};
            }),
@@ -302,34 +312,48 @@ void init_module(py::module_& m) {
             if (!r) raise_error(r.error());
             return *r;
           },
-          py::arg("data"), "Decodes encode()'s bytes; InvalidArgument on a short buffer, bad magic or version.")
-      .def_property_readonly_static("encoded_size", [](py::object) { return remote_region::encoded_size; })
+          py::arg("data"),
+          "Decodes encode()'s bytes; InvalidArgument on a short buffer, bad magic or version.")
+      .def_property_readonly_static("encoded_size",
+                                    [](py::object) { return remote_region::encoded_size; })
       .def(py::self == py::self)
-      .def("__hash__", [](const remote_region& r) { return py::hash(py::make_tuple(r.addr, r.length, r.rkey)); })
+      .def(
+          "__hash__",
+          [](const remote_region& r) { return py::hash(py::make_tuple(r.addr, r.length, r.rkey)); })
       .def("__repr__", &repr_region);
 
-  py::class_<py_mr>(m, "MemoryRegion",
-                    "A registration. It holds the registered object (which cannot be freed or resized "
-                    "meanwhile) until close()/deregister() or until the region itself is collected. "
-                    "Usable as a context manager (closing on exit).")
+  py::class_<py_mr>(
+      m, "MemoryRegion",
+      "A registration. It holds the registered object (which cannot be freed or resized "
+      "meanwhile) until close()/deregister() or until the region itself is collected. "
+      "Usable as a context manager (closing on exit).")
       .def_property_readonly("addr", [](const py_mr& r) { return r.get().addr(); })
       .def_property_readonly("length", [](const py_mr& r) { return r.get().size(); })
       .def("__len__", [](const py_mr& r) { return r.get().size(); })
       .def_property_readonly("lkey", [](const py_mr& r) { return r.get().lkey(); })
       .def_property_readonly("rkey", [](const py_mr& r) { return r.get().rkey(); })
-      .def_property_readonly("rights", [](const py_mr& r) { return static_cast<std::uint32_t>(r.get().rights()); })
+      .def_property_readonly(
+          "rights", [](const py_mr& r) { return static_cast<std::uint32_t>(r.get().rights()); })
       .def_property_readonly("registered", [](const py_mr& r) { return static_cast<bool>(r.mr); })
       .def_readonly("obj", &py_mr::obj, "The registered object (None for allocate_memory).")
       .def_property_readonly(
-          "memory", [](py::object self) { self.cast<py_mr&>().get(); return region_memoryview(self); },
-          "A memoryview of the region's bytes (writable unless the registered buffer is read-only). "
+          "memory",
+          [](py::object self) {
+            self.cast<py_mr&>().get();
+            return region_memoryview(self);
+          },
+          "A memoryview of the region's bytes (writable unless the registered buffer is "
+          "read-only). "
           "The region cannot be closed while one exists.")
-      .def("remote", [](const py_mr& r) { return r.get().remote(); }, "RemoteRegion for the whole region.")
+      .def(
+          "remote", [](const py_mr& r) { return r.get().remote(); },
+          "RemoteRegion for the whole region.")
       .def(
           "sge",
           [](const py_mr& r, std::size_t offset, std::optional<std::size_t> length) {
-            return to_sge(py::make_tuple(py::cast(&r, py::return_value_policy::reference), offset,
-                                         length.value_or(r.get().size() - std::min(offset, r.get().size()))));
+            return to_sge(
+                py::make_tuple(py::cast(&r, py::return_value_policy::reference), offset,
+                               length.value_or(r.get().size() - std::min(offset, r.get().size()))));
           },
           py::arg("offset") = 0, py::arg("length") = py::none(),
           "An Sge for [offset, offset+length) of the region (default: to its end); checked.")
@@ -339,8 +363,9 @@ void init_module(py::module_& m) {
       .def("__exit__", [](py_mr& r, py::args) { r.close(); })
       .def("__repr__", [](const py_mr& r) {
         if (!r.mr) return std::string("MemoryRegion(deregistered)");
-        return "MemoryRegion(addr=" + std::to_string(r.mr.addr()) + ", length=" + std::to_string(r.mr.size()) +
-               ", rkey=" + std::to_string(r.mr.rkey()) + ")";
+        return "MemoryRegion(addr=" + std::to_string(r.mr.addr()) +
+               ", length=" + std::to_string(r.mr.size()) + ", rkey=" + std::to_string(r.mr.rkey()) +
+               ")";
       });
 
   // Bound in an order where every class is registered before a signature
@@ -367,9 +392,10 @@ void init_module(py::module_& m) {
           py::arg("length"), py::arg("rights"),
           "Allocates zeroed, page-aligned memory owned by the returned region (its .memory is a "
           "writable memoryview). On shm a connected peer may map it directly.")
-      .def("create_qp", &create_qp, py::arg("send_cq"), py::arg("recv_cq") = py::none(), py::kw_only(),
-           py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256, py::arg("max_send_sge") = 4,
-           py::arg("max_recv_sge") = 4, py::arg("max_inline_data") = 256, py::arg("sq_sig_all") = false,
+      .def("create_qp", &create_qp, py::arg("send_cq"), py::arg("recv_cq") = py::none(),
+           py::kw_only(), py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256,
+           py::arg("max_send_sge") = 4, py::arg("max_recv_sge") = 4,
+           py::arg("max_inline_data") = 256, py::arg("sq_sig_all") = false,
            py::arg("max_rd_atomic") = 16, py::arg("max_dest_rd_atomic") = 16,
            "Creates an RC queue pair in state INIT (recv_cq defaults to send_cq).");
 
@@ -379,10 +405,12 @@ void init_module(py::module_& m) {
       .def_readonly("provider", &device_info::provider)
       .def_readonly("transport", &device_info::transport_type)
       .def_readonly("available", &device_info::available)
-      .def_readonly("reason", &device_info::reason, "Why the device is not available ('' if it is).")
+      .def_readonly("reason", &device_info::reason,
+                    "Why the device is not available ('' if it is).")
       .def("__repr__", [](const device_info& d) {
-        return "DeviceInfo(name='" + d.name + "', provider='" + d.provider + "', available=" +
-               (d.available ? "True" : "False") + (d.available ? "" : ", reason='" + d.reason + "'") + ")";
+        return "DeviceInfo(name='" + d.name + "', provider='" + d.provider +
+               "', available=" + (d.available ? "True" : "False") +
+               (d.available ? "" : ", reason='" + d.reason + "'") + ")";
       });
 
   py::class_<port_attr>(m, "PortAttr")
@@ -425,9 +453,9 @@ void init_module(py::module_& m) {
   py::class_<py_device>(m, "Device", "An open RDMA device (soft, shm or verbs). Thread-compatible.")
       .def_static(
           "open",
-          [](const std::string& name, progress_mode progress, bool request_crc, std::uint32_t spin_us,
-             std::uint32_t engine_spin_us, bool engine_park, std::uint32_t handshake_timeout_ms,
-             std::uint32_t max_pending_handshakes) {
+          [](const std::string& name, progress_mode progress, bool request_crc,
+             std::uint32_t spin_us, std::uint32_t engine_spin_us, bool engine_park,
+             std::uint32_t handshake_timeout_ms, std::uint32_t max_pending_handshakes) {
             device_options o;
             o.progress = progress;
             o.request_crc = request_crc;
@@ -450,8 +478,9 @@ void init_module(py::module_& m) {
           "Raises NotFound naming the devices that exist.")
       .def_property_readonly("name", [](const py_device& d) { return std::string(d.dev.name()); })
       .def_property_readonly("provider", [](const py_device& d) { return d.dev.attr().provider; })
-      .def_property_readonly("attr", [](const py_device& d) { return d.dev.attr(); },
-                             "The device's attributes (DeviceAttr, a copy).")
+      .def_property_readonly(
+          "attr", [](const py_device& d) { return d.dev.attr(); },
+          "The device's attributes (DeviceAttr, a copy).")
       .def(
           "alloc_pd",
           [](py::object self) {
@@ -475,7 +504,8 @@ void init_module(py::module_& m) {
           },
           py::arg("depth") = 1024, "Creates a completion queue holding `depth` completions.")
       .def("__repr__", [](const py_device& d) {
-        return "Device(name='" + std::string(d.dev.name()) + "', provider='" + d.dev.attr().provider + "')";
+        return "Device(name='" + std::string(d.dev.name()) + "', provider='" +
+               d.dev.attr().provider + "')";
       });
 
   bind_cm(m);
@@ -483,4 +513,6 @@ void init_module(py::module_& m) {
 
 }  // namespace conveyor::python
 
-PYBIND11_MODULE(_conveyor, m) { conveyor::python::init_module(m); }
+PYBIND11_MODULE(_conveyor, m) {
+  conveyor::python::init_module(m);
+}

@@ -62,7 +62,8 @@ std::size_t wait_released(completion_queue& cq, std::vector<work_completion>& ou
                           std::chrono::nanoseconds timeout) {
   const auto deadline = clk::now() + timeout;
   for (;;) {
-    auto left = std::max<std::chrono::nanoseconds>(deadline - clk::now(), std::chrono::nanoseconds(0));
+    auto left =
+        std::max<std::chrono::nanoseconds>(deadline - clk::now(), std::chrono::nanoseconds(0));
     auto slice = std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(100));
     std::expected<std::size_t, errc> r;
     {
@@ -90,7 +91,8 @@ work_completion post_and_wait(py::object self, send_wr wr, std::chrono::nanoseco
   const auto deadline = clk::now() + timeout;
   std::vector<work_completion> wcs(16);
   for (;;) {
-    auto left = std::max<std::chrono::nanoseconds>(deadline - clk::now(), std::chrono::nanoseconds(0));
+    auto left =
+        std::max<std::chrono::nanoseconds>(deadline - clk::now(), std::chrono::nanoseconds(0));
     std::size_t n = wait_released(c.cq, wcs, left);
     std::optional<work_completion> mine;
     for (std::size_t i = 0; i < n; ++i) {
@@ -117,7 +119,8 @@ work_completion post_and_wait(py::object self, send_wr wr, std::chrono::nanoseco
 // For the helpers: an SGE for `local`, registering it for the call if it is a
 // plain buffer (the temporary region is closed when `tmp` goes).
 sge helper_sge(py_qp& q, const py::object& local, bool sink, std::unique_ptr<py_mr>& tmp) {
-  if (py::isinstance<sge>(local) || py::isinstance<py_mr>(local) || py::isinstance<py::tuple>(local))
+  if (py::isinstance<sge>(local) || py::isinstance<py_mr>(local) ||
+      py::isinstance<py::tuple>(local))
     return to_sge(local);
   std::uint32_t rights = static_cast<std::uint32_t>(access::local_write);
   if (!sink) {
@@ -125,8 +128,10 @@ sge helper_sge(py_qp& q, const py::object& local, bool sink, std::unique_ptr<py_
     // other right a source may have (its key is never sent anywhere).
     Py_buffer v;
     bool ro = PyObject_GetBuffer(local.ptr(), &v, PyBUF_SIMPLE) == 0 ? v.readonly : false;
-    if (ro) PyBuffer_Release(&v);
-    else if (!PyErr_Occurred()) PyBuffer_Release(&v);
+    if (ro)
+      PyBuffer_Release(&v);
+    else if (!PyErr_Occurred())
+      PyBuffer_Release(&v);
     PyErr_Clear();
     if (ro) rights = static_cast<std::uint32_t>(access::remote_read);
   }
@@ -136,10 +141,11 @@ sge helper_sge(py_qp& q, const py::object& local, bool sink, std::unique_ptr<py_
 
 std::string repr_wc(const work_completion& wc) {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "WorkCompletion(wr_id=%llu, status=%.*s, opcode=%.*s, byte_len=%u%s)",
-                static_cast<unsigned long long>(wc.wr_id), static_cast<int>(to_string(wc.status).size()),
-                to_string(wc.status).data(), static_cast<int>(to_string(wc.opcode).size()),
-                to_string(wc.opcode).data(), wc.byte_len, wc.with_imm ? ", with_imm" : "");
+  std::snprintf(
+      buf, sizeof buf, "WorkCompletion(wr_id=%llu, status=%.*s, opcode=%.*s, byte_len=%u%s)",
+      static_cast<unsigned long long>(wc.wr_id), static_cast<int>(to_string(wc.status).size()),
+      to_string(wc.status).data(), static_cast<int>(to_string(wc.opcode).size()),
+      to_string(wc.opcode).data(), wc.byte_len, wc.with_imm ? ", with_imm" : "");
   return buf;
 }
 
@@ -213,7 +219,8 @@ void bind_queue(py::module_& m) {
       .def_readonly("invalidated_rkey", &work_completion::invalidated_rkey)
       .def_readonly("qp_num", &work_completion::qp_num)
       .def_readonly("vendor_err", &work_completion::vendor_err)
-      .def_property_readonly("ok", [](const work_completion& wc) { return wc.status == wc_status::success; })
+      .def_property_readonly(
+          "ok", [](const work_completion& wc) { return wc.status == wc_status::success; })
       .def("__repr__", &repr_wc);
 
   py::class_<py_cq>(m, "CompletionQueue",
@@ -229,7 +236,8 @@ void bind_queue(py::module_& m) {
             if (!r) raise_error(r.error(), "CompletionQueue.poll");
             return to_list(std::span(tl_wcs.data(), *r));
           },
-          py::arg("max_entries") = 16, "Up to max_entries completions, [] when empty (never blocks).")
+          py::arg("max_entries") = 16,
+          "Up to max_entries completions, [] when empty (never blocks).")
       .def(
           "wait",
           [](py_cq& c, const py::object& timeout, std::size_t max_entries) {
@@ -241,15 +249,20 @@ void bind_queue(py::module_& m) {
           py::arg("timeout"), py::arg("max_entries") = 16,
           "Blocks (GIL released) until at least one completion is there, at most `timeout` seconds "
           "(None: no bound); raises TimedOut.")
-      .def("fd", [](const py_cq& c) { return c.cq.fd(); },
-           "A descriptor that becomes readable after arm() once a completion arrives.")
-      .def("arm", [](py_cq& c) { c.cq.arm(); }, "Requests one notification on fd().")
-      .def("__repr__", [](const py_cq& c) { return "CompletionQueue(depth=" + std::to_string(c.cq.depth()) + ")"; });
+      .def(
+          "fd", [](const py_cq& c) { return c.cq.fd(); },
+          "A descriptor that becomes readable after arm() once a completion arrives.")
+      .def(
+          "arm", [](py_cq& c) { c.cq.arm(); }, "Requests one notification on fd().")
+      .def("__repr__", [](const py_cq& c) {
+        return "CompletionQueue(depth=" + std::to_string(c.cq.depth()) + ")";
+      });
 
   py::class_<py_send_wr>(m, "SendWr", "A send work request (any opcode) for QueuePair.post_send().")
-      .def(py::init([](wr_opcode opcode, const py::object& local, const std::optional<remote_region>& remote,
-                       std::uint64_t wr_id, std::uint32_t flags, std::uint32_t imm_data,
-                       std::uint32_t invalidate_rkey, std::uint64_t compare_add, std::uint64_t swap) {
+      .def(py::init([](wr_opcode opcode, const py::object& local,
+                       const std::optional<remote_region>& remote, std::uint64_t wr_id,
+                       std::uint32_t flags, std::uint32_t imm_data, std::uint32_t invalidate_rkey,
+                       std::uint64_t compare_add, std::uint64_t swap) {
              auto w = std::make_unique<py_send_wr>();
              w->sgl = to_sgl(local);
              w->wr.wr_id = wr_id;
@@ -265,9 +278,10 @@ void bind_queue(py::module_& m) {
              w->wr.swap = swap;
              return w;
            }),
-           py::arg("opcode") = wr_opcode::send, py::arg("local") = py::none(), py::arg("remote") = py::none(),
-           py::arg("wr_id") = 0, py::arg("flags") = 1u, py::arg("imm_data") = 0, py::arg("invalidate_rkey") = 0,
-           py::arg("compare_add") = 0, py::arg("swap") = 0,
+           py::arg("opcode") = wr_opcode::send, py::arg("local") = py::none(),
+           py::arg("remote") = py::none(), py::arg("wr_id") = 0, py::arg("flags") = 1u,
+           py::arg("imm_data") = 0, py::arg("invalidate_rkey") = 0, py::arg("compare_add") = 0,
+           py::arg("swap") = 0,
            "local: an Sge, MemoryRegion, (MemoryRegion, offset, length) or a list of them; "
            "remote: a RemoteRegion (RDMA and atomics); flags: SendFlags (default signaled).")
       .def_property(
@@ -328,9 +342,10 @@ void bind_queue(py::module_& m) {
       .def_readonly("terminates_received", &qp_counters::terminates_received)
       .def_readonly("direct_ops", &qp_counters::direct_ops);
 
-  py::class_<py_qp>(m, "QueuePair",
-                    "A reliable-connected queue pair. Posting never blocks: a full queue raises Again, "
-                    "a QP in ERROR QpInError. Usable as a context manager (closing on exit).")
+  py::class_<py_qp>(
+      m, "QueuePair",
+      "A reliable-connected queue pair. Posting never blocks: a full queue raises Again, "
+      "a QP in ERROR QpInError. Usable as a context manager (closing on exit).")
       .def_property_readonly("qp_num", [](py_qp& q) { return q.get().qp_num(); })
       .def_property_readonly("state", [](py_qp& q) { return q.get().state(); })
       .def_property_readonly("caps", [](py_qp& q) { return q.get().caps(); })
@@ -379,7 +394,8 @@ void bind_queue(py::module_& m) {
             check_status(qp.post_recv(to_sge(local), wr_id), "post_recv");
           },
           py::arg("local"), py::arg("wr_id") = 0,
-          "Posts one receive (local: Sge, MemoryRegion or (mr, offset, length)) or a list of RecvWr.")
+          "Posts one receive (local: Sge, MemoryRegion or (mr, offset, length)) or a list of "
+          "RecvWr.")
       .def(
           "post_send_msg",
           [](py_qp& q, const py::object& local, std::uint64_t wr_id) {
@@ -397,26 +413,32 @@ void bind_queue(py::module_& m) {
           [](py_qp& q, const py::object& local, const remote_region& remote, std::uint64_t wr_id) {
             check_status(q.get().post_read(to_sge(local), remote, wr_id), "post_read");
           },
-          py::arg("local"), py::arg("remote"), py::arg("wr_id") = 0, "Posts a signaled RDMA READ into `local`.")
+          py::arg("local"), py::arg("remote"), py::arg("wr_id") = 0,
+          "Posts a signaled RDMA READ into `local`.")
       .def(
           "post_fetch_add",
           [](py_qp& q, const py::object& result8, const remote_region& remote, std::uint64_t add,
              std::uint64_t wr_id) {
-            check_status(q.get().post_fetch_add(to_sge(result8), remote, add, wr_id), "post_fetch_add");
+            check_status(q.get().post_fetch_add(to_sge(result8), remote, add, wr_id),
+                         "post_fetch_add");
           },
           py::arg("result"), py::arg("remote"), py::arg("add"), py::arg("wr_id") = 0,
-          "Atomic fetch-and-add on 8 aligned remote bytes; the old value lands in `result` (8 bytes).")
+          "Atomic fetch-and-add on 8 aligned remote bytes; the old value lands in `result` (8 "
+          "bytes).")
       .def(
           "post_cmp_swap",
-          [](py_qp& q, const py::object& result8, const remote_region& remote, std::uint64_t compare,
-             std::uint64_t swap, std::uint64_t wr_id) {
-            check_status(q.get().post_cmp_swap(to_sge(result8), remote, compare, swap, wr_id), "post_cmp_swap");
+          [](py_qp& q, const py::object& result8, const remote_region& remote,
+             std::uint64_t compare, std::uint64_t swap, std::uint64_t wr_id) {
+            check_status(q.get().post_cmp_swap(to_sge(result8), remote, compare, swap, wr_id),
+                         "post_cmp_swap");
           },
-          py::arg("result"), py::arg("remote"), py::arg("compare"), py::arg("swap"), py::arg("wr_id") = 0,
+          py::arg("result"), py::arg("remote"), py::arg("compare"), py::arg("swap"),
+          py::arg("wr_id") = 0,
           "Atomic compare-and-swap on 8 aligned remote bytes; the old value lands in `result`.")
       .def(
           "read_into",
-          [](py::object self, const py::object& local, const remote_region& remote, const py::object& timeout) {
+          [](py::object self, const py::object& local, const remote_region& remote,
+             const py::object& timeout) {
             auto& q = self.cast<py_qp&>();
             std::unique_ptr<py_mr> tmp;
             sge s = helper_sge(q, local, true, tmp);
@@ -433,7 +455,8 @@ void bind_queue(py::module_& m) {
           "completion.")
       .def(
           "write_from",
-          [](py::object self, const py::object& local, const remote_region& remote, const py::object& timeout) {
+          [](py::object self, const py::object& local, const remote_region& remote,
+             const py::object& timeout) {
             auto& q = self.cast<py_qp&>();
             std::unique_ptr<py_mr> tmp;
             sge s = helper_sge(q, local, false, tmp);
@@ -452,21 +475,26 @@ void bind_queue(py::module_& m) {
             auto r = q.get().modify(target);
             if (!r) raise_error(r.error());
           },
-          py::arg("state"), "To ERROR (flushing everything), or from ERROR/INIT back to RESET/INIT.")
-      .def("connection",
-           [](py_qp& q) {
-             auto r = q.get().connection();
-             if (!r) raise_error(r.error());
-             return *r;
-           },
-           "The negotiated parameters (ConnectionAttr); InvalidState before the connection is up.")
+          py::arg("state"),
+          "To ERROR (flushing everything), or from ERROR/INIT back to RESET/INIT.")
+      .def(
+          "connection",
+          [](py_qp& q) {
+            auto r = q.get().connection();
+            if (!r) raise_error(r.error());
+            return *r;
+          },
+          "The negotiated parameters (ConnectionAttr); InvalidState before the connection is up.")
       .def("counters", [](py_qp& q) { return q.get().counters(); })
-      .def("disconnect", [](py_qp& q) { q.get().disconnect(); }, "Orderly close; outstanding requests flush.")
+      .def(
+          "disconnect", [](py_qp& q) { q.get().disconnect(); },
+          "Orderly close; outstanding requests flush.")
       .def(
           "close",
           [](py_qp& q) {
             if (q.users.load() > 0)
-              raise_error(errc::invalid_state, "QueuePair.close: another thread is using the QP (connect/accept/wait)");
+              raise_error(errc::invalid_state,
+                          "QueuePair.close: another thread is using the QP (connect/accept/wait)");
             // Taken out first (other threads see a closed QP), destroyed
             // without the GIL: the disconnect is bounded but may wait.
             queue_pair doomed = std::move(q.qp);
@@ -482,8 +510,8 @@ void bind_queue(py::module_& m) {
            })
       .def("__repr__", [](py_qp& q) {
         if (!q.qp) return std::string("QueuePair(closed)");
-        return "QueuePair(qp_num=" + std::to_string(q.qp.qp_num()) + ", state=" +
-               std::string(to_string(q.qp.state())) + ")";
+        return "QueuePair(qp_num=" + std::to_string(q.qp.qp_num()) +
+               ", state=" + std::string(to_string(q.qp.state())) + ")";
       });
 }
 

@@ -82,7 +82,9 @@ class ptracer_registry {
 
 }  // namespace
 
-void add_peer_attach(pid_t pid) { ptracer_registry::get().add(pid); }
+void add_peer_attach(pid_t pid) {
+  ptracer_registry::get().add(pid);
+}
 
 void release_peer_attach(pid_t pid) noexcept {
   if (pid > 0) ptracer_registry::get().remove(pid);
@@ -90,7 +92,6 @@ void release_peer_attach(pid_t pid) noexcept {
 long declared_ptracer() noexcept {
   return ptracer_registry::get().declared();
 }
-
 
 std::uint64_t& probe_word() {
   static std::uint64_t w = [] {
@@ -112,6 +113,5 @@ bool probe_peer(pid_t pid, std::uint64_t addr, std::uint64_t value, int* err) {
   *err = r < 0 ? errno : 0;
   return r == sizeof got && got == value;
 }
-
 
 }  // namespace conveyor::shm

@@ -8,11 +8,11 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,7 +35,9 @@ engine::engine(bool own_thread, std::uint32_t spin_us, bool park)
   if (own_thread) start_thread("cv-shm-engine");
 }
 
-engine::~engine() { stop_thread(); }
+engine::~engine() {
+  stop_thread();
+}
 
 void engine::attach(shm_qp* qp, int fd) noexcept {
   {

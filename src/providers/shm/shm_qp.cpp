@@ -28,8 +28,7 @@ namespace conveyor::shm {
 
 using namespace qp_parts;
 
-shm_qp::shm_qp(swnic::qp_args&& a)
-    : sw_qp(std::move(a)), dev_(&static_cast<shm_pd&>(pd()).dev()) {
+shm_qp::shm_qp(swnic::qp_args&& a) : sw_qp(std::move(a)), dev_(&static_cast<shm_pd&>(pd()).dev()) {
   sq_.resize(caps_.max_send_wr);
 }
 
@@ -38,7 +37,9 @@ shm_qp::~shm_qp() {
 }
 
 // ------------------------------------------------------------------ posting ----
-swnic::wqe_base& shm_qp::sq_entry_locked(std::uint32_t idx) noexcept { return sq_[idx]; }
+swnic::wqe_base& shm_qp::sq_entry_locked(std::uint32_t idx) noexcept {
+  return sq_[idx];
+}
 
 bool shm_qp::sq_accept_locked(std::uint32_t idx) noexcept {
   swqe& w = sq_[idx];

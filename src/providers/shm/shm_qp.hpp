@@ -32,7 +32,6 @@ namespace conveyor::shm {
 class shm_pd;
 class shm_device;
 
-
 // What the connection manager hands a QP when the handshake is done.
 struct conn_setup {
   int sock = -1;        // connected Unix socket (owned from now on)
@@ -149,7 +148,7 @@ class shm_qp final : public swnic::sw_qp {
 
   // SQ (tx_mu_; the base's sq_head_/sq_next_/sq_tail_: retire / transmit / post)
   std::vector<swqe> sq_;
-  std::uint64_t tx_off_ = 0;                               // bytes of sq_next_ already in the ring
+  std::uint64_t tx_off_ = 0;     // bytes of sq_next_ already in the ring
   bool tx_imm_pending_ = false;  // WRITE_WITH_IMM: data written, immediate not yet
   std::uint64_t tx_head_ = 0;    // our request ring's head (we produce it)
   std::uint32_t ord_used_ = 0;   // READs/atomics transmitted and not retired (<= attr_.ord)
@@ -186,7 +185,7 @@ class shm_qp final : public swnic::sw_qp {
   // IRD: where each staged READ/atomic response we produced ends in our
   // response ring, until the peer's consumer tail passes it; at most attr_.ird.
   std::deque<std::uint64_t> irq_ends_;
-  bool irq_full() noexcept;  // prunes what the peer consumed; true at attr_.ird
+  bool irq_full() noexcept;         // prunes what the peer consumed; true at attr_.ird
   bool rsp_bad_ = false;            // the peer moved our response ring's tail past what we produced
   std::atomic<bool> dirty_{false};  // we changed shared state: the peer may need a doorbell
   wc_status pending_local_ = wc_status::success;

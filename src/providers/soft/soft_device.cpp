@@ -10,7 +10,10 @@ namespace conveyor::soft {
 soft_device::soft_device(std::string name, const device_options& opts)
     : sw_device(std::move(name), "soft", transport::iwarp, opts) {
   // One "port": TCP on every interface of the host.
-  attr_.ports.push_back({.num = 1, .state = "active", .link_layer = "tcp", .mtu = 0,
+  attr_.ports.push_back({.num = 1,
+                         .state = "active",
+                         .link_layer = "tcp",
+                         .mtu = 0,
                          .addresses = net::interface_addresses()});
   engine_owned_ = std::make_unique<soft::engine>(opts.progress == progress_mode::thread,
                                                  opts.engine_spin_us, opts.engine_park);
@@ -35,15 +38,16 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
   const device_options o = swnic::with_env_overrides(opts);
   auto dev = std::make_shared<soft_device>(std::string(name), o);
   if (!dev->eng().ok())
-    return make_error(errc::resource_exhausted, "open " + std::string(name) + ": epoll/eventfd failed");
+    return make_error(errc::resource_exhausted,
+                      "open " + std::string(name) + ": epoll/eventfd failed");
   if (detail::log_enabled(detail::log_level::info))
-    detail::log_line(detail::log_level::info,
-                     "opened device " + std::string(name) + " (provider soft, iWARP over TCP, progress " +
-                         (o.progress == progress_mode::thread ? "thread" : "manual") + ", crc " +
-                         (o.request_crc ? "requested" : "not requested") + ", wait spin " +
-                         std::to_string(o.spin_us) + " us, engine spin " +
-                         std::to_string(o.engine_spin_us) + " us, engine park " +
-                         (o.engine_park ? "on" : "off") + ")");
+    detail::log_line(
+        detail::log_level::info,
+        "opened device " + std::string(name) + " (provider soft, iWARP over TCP, progress " +
+            (o.progress == progress_mode::thread ? "thread" : "manual") + ", crc " +
+            (o.request_crc ? "requested" : "not requested") + ", wait spin " +
+            std::to_string(o.spin_us) + " us, engine spin " + std::to_string(o.engine_spin_us) +
+            " us, engine park " + (o.engine_park ? "on" : "off") + ")");
   return std::shared_ptr<detail::device_impl>(std::move(dev));
 }
 

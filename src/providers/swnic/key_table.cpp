@@ -97,9 +97,12 @@ key_check key_table::acquire(std::uint32_t key, std::uint32_t pd_id, std::uint64
   g.s_ = &s;
   key_check rc = key_check::ok;
   const auto start = reinterpret_cast<std::uint64_t>(s.base);
-  if (s.pd_id != pd_id) rc = key_check::wrong_pd;
-  else if (addr < start || len > s.len || addr - start > s.len - len) rc = key_check::out_of_bounds;
-  else if (!has(s.rights, need)) rc = key_check::no_access;
+  if (s.pd_id != pd_id)
+    rc = key_check::wrong_pd;
+  else if (addr < start || len > s.len || addr - start > s.len - len)
+    rc = key_check::out_of_bounds;
+  else if (!has(s.rights, need))
+    rc = key_check::no_access;
   if (rc != key_check::ok) {
     g.release();
     return rc;

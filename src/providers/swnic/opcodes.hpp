@@ -24,12 +24,17 @@ constexpr wc_opcode wc_of(wr_opcode op) noexcept {
   switch (op) {
     case wr_opcode::send:
     case wr_opcode::send_with_imm:
-    case wr_opcode::send_with_inv: return wc_opcode::send;
+    case wr_opcode::send_with_inv:
+      return wc_opcode::send;
     case wr_opcode::rdma_write:
-    case wr_opcode::rdma_write_with_imm: return wc_opcode::rdma_write;
-    case wr_opcode::rdma_read: return wc_opcode::rdma_read;
-    case wr_opcode::atomic_cmp_and_swp: return wc_opcode::comp_swap;
-    case wr_opcode::atomic_fetch_and_add: return wc_opcode::fetch_add;
+    case wr_opcode::rdma_write_with_imm:
+      return wc_opcode::rdma_write;
+    case wr_opcode::rdma_read:
+      return wc_opcode::rdma_read;
+    case wr_opcode::atomic_cmp_and_swp:
+      return wc_opcode::comp_swap;
+    case wr_opcode::atomic_fetch_and_add:
+      return wc_opcode::fetch_add;
   }
   return wc_opcode::send;
 }

@@ -22,10 +22,17 @@ result<std::shared_ptr<sw_cq>> sw_cq::create(std::uint32_t depth, std::shared_pt
 
 sw_cq::sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* engine,
              std::uint32_t spin_us, bool manual)
-    : depth_(depth), efd_(efd), keep_(std::move(keep)), spin_us_(spin_us), engine_(engine),
-      manual_(manual), ring_(depth) {}
+    : depth_(depth),
+      efd_(efd),
+      keep_(std::move(keep)),
+      spin_us_(spin_us),
+      engine_(engine),
+      manual_(manual),
+      ring_(depth) {}
 
-sw_cq::~sw_cq() { ::close(efd_); }
+sw_cq::~sw_cq() {
+  ::close(efd_);
+}
 
 void sw_cq::notify() noexcept {
   if (armed_.exchange(false, std::memory_order_acq_rel)) {
@@ -110,7 +117,8 @@ std::expected<std::size_t, errc> sw_cq::wait(std::span<work_completion> out,
     r = poll(out);
     if (!r || *r > 0) return r;
     if (engine_ && !manual_) engine_->idle();  // the engine thread takes over
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
     int ms = static_cast<int>(std::min<long long>(std::max<long long>(left, 0) + 1, 1000));
     pollfd fds[2] = {{efd_, POLLIN, 0}, {manual_ ? engine_->wait_fd() : -1, POLLIN, 0}};
     ::poll(fds, manual_ ? 2 : 1, ms);

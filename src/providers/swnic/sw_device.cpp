@@ -33,9 +33,9 @@ sw_device::sw_device(std::string name, std::string_view provider, transport t,
   attr_.max_mr_size = 1ull << 46;
   attr_.max_msg_size = 0x7FFFFFFFu;
   attr_.max_qp_rd_atom = max_rd_atom;
-  attr_.atomics = true;         // soft: with a Conveyor peer (RFC 7306, negotiated)
+  attr_.atomics = true;                     // soft: with a Conveyor peer (RFC 7306, negotiated)
   attr_.atomic_cap = atomic_scope::global;  // remote_atomic.hpp: atomic_ref on the word
-  attr_.immediate_data = true;  // likewise
+  attr_.immediate_data = true;              // likewise
   attr_.send_with_invalidate = true;
 }
 

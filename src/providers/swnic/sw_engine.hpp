@@ -54,8 +54,8 @@ class sw_engine : public detail::progress_source {
   void kick() noexcept;        // wakes a thread blocked on epfd_ or parked
   void drain_wake() noexcept;  // consumes kick()s
 
-  int epfd_ = -1;   // the provider adds its descriptors (data.ptr != nullptr)
-  int wake_ = -1;   // in epfd_ with data.ptr == nullptr
+  int epfd_ = -1;  // the provider adds its descriptors (data.ptr != nullptr)
+  int wake_ = -1;  // in epfd_ with data.ptr == nullptr
   const std::uint32_t spin_us_;
 
  private:

@@ -30,8 +30,9 @@ result<sw_qp*> accept_target(queue_pair& qp, const sw_device& dev, const std::st
                              std::size_t private_data_len) {
   auto* sq = dynamic_cast<sw_qp*>(detail::handle_access::impl(qp));
   if (sq == nullptr || &sq->pd().dev() != &dev)
-    return make_error(errc::invalid_argument,
-                      where + (sq == nullptr ? ": QP of another provider" : ": QP belongs to another device"));
+    return make_error(
+        errc::invalid_argument,
+        where + (sq == nullptr ? ": QP of another provider" : ": QP belongs to another device"));
   if (sq->state() != qp_state::init)
     return make_error(errc::invalid_state, where + ": QP " + std::to_string(sq->qp_num()) + " is " +
                                                std::string(to_string(sq->state())) + ", not INIT");

@@ -89,8 +89,8 @@ std::expected<std::size_t, errc> verbs_cq::poll_raw(std::span<work_completion> o
   return total;
 }
 
-std::expected<std::size_t, errc> verbs_cq::wait(
-    std::span<work_completion> out, std::chrono::nanoseconds timeout) noexcept {
+std::expected<std::size_t, errc> verbs_cq::wait(std::span<work_completion> out,
+                                                std::chrono::nanoseconds timeout) noexcept {
   const auto start = clock_type::now();
   const auto deadline = start + timeout;
   const auto spin_end = start + std::chrono::microseconds(dev_->options().spin_us);

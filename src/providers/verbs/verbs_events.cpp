@@ -15,16 +15,18 @@ async_translation translate_async_event(const async_event_fields& f) {
       e.type = device_event_type::qp_error;
       e.port = f.device_port;
       e.qp_num = f.qp_num;
-      e.description = f.qp_where.empty()
-                          ? dev_port + " QP " + std::to_string(f.qp_num) + ": async event " + name
-                          : std::string(f.qp_where) + ": async event " + name + " (QP moved to ERROR)";
+      e.description =
+          f.qp_where.empty()
+              ? dev_port + " QP " + std::to_string(f.qp_num) + ": async event " + name
+              : std::string(f.qp_where) + ": async event " + name + " (QP moved to ERROR)";
       t.level = detail::log_level::warn;
       t.effect = f.qp_where.empty() ? async_effect::none : async_effect::fail_qp;
       break;
     case IBV_EVENT_CQ_ERR:
       e.type = device_event_type::cq_error;
       e.port = f.device_port;
-      e.description = dev_port + ": async event " + name + " (CQ overflow; polls report cq_overflow)";
+      e.description =
+          dev_port + ": async event " + name + " (CQ overflow; polls report cq_overflow)";
       t.level = detail::log_level::warn;
       t.effect = async_effect::fail_cq;
       break;
@@ -61,24 +63,28 @@ async_translation translate_async_event(const async_event_fields& f) {
 
 device_event qp_failed_event(std::string_view qp_where, std::uint8_t port, std::uint32_t qp_num,
                              std::string_view cause, bool already_in_error) {
-  return device_event{.type = device_event_type::qp_error,
-                      .port = port,
-                      .qp_num = qp_num,
-                      .description = std::string(qp_where) + ": " + std::string(cause) +
-                                     (already_in_error ? " (the QP was already in ERROR: its requests complete with errors)"
-                                                       : " (QP moved to ERROR; outstanding requests flush)")};
+  return device_event{
+      .type = device_event_type::qp_error,
+      .port = port,
+      .qp_num = qp_num,
+      .description =
+          std::string(qp_where) + ": " + std::string(cause) +
+          (already_in_error ? " (the QP was already in ERROR: its requests complete with errors)"
+                            : " (QP moved to ERROR; outstanding requests flush)")};
 }
 
 device_event device_removed_event(std::string_view ibdev) {
-  return device_event{.type = device_event_type::device_fatal,
-                      .port = 0,
-                      .qp_num = 0,
-                      .description = "device " + std::string(ibdev) +
-                                     ": removed (every QP moved to ERROR; the kernel completes the removal "
-                                     "once every object of the device is closed)"};
+  return device_event{
+      .type = device_event_type::device_fatal,
+      .port = 0,
+      .qp_num = 0,
+      .description = "device " + std::string(ibdev) +
+                     ": removed (every QP moved to ERROR; the kernel completes the removal "
+                     "once every object of the device is closed)"};
 }
 
-bool deliver_event(const std::function<void(const device_event&)>& cb, const device_event& e) noexcept {
+bool deliver_event(const std::function<void(const device_event&)>& cb,
+                   const device_event& e) noexcept {
   if (!cb) return true;
   try {
     cb(e);

@@ -20,10 +20,10 @@ namespace conveyor::verbs {
 // What the provider does besides logging and delivering the event.
 enum class async_effect : std::uint8_t {
   none,
-  fail_qp,      // the QP is in ERROR: mark it so (posts refuse with qp_in_error)
-  fail_cq,      // the CQ overflowed: polls report cq_overflow, its QPs go to ERROR
-  port_down,    // the port's link is down: its connected QPs go to ERROR (flushing)
-  device_fatal, // the device is gone: every QP goes to ERROR (flushing)
+  fail_qp,       // the QP is in ERROR: mark it so (posts refuse with qp_in_error)
+  fail_cq,       // the CQ overflowed: polls report cq_overflow, its QPs go to ERROR
+  port_down,     // the port's link is down: its connected QPs go to ERROR (flushing)
+  device_fatal,  // the device is gone: every QP goes to ERROR (flushing)
 };
 
 struct async_event_fields {
@@ -61,6 +61,7 @@ device_event device_removed_event(std::string_view ibdev);
 
 // Hands `e` to `cb` when set. A callback that throws never ends the caller's
 // thread: returns false then (the caller logs it), true otherwise.
-bool deliver_event(const std::function<void(const device_event&)>& cb, const device_event& e) noexcept;
+bool deliver_event(const std::function<void(const device_event&)>& cb,
+                   const device_event& e) noexcept;
 
 }  // namespace conveyor::verbs

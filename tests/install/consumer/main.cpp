@@ -22,12 +22,14 @@ int main() {
   }
   const auto& a = dev->attr();
   const std::string transport(conveyor::to_string(a.transport_type));
-  std::printf("opened %s: provider %s, transport %s\n", a.name.c_str(), a.provider.c_str(), transport.c_str());
+  std::printf("opened %s: provider %s, transport %s\n", a.name.c_str(), a.provider.c_str(),
+              transport.c_str());
   std::printf("  max_qp %u, max_cqe %u, max_qp_wr %u, max_sge %u, max_inline_data %u\n", a.max_qp,
               a.max_cqe, a.max_qp_wr, a.max_sge, a.max_inline_data);
   std::printf("  max_mr %u, max_mr_size %llu, max_msg_size %u, max_qp_rd_atom %u\n", a.max_mr,
               static_cast<unsigned long long>(a.max_mr_size), a.max_msg_size, a.max_qp_rd_atom);
-  std::printf("  atomics %s, immediate_data %s, send_with_invalidate %s\n", a.atomics ? "yes" : "no",
-              a.immediate_data ? "yes" : "no", a.send_with_invalidate ? "yes" : "no");
+  std::printf("  atomics %s, immediate_data %s, send_with_invalidate %s\n",
+              a.atomics ? "yes" : "no", a.immediate_data ? "yes" : "no",
+              a.send_with_invalidate ? "yes" : "no");
   return a.provider == "soft" ? 0 : 1;
 }

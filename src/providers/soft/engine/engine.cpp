@@ -13,7 +13,9 @@ engine::engine(bool own_thread, std::uint32_t spin_us, bool park) : sw_engine(sp
   if (own_thread) start_thread("cv-soft-engine");
 }
 
-engine::~engine() { stop_thread(); }
+engine::~engine() {
+  stop_thread();
+}
 
 void engine::attach(soft_qp* qp, int fd) noexcept {
   {

@@ -64,7 +64,7 @@ class engine final : public swnic::sw_engine {
   static constexpr std::uint32_t hot_streak_min = 4;   // arrivals in a row on one QP
   static constexpr std::uint32_t hot_epoll_every = 8;  // steps
 
-  std::mutex mu_;                 // live_ and current_
+  std::mutex mu_;  // live_ and current_
   std::condition_variable cv_;
   std::unordered_set<soft_qp*> live_;
   soft_qp* current_ = nullptr;
@@ -72,9 +72,9 @@ class engine final : public swnic::sw_engine {
   // (mu_ for writes; read by the progressing thread).
   soft_qp* hot_ = nullptr;
   std::uint32_t hot_streak_ = 0;
-  std::uint32_t steps_ = 0;       // poll_once calls (progress_mu_)
+  std::uint32_t steps_ = 0;  // poll_once calls (progress_mu_)
   std::atomic<std::thread::id> progress_thread_{};
-  std::mutex progress_mu_;        // one progressing thread at a time (manual mode)
+  std::mutex progress_mu_;  // one progressing thread at a time (manual mode)
 };
 
 }  // namespace conveyor::soft

@@ -45,8 +45,9 @@ std::string printable(std::span<const std::byte> pd) {
 }
 
 // Reads one MPA frame (header, then exactly PD_Length bytes) before the deadline.
-result<mpa_frame> read_mpa(int fd, bool reply, clk::time_point deadline, std::chrono::milliseconds t,
-                           const std::string& peer, bool* markers = nullptr) {
+result<mpa_frame> read_mpa(int fd, bool reply, clk::time_point deadline,
+                           std::chrono::milliseconds t, const std::string& peer,
+                           bool* markers = nullptr) {
   std::byte hdr[mpa_header_size];
   const std::string what = "MPA handshake with " + peer;
   auto r = net::read_exact(fd, hdr, deadline, what);
@@ -74,7 +75,8 @@ result<mpa_frame> read_mpa(int fd, bool reply, clk::time_point deadline, std::ch
 
 class soft_conn_request final : public detail::conn_request_impl {
  public:
-  soft_conn_request(std::shared_ptr<soft_device> dev, net::fd_guard fd, mpa_frame req, std::string peer)
+  soft_conn_request(std::shared_ptr<soft_device> dev, net::fd_guard fd, mpa_frame req,
+                    std::string peer)
       : dev_(std::move(dev)), fd_(std::move(fd)), req_(std::move(req)), peer_(std::move(peer)) {}
   ~soft_conn_request() override {
     if (fd_) (void)reject(std::as_bytes(std::span("not accepted", 12)));
@@ -225,9 +227,11 @@ result<void> soft_conn_request::reject(std::span<const std::byte> reason) {
   mpa_frame rep = reply_base();
   rep.flags = mpa_flag::reject;
   if (req_.v2) rep.v2 = mpa_v2_words{};
-  rep.private_data.assign(reason.begin(), reason.begin() + std::min(reason.size(), max_private_data));
+  rep.private_data.assign(reason.begin(),
+                          reason.begin() + std::min(reason.size(), max_private_data));
   auto bytes = encode_mpa(rep);
-  auto r = net::write_all(fd_.get(), bytes, clk::now() + std::chrono::seconds(1), "MPA reject to " + peer_);
+  auto r = net::write_all(fd_.get(), bytes, clk::now() + std::chrono::seconds(1),
+                          "MPA reject to " + peer_);
   ::shutdown(fd_.get(), SHUT_WR);
   fd_ = net::fd_guard();
   return r;
@@ -256,7 +260,8 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
     // max_dest_rd_atomic; our ORD stays within its IRD.
     cp.ird =
         std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ird(), req_.v2->ord), 1, 128);
-    cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ord(), req_.v2->ird), 1, 128);
+    cp.ord =
+        std::clamp<std::uint32_t>(std::min<std::uint32_t>(sq->want_ord(), req_.v2->ird), 1, 128);
     w.ird = static_cast<std::uint16_t>(cp.ird);
     w.ord = static_cast<std::uint16_t>(cp.ord);
     if (req_.v2->peer2peer) {
@@ -282,8 +287,8 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
   if (!w) return std::unexpected(w.error());
   if (p2p) {
     // Nothing may be sent before the initiator's RTR arrives; read exactly it.
-    const std::size_t n = read_rtr ? fpdu_size(ddp::untagged_hdr + read_request_hdr)
-                                   : fpdu_size(ddp::tagged_hdr);
+    const std::size_t n =
+        read_rtr ? fpdu_size(ddp::untagged_hdr + read_request_hdr) : fpdu_size(ddp::tagged_hdr);
     std::byte buf[64];
     auto r = net::read_exact(fd_.get(), std::span(buf, n), deadline, "MPA RTR from " + peer_);
     if (!r) {
@@ -293,12 +298,15 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
       return std::unexpected(r.error());
     }
     auto h = parse_fpdu_header(std::span(buf, n));
-    const bool ok = h && h->total() == n && h->payload_len == 0 &&
-                    (read_rtr ? h->opcode == rdmap_op::read_request : h->opcode == rdmap_op::write) &&
-                    (!crc || check_fpdu_crc(std::span(buf, n)));
-    if (!ok) return make_error(errc::protocol_error, "MPA handshake with " + peer_ + ": bad RTR frame");
+    const bool ok =
+        h && h->total() == n && h->payload_len == 0 &&
+        (read_rtr ? h->opcode == rdmap_op::read_request : h->opcode == rdmap_op::write) &&
+        (!crc || check_fpdu_crc(std::span(buf, n)));
+    if (!ok)
+      return make_error(errc::protocol_error, "MPA handshake with " + peer_ + ": bad RTR frame");
     if (read_rtr && h->msn != 1)
-      return make_error(errc::protocol_error, "MPA handshake with " + peer_ + ": read RTR MSN != 1");
+      return make_error(errc::protocol_error,
+                        "MPA handshake with " + peer_ + ": read RTR MSN != 1");
     cp.answer_read_rtr = read_rtr;
   }
   qp_connection_attr attr;
@@ -340,7 +348,8 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
   mpa_frame req;
   req.reply = false;
   req.revision = 2;
-  req.flags = static_cast<std::uint8_t>((dopts.request_crc ? mpa_flag::crc : 0) | mpa_flag::ext_offer);
+  req.flags =
+      static_cast<std::uint8_t>((dopts.request_crc ? mpa_flag::crc : 0) | mpa_flag::ext_offer);
   mpa_v2_words w;
   w.ird = static_cast<std::uint16_t>(want_ird_);
   w.ord = static_cast<std::uint16_t>(want_ord_);
@@ -356,8 +365,8 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
   if (!rep) return std::unexpected(rep.error());
   if (rep->rejected()) {
     const std::string why = printable(rep->private_data);
-    return make_error(errc::rejected,
-                      "peer " + peer + " rejected: " + (why.empty() ? std::string("(no reason given)") : why));
+    return make_error(errc::rejected, "peer " + peer + " rejected: " +
+                                          (why.empty() ? std::string("(no reason given)") : why));
   }
   conn_params cp;
   cp.crc = dopts.request_crc || rep->crc();
@@ -381,7 +390,8 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
         n = write_read_request(f, {1, 0, 0, 1, 0}, 1, cp.crc);  // zero-length, STags 1, MSN 1
         rtr = "read";
       } else {
-        return make_error(errc::protocol_error, "MPA reply from " + peer + ": no matching RTR option");
+        return make_error(errc::protocol_error,
+                          "MPA reply from " + peer + ": no matching RTR option");
       }
       finish_fpdu(std::span(f, n), cp.crc);
       auto r = net::write_all(fd->get(), std::span(f, n), deadline, "MPA RTR to " + peer);

@@ -26,10 +26,14 @@ soft_qp::soft_qp(swnic::qp_args&& a)
   batch_keys_.reserve(max_batch_keys);
 }
 
-soft_qp::~soft_qp() { disconnect(); }
+soft_qp::~soft_qp() {
+  disconnect();
+}
 
 // ------------------------------------------------------------------ posting ----
-swnic::wqe_base& soft_qp::sq_entry_locked(std::uint32_t idx) noexcept { return sq_[idx]; }
+swnic::wqe_base& soft_qp::sq_entry_locked(std::uint32_t idx) noexcept {
+  return sq_[idx];
+}
 
 bool soft_qp::sq_accept_locked(std::uint32_t idx) noexcept {
   swqe& w = sq_[idx];
@@ -52,7 +56,8 @@ void soft_qp::flush_locked(wc_status first, std::uint32_t vendor) noexcept {
     if (w.st == wqe_st::done) continue;
     const bool in_flight = w.st != wqe_st::queued;
     wc_status st = wc_status::wr_flush_err;
-    if (!first_used && in_flight && first != wc_status::success && first != wc_status::wr_flush_err) {
+    if (!first_used && in_flight && first != wc_status::success &&
+        first != wc_status::wr_flush_err) {
       st = first;
       first_used = true;
     }
@@ -82,8 +87,10 @@ void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
   }
   state_.store(qp_state::error);
   flush_locked(first, vendor);
-  if (term_pending_) tx_progress_locked();  // sends the Terminate, then FIN
-  else if (fd_ >= 0 && !term_sent_) ::shutdown(fd_, SHUT_WR);
+  if (term_pending_)
+    tx_progress_locked();  // sends the Terminate, then FIN
+  else if (fd_ >= 0 && !term_sent_)
+    ::shutdown(fd_, SHUT_WR);
 }
 
 void soft_qp::disconnect() noexcept {
@@ -95,7 +102,8 @@ void soft_qp::disconnect() noexcept {
     std::lock_guard lk(tx_mu_);
     tx_progress_locked();
   }
-  if (state() != qp_state::error && state() != qp_state::reset) enter_error(wc_status::wr_flush_err, 0);
+  if (state() != qp_state::error && state() != qp_state::reset)
+    enter_error(wc_status::wr_flush_err, 0);
   if (attached_.exchange(false)) dev_->eng().detach(this, fd_);
   // The engine may be detaching the socket itself (peer closed): let it finish
   // before the descriptor is closed and can be reused.
@@ -133,7 +141,8 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
     attr.max_fpdu = static_cast<std::uint32_t>(max_fpdu_);
     attr_ = attr;
     state_.store(qp_state::rts);
-    if (p.answer_read_rtr) {  // the RTR was Read Request MSN 1: answer it with a zero-length response
+    if (p.answer_read_rtr) {  // the RTR was Read Request MSN 1: answer it with a zero-length
+                              // response
       rx_msn_[qn::read_request] = 2;
       irq_.push_back({response::read, 1, 0, 0, 0, 0, 0, 0, 0});
     }
@@ -148,10 +157,10 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
                      dev_->attr().name + " QP " + std::to_string(qpn_) + " connected " +
                          attr_.local_address + " <-> " + attr_.peer_address + ": MPA rev " +
                          std::to_string(attr_.mpa_revision) + ", IRD " + std::to_string(attr_.ird) +
-                         ", ORD " + std::to_string(attr_.ord) + ", CRC " + (attr_.crc ? "on" : "off") +
-                         ", MSS " + std::to_string(attr_.mss) + ", FPDU " +
-                         std::to_string(attr_.max_fpdu) + ", RTR " + attr_.rtr + ", RFC 7306 " +
-                         (attr_.extensions ? "on" : "off"));
+                         ", ORD " + std::to_string(attr_.ord) + ", CRC " +
+                         (attr_.crc ? "on" : "off") + ", MSS " + std::to_string(attr_.mss) +
+                         ", FPDU " + std::to_string(attr_.max_fpdu) + ", RTR " + attr_.rtr +
+                         ", RFC 7306 " + (attr_.extensions ? "on" : "off"));
   attached_.store(true);
   dev_->eng().attach(this, fd_);
   std::lock_guard lk(tx_mu_);

@@ -36,8 +36,8 @@ class soft_device;
 struct conn_params {
   bool crc = false;
   bool ext = false;
-  std::uint32_t ird = 0;  // inbound reads we accept
-  std::uint32_t ord = 0;  // outbound reads we may have outstanding
+  std::uint32_t ird = 0;         // inbound reads we accept
+  std::uint32_t ord = 0;         // outbound reads we may have outstanding
   bool answer_read_rtr = false;  // the responder got a zero-length Read RTR to answer
 };
 
@@ -70,8 +70,8 @@ class soft_qp final : public swnic::sw_qp {
   // An outbound READ/atomic/confirm waiting for its response.
   struct outstanding {
     enum kind_t : std::uint8_t { user_read, confirm, atomic } kind;
-    std::uint32_t wqe;         // SQ index (user_read/atomic)
-    std::uint64_t id;          // atomic request id; confirm read serial
+    std::uint32_t wqe;  // SQ index (user_read/atomic)
+    std::uint64_t id;   // atomic request id; confirm read serial
     std::uint32_t sink_stag;
     std::uint64_t sink_to;
     std::uint64_t len, got;
@@ -166,25 +166,25 @@ class soft_qp final : public swnic::sw_qp {
   int fd_ = -1;
   std::atomic<bool> attached_{false};
   conn_params cp_;
-  std::size_t max_fpdu_ = 1460;      // tx_mu_ once connected
+  std::size_t max_fpdu_ = 1460;  // tx_mu_ once connected
   // TCP's MSS starts bounded by half the initial window (32 KiB on loopback)
   // and grows with it (to 65483 there): bulk framing re-reads it, as Linux siw
   // does, so FPDUs follow it (tx_mu_).
-  std::uint64_t tx_framed_ = 0;      // payload bytes framed
-  std::uint64_t mss_check_at_ = 0;   // re-read the MSS when tx_framed_ gets here
+  std::uint64_t tx_framed_ = 0;     // payload bytes framed
+  std::uint64_t mss_check_at_ = 0;  // re-read the MSS when tx_framed_ gets here
 
   // SQ (tx_mu_; the base's sq_head_/sq_next_/sq_tail_: retire / transmit / post)
   std::vector<swqe> sq_;
-  std::uint64_t cur_off_ = 0;       // bytes of the current SQ message already framed
-  bool cur_imm_sent_ = false;       // send_with_imm: the Immediate Data part went out
-  std::deque<outstanding> out_reads_;   // in order of request
+  std::uint64_t cur_off_ = 0;          // bytes of the current SQ message already framed
+  bool cur_imm_sent_ = false;          // send_with_imm: the Immediate Data part went out
+  std::deque<outstanding> out_reads_;  // in order of request
   std::deque<outstanding> out_atomics_;
   std::uint32_t ord_used_ = 0;
   std::uint64_t confirm_next_ = 1;  // id the next confirm read will carry
   bool need_confirm_ = false;
   std::uint32_t tx_msn_[4] = {1, 1, 1, 1};
-  std::deque<response> irq_;        // inbound reads/atomics to answer, in order
-  std::size_t irq_framing_ = 0;     // responses of irq_ already fully framed
+  std::deque<response> irq_;     // inbound reads/atomics to answer, in order
+  std::size_t irq_framing_ = 0;  // responses of irq_ already fully framed
   std::vector<std::byte> term_bytes_;
   bool term_pending_ = false, term_sent_ = false;
   std::uint32_t atomic_req_id_ = 1;
@@ -206,22 +206,22 @@ class soft_qp final : public swnic::sw_qp {
   wire::fpdu_header h_{};
   std::uint32_t rx_crc_ = 0;
   detail::key_table::guard rx_guard_;  // the tagged key held during one placement step
-  std::uint64_t rx_done_ = 0;        // payload bytes of this FPDU placed
+  std::uint64_t rx_done_ = 0;          // payload bytes of this FPDU placed
   std::byte rx_trailer_[8]{};
   std::size_t rx_trailer_got_ = 0;
   bool rx_last_big_ = false;
-  bool rx_drained_ = false;          // a read this round came back short
-  int rx_reads_ = 0;                 // socket reads this round
-  std::atomic<bool> rx_eof_{false};  // the peer closed or the socket failed
+  bool rx_drained_ = false;              // a read this round came back short
+  int rx_reads_ = 0;                     // socket reads this round
+  std::atomic<bool> rx_eof_{false};      // the peer closed or the socket failed
   std::atomic<bool> rx_stopped_{false};  // ERROR: not reading, lingering
   int linger_fd_ = -1;                   // timerfd of the linger deadline (rx_mu_)
   std::uint32_t rx_msn_[4] = {1, 1, 1, 1};
-  std::uint64_t rx_msg_off_ = 0;     // untagged: bytes of the current message so far
+  std::uint64_t rx_msg_off_ = 0;  // untagged: bytes of the current message so far
   bool rx_in_send_ = false;
   std::uint64_t rx_pending_imm_ = 0;
   bool rx_has_pending_imm_ = false;
-  std::uint64_t rx_ctl_value_ = 0;   // immediate value / atomic original
-  std::uint32_t rx_ctl_id_ = 0;      // atomic response request id
+  std::uint64_t rx_ctl_value_ = 0;  // immediate value / atomic original
+  std::uint32_t rx_ctl_id_ = 0;     // atomic response request id
 
   // counters
   std::atomic<std::uint64_t> c_tx_fpdus_{0}, c_rx_fpdus_{0}, c_tx_sys_{0}, c_rx_sys_{0},

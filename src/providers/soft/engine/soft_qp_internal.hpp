@@ -19,7 +19,8 @@ using swnic::is_write_op;
 using swnic::wc_of;
 
 inline constexpr std::size_t rxbuf_size = 256 * 1024;
-inline constexpr std::size_t small_inline_copy = 64;  // payload up to this is copied next to its header
+inline constexpr std::size_t small_inline_copy =
+    64;  // payload up to this is copied next to its header
 inline constexpr std::size_t max_batch_bytes = 8u << 20;
 inline constexpr std::size_t header_lookahead = 128;  // read-ahead after bulk payload
 inline constexpr std::size_t max_fpdu_size = 65536;   // ULPDU_Length is 16 bits

@@ -31,16 +31,20 @@ bool soft_qp::rx_header() noexcept {
     h_ = {};
     switch (ph.error()) {
       case wire_error::bad_ddp_version:
-        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_bad_version, wc_status::fatal_err);
+        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_bad_version,
+                           wc_status::fatal_err);
         break;
       case wire_error::bad_rdmap_version:
-        protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_bad_version, wc_status::fatal_err);
+        protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_bad_version,
+                           wc_status::fatal_err);
         break;
       case wire_error::bad_qn:
-        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_inv_qn, wc_status::fatal_err);
+        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_inv_qn,
+                           wc_status::fatal_err);
         break;
       default:
-        protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op, wc_status::fatal_err);
+        protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op,
+                           wc_status::fatal_err);
         break;
     }
     return false;
@@ -48,8 +52,10 @@ bool soft_qp::rx_header() noexcept {
   h_ = *ph;
   const std::byte* body = b + untagged_header_size;
   if ((h_.opcode == rdmap_op::immediate || h_.opcode == rdmap_op::immediate_se ||
-       h_.opcode == rdmap_op::atomic_request || h_.opcode == rdmap_op::atomic_response) && !cp_.ext) {
-    protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op, wc_status::fatal_err);
+       h_.opcode == rdmap_op::atomic_request || h_.opcode == rdmap_op::atomic_response) &&
+      !cp_.ext) {
+    protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op,
+                       wc_status::fatal_err);
     return false;
   }
   // Untagged sequencing: QN/MSN/MO.
@@ -71,9 +77,10 @@ bool soft_qp::rx_header() noexcept {
         const key_check kc = dev_->keys().acquire(h_.stag, pd_->id(), h_.to, h_.payload_len,
                                                   access::remote_write, g, &p);
         if (kc != key_check::ok) {
-          protocol_violation(term_layer::ddp, term::ddp_tagged,
-                             kc == key_check::out_of_bounds ? term::ddp_t_base_bounds : term::ddp_t_inv_stag,
-                             wc_status::success);
+          protocol_violation(
+              term_layer::ddp, term::ddp_tagged,
+              kc == key_check::out_of_bounds ? term::ddp_t_base_bounds : term::ddp_t_inv_stag,
+              wc_status::success);
           return false;
         }
       }
@@ -102,14 +109,16 @@ bool soft_qp::rx_header() noexcept {
       std::unique_lock lk(rq_mu_);
       if (rq_head_ == rq_tail_) {
         lk.unlock();
-        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_no_buffer, wc_status::success);
+        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_no_buffer,
+                           wc_status::success);
         return false;
       }
       const swnic::rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
       if (rx_msg_off_ + h_.payload_len > r.len) {
         lk.unlock();
         // Our receive completes with loc_len_err; the sender sees a Terminate.
-        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_too_long, wc_status::loc_len_err);
+        protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_too_long,
+                           wc_status::loc_len_err);
         return false;
       }
       break;
@@ -127,7 +136,8 @@ bool soft_qp::rx_header() noexcept {
     case rdmap_op::atomic_request: {
       auto a = decode_atomic_request(std::span(body, atomic_request_hdr));
       if (!a) {
-        protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op, wc_status::fatal_err);
+        protocol_violation(term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op,
+                           wc_status::fatal_err);
         return false;
       }
       if (cp_.crc) rx_crc_ = crc32c_update(crc32c_init, b, h_.header_len);
@@ -142,8 +152,10 @@ bool soft_qp::rx_header() noexcept {
       auto t = decode_terminate(std::span(body, h_.header_len - untagged_header_size));
       rx_beg_ += h_.header_len;
       c_term_rx_.fetch_add(1, std::memory_order_relaxed);
-      if (t) handle_terminate(*t);
-      else enter_error(wc_status::rem_op_err, 0);
+      if (t)
+        handle_terminate(*t);
+      else
+        enter_error(wc_status::rem_op_err, 0);
       return false;
     }
     case rdmap_op::immediate:
@@ -160,8 +172,9 @@ bool soft_qp::rx_header() noexcept {
         match = !out_atomics_.empty() && out_atomics_.front().id == rx_ctl_id_;
       }
       if (!match) {
-        fail_with_terminate({term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op,
-                             {}, {}, 0, false}, wc_status::bad_resp_err);
+        fail_with_terminate(
+            {term_layer::rdmap, term::rdmap_remote_op, term::rdmap_unexpected_op, {}, {}, 0, false},
+            wc_status::bad_resp_err);
         return false;
       }
       break;
@@ -188,7 +201,8 @@ bool soft_qp::rx_payload() noexcept {
       const int k = plan_payload(rx_done_, n, v, 32);
       if (k < 0) {
         if (state() != qp_state::error)
-          protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag, wc_status::success);
+          protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag,
+                             wc_status::success);
         return false;
       }
       const std::byte* src = rxbuf_.get() + rx_beg_;
@@ -210,7 +224,8 @@ bool soft_qp::rx_payload() noexcept {
     const int k = plan_payload(rx_done_, remaining, v, 32);
     if (k < 0) {
       if (state() != qp_state::error)
-        protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag, wc_status::success);
+        protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag,
+                           wc_status::success);
       return false;
     }
     const std::size_t tl = h_.pad + crc_size;
@@ -286,8 +301,9 @@ bool soft_qp::rx_message_done() noexcept {
       o.got += h_.payload_len;
       if (!h_.last) return true;
       if (o.got != o.len) {  // a short response: the peer broke the protocol
-        term_bytes_ = encode_terminate({term_layer::ddp, term::ddp_tagged, term::ddp_t_base_bounds,
-                                        {}, {}, 0, false}, cp_.crc);
+        term_bytes_ = encode_terminate(
+            {term_layer::ddp, term::ddp_tagged, term::ddp_t_base_bounds, {}, {}, 0, false},
+            cp_.crc);
         term_pending_ = true;
         state_.store(qp_state::error);
         flush_locked(wc_status::bad_resp_err, 0);
@@ -374,8 +390,9 @@ bool soft_qp::rx_message_done() noexcept {
         }
       }
       if (!have_recv) {  // Immediate Data with no receive posted
-        fail_with_terminate({term_layer::ddp, term::ddp_untagged, term::ddp_u_no_buffer, {}, {}, 0, false},
-                            wc_status::success);
+        fail_with_terminate(
+            {term_layer::ddp, term::ddp_untagged, term::ddp_u_no_buffer, {}, {}, 0, false},
+            wc_status::success);
         return false;
       }
       wc.opcode = wc_opcode::recv_rdma_with_imm;

@@ -30,8 +30,14 @@ void soft_qp::handle_read_request(const read_request& rr) noexcept {
     full = irq_.size() >= cp_.ird;
   }
   if (full) {  // the peer ignored our IRD
-    fail_with_terminate({term_layer::rdmap, term::rdmap_remote_op, term::rdmap_catastrophic_stream,
-                         {}, {}, 0, false}, wc_status::success);
+    fail_with_terminate({term_layer::rdmap,
+                         term::rdmap_remote_op,
+                         term::rdmap_catastrophic_stream,
+                         {},
+                         {},
+                         0,
+                         false},
+                        wc_status::success);
     return;
   }
   if (rr.size > 0) {
@@ -46,15 +52,21 @@ void soft_qp::handle_read_request(const read_request& rr) noexcept {
       put_be32(rh + 12, rr.size);
       put_be32(rh + 16, rr.src_stag);
       put_be64(rh + 20, rr.src_to);
-      fail_with_terminate({term_layer::rdmap, term::rdmap_remote_prot, rdmap_code(kc), {},
-                           std::vector<std::byte>(rh, rh + read_request_hdr), 0, false},
+      fail_with_terminate({term_layer::rdmap,
+                           term::rdmap_remote_prot,
+                           rdmap_code(kc),
+                           {},
+                           std::vector<std::byte>(rh, rh + read_request_hdr),
+                           0,
+                           false},
                           wc_status::success);
       return;
     }
   }
   c_reads_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lk(tx_mu_);
-  irq_.push_back({response::read, rr.sink_stag, rr.sink_to, rr.size, 0, rr.src_stag, rr.src_to, 0, 0});
+  irq_.push_back(
+      {response::read, rr.sink_stag, rr.sink_to, rr.size, 0, rr.src_stag, rr.src_to, 0, 0});
   tx_progress_locked();
 }
 
@@ -80,15 +92,19 @@ void soft_qp::handle_atomic_request(const atomic_request& a) noexcept {
   const key_check kc =
       dev_->keys().acquire(a.stag, pd_->id(), a.to, 8, access::remote_atomic, g, &p);
   if (kc != key_check::ok || (a.to & 7) != 0) {
-    fail_with_terminate({term_layer::rdmap, term::rdmap_remote_prot,
-                         kc == key_check::ok ? term::rdmap_base_bounds : rdmap_code(kc), {}, {}, 0,
-                         false}, wc_status::success);
+    fail_with_terminate({term_layer::rdmap,
+                         term::rdmap_remote_prot,
+                         kc == key_check::ok ? term::rdmap_base_bounds : rdmap_code(kc),
+                         {},
+                         {},
+                         0,
+                         false},
+                        wc_status::success);
     return;
   }
-  const std::uint64_t orig = detail::remote_atomic(p, a.kind == atomic_kind::fetch_add,
-                                                   a.kind == atomic_kind::fetch_add ? a.add_swap
-                                                                                    : a.compare,
-                                                   a.add_swap);
+  const std::uint64_t orig =
+      detail::remote_atomic(p, a.kind == atomic_kind::fetch_add,
+                            a.kind == atomic_kind::fetch_add ? a.add_swap : a.compare, a.add_swap);
   g.release();
   c_atomics_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lk(tx_mu_);
@@ -107,11 +123,17 @@ void soft_qp::handle_terminate(const terminate_msg& t) noexcept {
       const swqe& w = sq_[i % caps_.max_send_wr];
       if (w.st == wqe_st::done) continue;
       if (tagged && t.ddp_header.size() >= ddp::tagged_hdr && is_write_op(w.op) &&
-          w.rkey == get_be32(t.ddp_header.data() + 2)) { culprit = i; break; }
+          w.rkey == get_be32(t.ddp_header.data() + 2)) {
+        culprit = i;
+        break;
+      }
       if (!tagged && t.ddp_header.size() >= ddp::untagged_hdr) {
         const std::uint32_t q = get_be32(t.ddp_header.data() + 6);
         const std::uint32_t m = get_be32(t.ddp_header.data() + 10);
-        if (q == qn::send && is_send_op(w.op) && w.msn == m) { culprit = i; break; }
+        if (q == qn::send && is_send_op(w.op) && w.msn == m) {
+          culprit = i;
+          break;
+        }
       }
     }
   }
@@ -119,7 +141,10 @@ void soft_qp::handle_terminate(const terminate_msg& t) noexcept {
     const std::uint32_t src = get_be32(t.rdmap_header.data() + 16);
     for (std::uint64_t i = sq_head_; i < sq_next_; ++i) {
       const swqe& w = sq_[i % caps_.max_send_wr];
-      if (w.st != wqe_st::done && w.op == wr_opcode::rdma_read && w.rkey == src) { culprit = i; break; }
+      if (w.st != wqe_st::done && w.op == wr_opcode::rdma_read && w.rkey == src) {
+        culprit = i;
+        break;
+      }
     }
   }
   if (culprit != sq_tail_) {

@@ -135,9 +135,15 @@ void soft_qp::rx_progress() noexcept {
     }
     bool go = false;
     switch (rx_phase_) {
-      case rx_phase::header: go = rx_header(); break;
-      case rx_phase::payload: go = rx_payload(); break;
-      case rx_phase::trailer: go = rx_trailer(); break;
+      case rx_phase::header:
+        go = rx_header();
+        break;
+      case rx_phase::payload:
+        go = rx_payload();
+        break;
+      case rx_phase::trailer:
+        go = rx_trailer();
+        break;
     }
     if (!go) {
       if (state() == qp_state::error) stop_reading_locked();
@@ -168,7 +174,10 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
       const sge* s = sq_sges(o.wqe);
       int n = 0;
       for (std::uint32_t k = 0; k < w.nsge && len > 0 && n < max; ++k) {
-        if (moff >= s[k].length) { moff -= s[k].length; continue; }
+        if (moff >= s[k].length) {
+          moff -= s[k].length;
+          continue;
+        }
         const std::uint64_t take = std::min<std::uint64_t>(s[k].length - moff, len);
         out[n++] = {reinterpret_cast<void*>(s[k].addr + moff), take};
         len -= take;
@@ -184,7 +193,10 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
       std::uint64_t moff = rx_msg_off_ + off;
       int n = 0;
       for (std::uint32_t k = 0; k < rq_[idx].nsge && len > 0 && n < max; ++k) {
-        if (moff >= s[k].length) { moff -= s[k].length; continue; }
+        if (moff >= s[k].length) {
+          moff -= s[k].length;
+          continue;
+        }
         const std::uint64_t take = std::min<std::uint64_t>(s[k].length - moff, len);
         out[n++] = {reinterpret_cast<void*>(s[k].addr + moff), take};
         len -= take;

@@ -62,12 +62,15 @@ bool soft_qp::add_data_fpdu_locked(bool tagged, rdmap_op op, bool last, std::uin
   if (arena_used_ + need_arena > arena_size || niov_ + int(payload.size()) + 3 >= max_iov)
     return false;
   std::byte* h = arena_.get() + arena_used_;
-  if (tagged) write_tagged_header(h, op, last, stag, to, plen);
-  else write_untagged_header(h, op, last, q, msn, mo, inv, 0, plen);
+  if (tagged)
+    write_tagged_header(h, op, last, stag, to, plen);
+  else
+    write_untagged_header(h, op, last, q, msn, mo, inv, 0, plen);
   std::uint32_t crc = cp_.crc ? crc32c_update(crc32c_init, h, hdr) : 0;
   std::size_t used = hdr;
   auto push_arena = [&](std::byte* p, std::size_t n) {
-    if (niov_ > 0 && static_cast<std::byte*>(iov_[niov_ - 1].iov_base) + iov_[niov_ - 1].iov_len == p)
+    if (niov_ > 0 &&
+        static_cast<std::byte*>(iov_[niov_ - 1].iov_base) + iov_[niov_ - 1].iov_len == p)
       iov_[niov_ - 1].iov_len += n;
     else
       iov_[niov_++] = {p, n};
@@ -122,8 +125,7 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
   iovec pv[32];
   std::byte ctl[control_fpdu_max];
   auto imm_fpdu = [&](bool for_send) -> bool {
-    const std::uint64_t v = (for_send ? (1ull << 63) : 0) |
-                            ((w.len & 0x7FFFFFFFull) << 32) | w.imm;
+    const std::uint64_t v = (for_send ? (1ull << 63) : 0) | ((w.len & 0x7FFFFFFFull) << 32) | w.imm;
     const std::size_t n = write_immediate(ctl, v, w.solicited, tx_msn_[qn::send], cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     ++tx_msn_[qn::send];
@@ -174,12 +176,14 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
     const std::size_t n = write_read_request(ctl, rr, tx_msn_[qn::read_request], cp_.crc);
     if (!add_control_locked(std::span(ctl, n))) return false;
     w.msn = tx_msn_[qn::read_request]++;
-    out_reads_.push_back({outstanding::user_read, idx, 0, rr.sink_stag, rr.sink_to, w.len, 0, sq_next_});
+    out_reads_.push_back(
+        {outstanding::user_read, idx, 0, rr.sink_stag, rr.sink_to, w.len, 0, sq_next_});
     need_confirm_ = false;  // this response confirms everything before it
     ++ord_used_;
   } else {  // atomics
     atomic_request a;
-    a.kind = w.op == wr_opcode::atomic_fetch_and_add ? atomic_kind::fetch_add : atomic_kind::cmp_swap;
+    a.kind =
+        w.op == wr_opcode::atomic_fetch_and_add ? atomic_kind::fetch_add : atomic_kind::cmp_swap;
     a.request_id = atomic_req_id_;
     a.stag = w.rkey;
     a.to = w.remote_addr;
@@ -221,7 +225,8 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
       if (dev_->keys().acquire(r.src_stag, pd_->id(), r.src_to + r.sent, chunk, access::remote_read,
                                g, &p) != key_check::ok) {
         // Revoked while being served: the peer gets a Terminate instead of the rest.
-        terminate_msg t{term_layer::rdmap, term::rdmap_remote_prot, term::rdmap_inv_stag, {}, {}, 0, false};
+        terminate_msg t{
+            term_layer::rdmap, term::rdmap_remote_prot, term::rdmap_inv_stag, {}, {}, 0, false};
         term_bytes_ = encode_terminate(t, cp_.crc);
         term_pending_ = true;
         return false;
@@ -325,8 +330,10 @@ void soft_qp::after_send_locked(std::size_t n) noexcept {
     const mark& mk = marks_[m];
     if (mk.kind == mark::sq) {
       swqe& w = sq_[mk.idx];
-      if (w.op == wr_opcode::rdma_read || is_atomic_op(w.op)) w.st = wqe_st::awaiting;
-      else w.st = w.signaled ? wqe_st::unconfirmed : wqe_st::done;
+      if (w.op == wr_opcode::rdma_read || is_atomic_op(w.op))
+        w.st = wqe_st::awaiting;
+      else
+        w.st = w.signaled ? wqe_st::unconfirmed : wqe_st::done;
     } else if (mk.kind == mark::resp) {
       if (!irq_.empty()) {  // a flush may have dropped the queue already
         irq_.pop_front();

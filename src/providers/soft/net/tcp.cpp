@@ -113,7 +113,8 @@ std::uint32_t tcp_mss(int fd) noexcept {
 
 namespace {
 int remaining_ms(clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
   if (left < 0) return 0;
   return left > 1'000'000 ? 1'000'000 : static_cast<int>(left);
 }
@@ -142,19 +143,22 @@ result<fd_guard> listen_tcp(const endpoint& ep, int backlog) {
   return fd;
 }
 
-result<fd_guard> connect_tcp(const endpoint& ep, clock::time_point deadline, std::string_view what) {
+result<fd_guard> connect_tcp(const endpoint& ep, clock::time_point deadline,
+                             std::string_view what) {
   const std::string where = "connect to " + ep.to_string();
   fd_guard fd(::socket(ep.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return make_error(errc::io_error, where + ": socket()", errno);
   int r = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&ep.ss), ep.len);
   if (r != 0 && errno != EINPROGRESS) {
     int e = errno;
-    if (e == ECONNREFUSED) return make_error(errc::connection_refused, where + ": connection refused", e);
+    if (e == ECONNREFUSED)
+      return make_error(errc::connection_refused, where + ": connection refused", e);
     return make_error(errc::io_error, where + ": " + std::strerror(e), e);
   }
   if (r != 0) {
     if (!wait_fd(fd.get(), POLLOUT, deadline))
-      return make_error(errc::timed_out, where + ": TCP connect timed out (" + std::string(what) + ")");
+      return make_error(errc::timed_out,
+                        where + ": TCP connect timed out (" + std::string(what) + ")");
     int err = 0;
     socklen_t l = sizeof err;
     getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &l);
@@ -219,9 +223,11 @@ std::vector<std::string> interface_addresses() {
     const int family = i->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
     char text[INET6_ADDRSTRLEN] = {};
-    const void* raw = family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    const void* raw =
+        family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr);
     if (::inet_ntop(family, raw, text, sizeof text) != nullptr) out.emplace_back(text);
   }
   ::freeifaddrs(list);

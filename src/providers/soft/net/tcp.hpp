@@ -9,8 +9,8 @@
 #include <cstddef>
 #include <span>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <vector>
 
 #include <sys/socket.h>
 
@@ -37,7 +37,11 @@ class fd_guard {
   fd_guard& operator=(const fd_guard&) = delete;
   ~fd_guard();
   int get() const noexcept { return fd_; }
-  int release() noexcept { int f = fd_; fd_ = -1; return f; }
+  int release() noexcept {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
   explicit operator bool() const noexcept { return fd_ >= 0; }
 
  private:

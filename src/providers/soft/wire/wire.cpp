@@ -21,35 +21,58 @@ std::uint32_t crc32c_update(std::uint32_t running, const void* data, std::size_t
 
 std::string_view to_string(wire_error e) noexcept {
   switch (e) {
-    case wire_error::need_more: return "need more bytes";
-    case wire_error::bad_key: return "bad MPA key";
-    case wire_error::bad_revision: return "unsupported MPA revision";
-    case wire_error::markers: return "MPA markers requested (not supported)";
-    case wire_error::pd_too_long: return "MPA private data longer than 256 bytes";
-    case wire_error::bad_v2: return "MPA v2 enhanced frame without IRD/ORD words";
-    case wire_error::bad_ddp_version: return "DDP version is not 1";
-    case wire_error::bad_rdmap_version: return "RDMAP version is not 1";
-    case wire_error::bad_opcode: return "unknown RDMAP opcode";
-    case wire_error::bad_length: return "ULPDU length does not match the header";
-    case wire_error::bad_qn: return "invalid DDP queue number for the opcode";
+    case wire_error::need_more:
+      return "need more bytes";
+    case wire_error::bad_key:
+      return "bad MPA key";
+    case wire_error::bad_revision:
+      return "unsupported MPA revision";
+    case wire_error::markers:
+      return "MPA markers requested (not supported)";
+    case wire_error::pd_too_long:
+      return "MPA private data longer than 256 bytes";
+    case wire_error::bad_v2:
+      return "MPA v2 enhanced frame without IRD/ORD words";
+    case wire_error::bad_ddp_version:
+      return "DDP version is not 1";
+    case wire_error::bad_rdmap_version:
+      return "RDMAP version is not 1";
+    case wire_error::bad_opcode:
+      return "unknown RDMAP opcode";
+    case wire_error::bad_length:
+      return "ULPDU length does not match the header";
+    case wire_error::bad_qn:
+      return "invalid DDP queue number for the opcode";
   }
   return "unknown wire error";
 }
 
 std::string_view to_string(rdmap_op op) noexcept {
   switch (op) {
-    case rdmap_op::write: return "RDMA Write";
-    case rdmap_op::read_request: return "RDMA Read Request";
-    case rdmap_op::read_response: return "RDMA Read Response";
-    case rdmap_op::send: return "Send";
-    case rdmap_op::send_inv: return "Send with Invalidate";
-    case rdmap_op::send_se: return "Send with SE";
-    case rdmap_op::send_se_inv: return "Send with SE and Invalidate";
-    case rdmap_op::terminate: return "Terminate";
-    case rdmap_op::immediate: return "Immediate Data";
-    case rdmap_op::immediate_se: return "Immediate Data with SE";
-    case rdmap_op::atomic_request: return "Atomic Request";
-    case rdmap_op::atomic_response: return "Atomic Response";
+    case rdmap_op::write:
+      return "RDMA Write";
+    case rdmap_op::read_request:
+      return "RDMA Read Request";
+    case rdmap_op::read_response:
+      return "RDMA Read Response";
+    case rdmap_op::send:
+      return "Send";
+    case rdmap_op::send_inv:
+      return "Send with Invalidate";
+    case rdmap_op::send_se:
+      return "Send with SE";
+    case rdmap_op::send_se_inv:
+      return "Send with SE and Invalidate";
+    case rdmap_op::terminate:
+      return "Terminate";
+    case rdmap_op::immediate:
+      return "Immediate Data";
+    case rdmap_op::immediate_se:
+      return "Immediate Data with SE";
+    case rdmap_op::atomic_request:
+      return "Atomic Request";
+    case rdmap_op::atomic_response:
+      return "Atomic Response";
   }
   return "unknown";
 }
@@ -141,13 +164,24 @@ std::expected<fpdu_header, wire_error> parse_fpdu_header(bytes in) noexcept {
   std::size_t ddp_len = h.tagged ? ddp::tagged_hdr : ddp::untagged_hdr;
   std::size_t extra = 0;
   switch (h.opcode) {
-    case rdmap_op::read_request: extra = read_request_hdr; break;
-    case rdmap_op::atomic_request: extra = atomic_request_hdr; break;
-    case rdmap_op::atomic_response: extra = atomic_response_hdr; break;
+    case rdmap_op::read_request:
+      extra = read_request_hdr;
+      break;
+    case rdmap_op::atomic_request:
+      extra = atomic_request_hdr;
+      break;
+    case rdmap_op::atomic_response:
+      extra = atomic_response_hdr;
+      break;
     case rdmap_op::immediate:
-    case rdmap_op::immediate_se: extra = immediate_hdr; break;
-    case rdmap_op::terminate: extra = h.ulpdu_len > ddp_len ? h.ulpdu_len - ddp_len : 0; break;
-    default: break;
+    case rdmap_op::immediate_se:
+      extra = immediate_hdr;
+      break;
+    case rdmap_op::terminate:
+      extra = h.ulpdu_len > ddp_len ? h.ulpdu_len - ddp_len : 0;
+      break;
+    default:
+      break;
   }
   if (h.ulpdu_len < ddp_len + extra) return std::unexpected(wire_error::bad_length);
   // Control messages carry no payload beyond their fixed header.
@@ -241,8 +275,7 @@ std::vector<std::byte> encode_read_request(const read_request& rr, std::uint32_t
 
 std::vector<std::byte> encode_terminate(const terminate_msg& t, bool crc) {
   const bool seglen = t.has_segment_length || !t.ddp_header.empty();
-  const std::size_t extra =
-      4 + (seglen ? 2 : 0) + t.ddp_header.size() + t.rdmap_header.size();
+  const std::size_t extra = 4 + (seglen ? 2 : 0) + t.ddp_header.size() + t.rdmap_header.size();
   auto out = make_fpdu(ddp::untagged_hdr + extra);
   write_untagged_header(out.data(), rdmap_op::terminate, true, qn::terminate, 1, 0, 0, extra, 0);
   std::byte* p = out.data() + untagged_header_size;
@@ -315,19 +348,23 @@ std::vector<std::byte> encode_atomic_request(const atomic_request& a, std::uint3
   return control_vector([&](std::byte* o) { return write_atomic_request(o, a, msn, crc); });
 }
 
-std::vector<std::byte> encode_atomic_response(const atomic_response& a, std::uint32_t msn, bool crc) {
+std::vector<std::byte> encode_atomic_response(const atomic_response& a, std::uint32_t msn,
+                                              bool crc) {
   return control_vector([&](std::byte* o) { return write_atomic_response(o, a, msn, crc); });
 }
 
-std::vector<std::byte> encode_immediate(std::uint64_t value, bool solicited, std::uint32_t msn, bool crc) {
-  return control_vector([&](std::byte* o) { return write_immediate(o, value, solicited, msn, crc); });
+std::vector<std::byte> encode_immediate(std::uint64_t value, bool solicited, std::uint32_t msn,
+                                        bool crc) {
+  return control_vector(
+      [&](std::byte* o) { return write_immediate(o, value, solicited, msn, crc); });
 }
 
 std::vector<std::byte> encode_tagged(rdmap_op op, bool last, std::uint32_t stag, std::uint64_t to,
                                      bytes payload, bool crc) {
   auto out = make_fpdu(ddp::tagged_hdr + payload.size());
   write_tagged_header(out.data(), op, last, stag, to, payload.size());
-  if (!payload.empty()) std::memcpy(out.data() + tagged_header_size, payload.data(), payload.size());
+  if (!payload.empty())
+    std::memcpy(out.data() + tagged_header_size, payload.data(), payload.size());
   finish_fpdu(out, crc);
   return out;
 }

@@ -36,13 +36,18 @@ using detail::put_be64;
 // crc32c_init and finish with crc32c_final.
 inline constexpr std::uint32_t crc32c_init = 0xFFFFFFFFu;
 std::uint32_t crc32c_update(std::uint32_t running, const void* data, std::size_t len) noexcept;
-inline std::uint32_t crc32c_final(std::uint32_t running) noexcept { return ~running; }
+inline std::uint32_t crc32c_final(std::uint32_t running) noexcept {
+  return ~running;
+}
 inline std::uint32_t crc32c(bytes data) noexcept {
   return crc32c_final(crc32c_update(crc32c_init, data.data(), data.size()));
 }
 // The 4 trailer bytes for a CRC value (little-endian, as Linux siw).
 inline void put_crc(std::byte* p, std::uint32_t crc) noexcept {
-  p[0] = std::byte(crc); p[1] = std::byte(crc >> 8); p[2] = std::byte(crc >> 16); p[3] = std::byte(crc >> 24);
+  p[0] = std::byte(crc);
+  p[1] = std::byte(crc >> 8);
+  p[2] = std::byte(crc >> 16);
+  p[3] = std::byte(crc >> 24);
 }
 inline std::uint32_t get_crc(const std::byte* p) noexcept {
   return std::uint32_t(p[0]) | (std::uint32_t(p[1]) << 8) | (std::uint32_t(p[2]) << 16) |
@@ -51,17 +56,17 @@ inline std::uint32_t get_crc(const std::byte* p) noexcept {
 
 // ------------------------------------------------------------------- errors ----
 enum class wire_error : std::uint8_t {
-  need_more,        // not an error: more bytes are needed
-  bad_key,          // MPA key is not "MPA ID Req Frame"/"MPA ID Rep Frame"
-  bad_revision,     // MPA revision not 1 or 2
-  markers,          // the peer asked for markers (refused)
-  pd_too_long,      // private data longer than 256 bytes
-  bad_v2,           // enhanced mode without the IRD/ORD words
-  bad_ddp_version,  // DV != 1
+  need_more,          // not an error: more bytes are needed
+  bad_key,            // MPA key is not "MPA ID Req Frame"/"MPA ID Rep Frame"
+  bad_revision,       // MPA revision not 1 or 2
+  markers,            // the peer asked for markers (refused)
+  pd_too_long,        // private data longer than 256 bytes
+  bad_v2,             // enhanced mode without the IRD/ORD words
+  bad_ddp_version,    // DV != 1
   bad_rdmap_version,  // RV != 1
-  bad_opcode,       // unknown RDMAP opcode
-  bad_length,       // ULPDU length inconsistent with the header
-  bad_qn,           // untagged queue number invalid for the opcode
+  bad_opcode,         // unknown RDMAP opcode
+  bad_length,         // ULPDU length inconsistent with the header
+  bad_qn,             // untagged queue number invalid for the opcode
 };
 std::string_view to_string(wire_error e) noexcept;
 
@@ -87,10 +92,10 @@ inline constexpr std::uint8_t ext_ack = 0x02;
 
 // RFC 6581 IRD/ORD words (the first 4 bytes of v2 private data).
 namespace mpa_v2 {
-inline constexpr std::uint16_t peer2peer = 0x8000;   // A (IRD word)
-inline constexpr std::uint16_t send_rtr = 0x4000;    // B (IRD word)
-inline constexpr std::uint16_t write_rtr = 0x8000;   // C (ORD word)
-inline constexpr std::uint16_t read_rtr = 0x4000;    // D (ORD word)
+inline constexpr std::uint16_t peer2peer = 0x8000;  // A (IRD word)
+inline constexpr std::uint16_t send_rtr = 0x4000;   // B (IRD word)
+inline constexpr std::uint16_t write_rtr = 0x8000;  // C (ORD word)
+inline constexpr std::uint16_t read_rtr = 0x4000;   // D (ORD word)
 inline constexpr std::uint16_t mask = 0x3FFF;
 }  // namespace mpa_v2
 
@@ -105,10 +110,10 @@ struct mpa_v2_words {
 
 struct mpa_frame {
   bool reply = false;
-  std::uint8_t flags = 0;     // raw flag byte
+  std::uint8_t flags = 0;  // raw flag byte
   std::uint8_t revision = 2;
-  std::optional<mpa_v2_words> v2;        // present iff rev 2 and H set
-  std::vector<std::byte> private_data;   // the ULP's part (v2 words stripped)
+  std::optional<mpa_v2_words> v2;       // present iff rev 2 and H set
+  std::vector<std::byte> private_data;  // the ULP's part (v2 words stripped)
 
   bool markers() const noexcept { return flags & mpa_flag::markers; }
   bool crc() const noexcept { return flags & mpa_flag::crc; }
@@ -143,9 +148,9 @@ enum class rdmap_op : std::uint8_t {
   send_se = 0x5,
   send_se_inv = 0x6,
   terminate = 0x7,
-  immediate = 0x8,      // RFC 7306
-  immediate_se = 0x9,   // RFC 7306
-  atomic_request = 0xA, // RFC 7306
+  immediate = 0x8,       // RFC 7306
+  immediate_se = 0x9,    // RFC 7306
+  atomic_request = 0xA,  // RFC 7306
   atomic_response = 0xB,
 };
 std::string_view to_string(rdmap_op op) noexcept;
@@ -165,11 +170,15 @@ constexpr bool is_tagged(rdmap_op op) noexcept {
 // The untagged queue an opcode travels on (Send variants and Immediate Data: 0).
 constexpr std::uint32_t queue_of(rdmap_op op) noexcept {
   switch (op) {
-    case rdmap_op::read_request: return qn::read_request;
-    case rdmap_op::terminate: return qn::terminate;
+    case rdmap_op::read_request:
+      return qn::read_request;
+    case rdmap_op::terminate:
+      return qn::terminate;
     case rdmap_op::atomic_request:
-    case rdmap_op::atomic_response: return qn::atomic;
-    default: return qn::send;
+    case rdmap_op::atomic_response:
+      return qn::atomic;
+    default:
+      return qn::send;
   }
 }
 
@@ -182,7 +191,9 @@ inline constexpr std::size_t crc_size = 4;
 inline constexpr std::size_t max_ulpdu = 65535;
 
 // Pad bytes after 2 + ulpdu_len so that the FPDU is a multiple of 4.
-constexpr std::size_t fpdu_pad(std::size_t ulpdu_len) noexcept { return (-(2 + ulpdu_len)) & 3u; }
+constexpr std::size_t fpdu_pad(std::size_t ulpdu_len) noexcept {
+  return (-(2 + ulpdu_len)) & 3u;
+}
 // Whole FPDU size on the wire for a ULPDU length.
 constexpr std::size_t fpdu_size(std::size_t ulpdu_len) noexcept {
   return mpa_len_size + ulpdu_len + fpdu_pad(ulpdu_len) + crc_size;
@@ -216,12 +227,13 @@ struct atomic_response {
 enum class term_layer : std::uint8_t { rdmap = 0, ddp = 1, llp = 2 };
 namespace term {
 // RDMAP error types and codes
-inline constexpr std::uint8_t rdmap_local_catastrophic = 0, rdmap_remote_prot = 1, rdmap_remote_op = 2;
+inline constexpr std::uint8_t rdmap_local_catastrophic = 0, rdmap_remote_prot = 1,
+                              rdmap_remote_op = 2;
 inline constexpr std::uint8_t rdmap_inv_stag = 0x00, rdmap_base_bounds = 0x01, rdmap_access = 0x02,
-                              rdmap_stag_not_assoc = 0x03, rdmap_to_wrap = 0x04, rdmap_bad_version = 0x05,
-                              rdmap_unexpected_op = 0x06, rdmap_catastrophic_stream = 0x07,
-                              rdmap_catastrophic_global = 0x08, rdmap_cannot_invalidate = 0x09,
-                              rdmap_unspecified = 0xFF;
+                              rdmap_stag_not_assoc = 0x03, rdmap_to_wrap = 0x04,
+                              rdmap_bad_version = 0x05, rdmap_unexpected_op = 0x06,
+                              rdmap_catastrophic_stream = 0x07, rdmap_catastrophic_global = 0x08,
+                              rdmap_cannot_invalidate = 0x09, rdmap_unspecified = 0xFF;
 // DDP error types and codes
 inline constexpr std::uint8_t ddp_local_catastrophic = 0, ddp_tagged = 1, ddp_untagged = 2;
 inline constexpr std::uint8_t ddp_t_inv_stag = 0, ddp_t_base_bounds = 1, ddp_t_stag_not_assoc = 2,
@@ -253,7 +265,7 @@ struct terminate_msg {
 
 // A parsed FPDU header: everything before the payload.
 struct fpdu_header {
-  std::uint16_t ulpdu_len = 0;   // from the MPA length field
+  std::uint16_t ulpdu_len = 0;  // from the MPA length field
   bool tagged = false;
   bool last = false;
   rdmap_op opcode = rdmap_op::write;
@@ -261,7 +273,7 @@ struct fpdu_header {
   std::uint32_t stag = 0;
   std::uint64_t to = 0;
   // untagged
-  std::uint32_t inv_stag = 0;    // RsvdULP: Send-with-Invalidate STag
+  std::uint32_t inv_stag = 0;  // RsvdULP: Send-with-Invalidate STag
   std::uint32_t qn = 0;
   std::uint32_t msn = 0;
   std::uint32_t mo = 0;
@@ -285,28 +297,35 @@ std::size_t write_tagged_header(std::byte* out, rdmap_op op, bool last, std::uin
 std::size_t write_untagged_header(std::byte* out, rdmap_op op, bool last, std::uint32_t qn,
                                   std::uint32_t msn, std::uint32_t mo, std::uint32_t inv_stag,
                                   std::size_t extra_hdr, std::size_t payload_len) noexcept;
-inline constexpr std::size_t tagged_header_size = mpa_len_size + ddp::tagged_hdr;        // 16
-inline constexpr std::size_t untagged_header_size = mpa_len_size + ddp::untagged_hdr;    // 20
+inline constexpr std::size_t tagged_header_size = mpa_len_size + ddp::tagged_hdr;      // 16
+inline constexpr std::size_t untagged_header_size = mpa_len_size + ddp::untagged_hdr;  // 20
 
 // Whole control FPDUs written into caller memory (no allocation; `out` must hold
 // control_fpdu_max bytes). Each returns the FPDU's size; CRC is zero when !crc.
 inline constexpr std::size_t control_fpdu_max = 80;
-std::size_t write_read_request(std::byte* out, const read_request& rr, std::uint32_t msn, bool crc) noexcept;
-std::size_t write_atomic_request(std::byte* out, const atomic_request& a, std::uint32_t msn, bool crc) noexcept;
-std::size_t write_atomic_response(std::byte* out, const atomic_response& a, std::uint32_t msn, bool crc) noexcept;
-std::size_t write_immediate(std::byte* out, std::uint64_t value, bool solicited, std::uint32_t msn, bool crc) noexcept;
+std::size_t write_read_request(std::byte* out, const read_request& rr, std::uint32_t msn,
+                               bool crc) noexcept;
+std::size_t write_atomic_request(std::byte* out, const atomic_request& a, std::uint32_t msn,
+                                 bool crc) noexcept;
+std::size_t write_atomic_response(std::byte* out, const atomic_response& a, std::uint32_t msn,
+                                  bool crc) noexcept;
+std::size_t write_immediate(std::byte* out, std::uint64_t value, bool solicited, std::uint32_t msn,
+                            bool crc) noexcept;
 
 // Whole control FPDUs (header + pad + CRC placeholder/CRC).
 std::vector<std::byte> encode_read_request(const read_request& rr, std::uint32_t msn, bool crc);
 std::vector<std::byte> encode_terminate(const terminate_msg& t, bool crc);
 std::vector<std::byte> encode_atomic_request(const atomic_request& a, std::uint32_t msn, bool crc);
-std::vector<std::byte> encode_atomic_response(const atomic_response& a, std::uint32_t msn, bool crc);
-std::vector<std::byte> encode_immediate(std::uint64_t value, bool solicited, std::uint32_t msn, bool crc);
+std::vector<std::byte> encode_atomic_response(const atomic_response& a, std::uint32_t msn,
+                                              bool crc);
+std::vector<std::byte> encode_immediate(std::uint64_t value, bool solicited, std::uint32_t msn,
+                                        bool crc);
 // A whole FPDU of a tagged message with payload (for tests and small messages).
 std::vector<std::byte> encode_tagged(rdmap_op op, bool last, std::uint32_t stag, std::uint64_t to,
                                      bytes payload, bool crc);
 std::vector<std::byte> encode_untagged(rdmap_op op, bool last, std::uint32_t qn, std::uint32_t msn,
-                                       std::uint32_t mo, std::uint32_t inv_stag, bytes payload, bool crc);
+                                       std::uint32_t mo, std::uint32_t inv_stag, bytes payload,
+                                       bool crc);
 
 // Fills pad and trailer of a complete FPDU in place (fpdu points at the length
 // field, the buffer holds fpdu_size(ulpdu) bytes); CRC is zero when !crc.
