@@ -139,23 +139,23 @@ status queue_pair::post_send_msg(const sge& local, std::uint64_t wr_id) noexcept
   send_wr wr{.wr_id = wr_id, .opcode = wr_opcode::send, .sg_list = std::span(&local, 1)};
   return post_send(wr);
 }
-status queue_pair::post_write(const sge& local, const remote_region& r,
-                              std::uint64_t wr_id) noexcept {
+// One WRITE or READ of one local SGE against a peer's region.
+static status post_one_sided(queue_pair& qp, wr_opcode op, const sge& local, const remote_region& r,
+                             std::uint64_t wr_id) noexcept {
   send_wr wr{.wr_id = wr_id,
-             .opcode = wr_opcode::rdma_write,
+             .opcode = op,
              .sg_list = std::span(&local, 1),
              .remote_addr = r.addr,
              .rkey = r.rkey};
-  return post_send(wr);
+  return qp.post_send(wr);
+}
+status queue_pair::post_write(const sge& local, const remote_region& r,
+                              std::uint64_t wr_id) noexcept {
+  return post_one_sided(*this, wr_opcode::rdma_write, local, r, wr_id);
 }
 status queue_pair::post_read(const sge& local, const remote_region& r,
                              std::uint64_t wr_id) noexcept {
-  send_wr wr{.wr_id = wr_id,
-             .opcode = wr_opcode::rdma_read,
-             .sg_list = std::span(&local, 1),
-             .remote_addr = r.addr,
-             .rkey = r.rkey};
-  return post_send(wr);
+  return post_one_sided(*this, wr_opcode::rdma_read, local, r, wr_id);
 }
 status queue_pair::post_fetch_add(const sge& result8, const remote_region& r, std::uint64_t add,
                                   std::uint64_t wr_id) noexcept {
