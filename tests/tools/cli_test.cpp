@@ -821,6 +821,20 @@ TEST(cli, a_second_client_of_a_busy_server_hears_busy_at_once) {
   EXPECT_LT(took, cvt::scaled(3s)) << "the refusal must not wait for a handshake timeout";
 }
 
+// A script (bench/compare, bench/ab) starts the next client the moment the
+// last one exits. Its request can reach the server while the server still
+// turns clients away for the run that just said goodbye; that request must be
+// served, not told "server busy".
+TEST(cli, a_client_started_as_the_last_one_exits_is_served_not_told_busy) {
+  server_process srv({"--persistent"});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  for (int i = 0; i < 8; ++i) {
+    const auto r =
+        run({"perf", srv.address(), "--duration", "0.05", "--size", "64", "--quiet"}, 60s);
+    ASSERT_EQ(exit_code(r), 0) << "client " << i << ":\n" << r.output << srv.drain_log();
+  }
+}
+
 TEST(cli, sigint_removes_the_shm_socket_path_and_a_restart_binds_it) {
   const std::string path = "/tmp/cvt-cli-" + std::to_string(::getpid()) + ".sock";
   ::unlink(path.c_str());

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <stop_token>
@@ -27,6 +29,32 @@ namespace conveyor::tool {
 namespace {
 
 using clk = std::chrono::steady_clock;
+
+// How long a client that arrives during a run waits for that run to end
+// before it is told "server busy".
+constexpr auto run_end_grace = std::chrono::milliseconds(250);
+
+// The end of a run, as the turn-away thread sees it, and the request it
+// caught as the run ended (if any).
+struct run_end {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::optional<connect_request> next;
+
+  void finish() {
+    {
+      std::lock_guard lk(m);
+      done = true;
+    }
+    cv.notify_all();
+  }
+  // True once the run has ended, waiting up to `grace` for it.
+  bool wait(std::chrono::milliseconds grace) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, grace, [this] { return done; });
+  }
+};
 
 class session {
  public:
@@ -368,7 +396,8 @@ bool same_client(const perf_hello& a, const perf_hello& b) {
 // non-persistent server exits only after serving a client: 0 if the run went
 // through, 1 if it failed, or 1 when --accept-timeout passes first). While a
 // client's data connections are awaited, any other client is refused with
-// "server busy" and the one being set up is not disturbed.
+// "server busy" and the one being set up is not disturbed; during a run too,
+// except that a request arriving as the run ends is served next.
 int run_perf_server(const perf_options& o) {
   try {
     apply_cpu_pinning(o);
@@ -393,13 +422,19 @@ int run_perf_server(const perf_options& o) {
     const auto give_up =
         clk::now() +
         std::chrono::milliseconds(static_cast<std::int64_t>(bounded ? o.accept_timeout * 1000 : 0));
+    // A client whose request reached the run's turn-away thread as the run
+    // ended: it is served next, before the listener is asked again.
+    std::optional<connect_request> next_client;
     while (true) {
       const auto wait =
           bounded ? std::chrono::duration_cast<std::chrono::milliseconds>(give_up - clk::now())
                   : slice;
       if (bounded && wait.count() <= 0)
         fail("no client connected within " + std::to_string(o.accept_timeout) + " s");
-      auto req = lis->accept(std::max(wait, std::chrono::milliseconds(1)));
+      result<connect_request> req = next_client
+                                        ? result<connect_request>(std::move(*next_client))
+                                        : lis->accept(std::max(wait, std::chrono::milliseconds(1)));
+      next_client.reset();
       if (!req) {
         if (req.error().code != errc::timed_out)
           std::fprintf(stderr, "conveyor perf server: %s\n", req.error().to_string().c_str());
@@ -464,11 +499,20 @@ int run_perf_server(const perf_options& o) {
         served = true;
         {
           // During the run, another client hears "server busy" at once
-          // instead of waiting out its handshake timeout.
-          std::jthread turn_away([&lis, &client](std::stop_token stop) {
+          // instead of waiting out its handshake timeout. A script starts the
+          // next client the moment the last one exits, so its request can
+          // arrive before the server has read the goodbye or while this thread
+          // still waits in accept: a request is held up to run_end_grace for
+          // the run to end, and is then served rather than refused.
+          run_end gate;
+          std::jthread turn_away([&lis, &client, &gate](std::stop_token stop) {
             while (!stop.stop_requested()) {
               auto other = lis->accept(std::chrono::milliseconds(100));
               if (!other) continue;
+              if (gate.wait(run_end_grace)) {
+                gate.next = std::move(*other);
+                return;
+              }
               const std::string busy = "server busy: running the test of client " + client +
                                        "; try again when it is done";
               std::fprintf(stderr, "conveyor perf server: refusing %s: %s\n",
@@ -477,6 +521,10 @@ int run_perf_server(const perf_options& o) {
             }
           });
           session(ep, *hello).serve();
+          gate.finish();
+          turn_away.request_stop();
+          turn_away.join();
+          next_client = std::move(gate.next);
         }
         std::fprintf(stderr, "conveyor perf server: client %s done\n", client.c_str());
       } catch (const perf_failure& e) {
