@@ -1,7 +1,7 @@
 // Helpers shared by the comparison's own programs (conveyor-baseline,
 // conveyor-fi-bench): CPU pinning, CPU accounting, percentiles, the
 // out-of-band TCP socket, and one result record printed as a JSON line in the
-// shape of `conveyor perf --json`'s "results" entries (schema conveyor-perf/1),
+// shape of `conveyor perf --json`'s "results" entries (schema conveyor-perf/2),
 // so that bench/compare parses every peer the same way.
 #pragma once
 

@@ -294,8 +294,9 @@ struct endpoint {
   }
   std::string state() const {
     auto c = qp.counters();
+    const auto iw = c.iwarp.value_or(cvy::iwarp_qp_counters{});  // soft: always there
     return "QP " + std::string(cvy::to_string(qp.state())) + ", tx/rx FPDUs " +
-           std::to_string(c.tx_fpdus) + "/" + std::to_string(c.rx_fpdus) + ", tx/rx bytes " +
+           std::to_string(iw.tx_fpdus) + "/" + std::to_string(iw.rx_fpdus) + ", tx/rx bytes " +
            std::to_string(c.tx_bytes) + "/" + std::to_string(c.rx_bytes) + ", writes placed " +
            std::to_string(c.writes_placed) + ", reads served " + std::to_string(c.reads_served) +
            ", ORD " + std::to_string(conn.ord);
@@ -729,10 +730,11 @@ int run_client(const options& o, int ctl) {
   send_ctl(ctl, {cmd::quit, 0, 0, 0});
 
   const char* progress = o.progress == cvy::progress_mode::thread ? "thread" : "manual";
+  const auto iw = c.ep.conn.iwarp.value_or(cvy::iwarp_connection_attr{});  // soft: always there
   if (o.json) {
     std::printf(
         "{\"runs\": %d, \"progress\": \"%s\", \"crc\": %s, \"processes\": 2, \"results\": [",
-        o.runs, progress, c.ep.conn.crc ? "true" : "false");
+        o.runs, progress, iw.crc ? "true" : "false");
     auto arr = [](const series& s) {
       std::string a = "[";
       for (std::size_t i = 0; i < s.v.size(); ++i) a += (i ? ", " : "") + fmt(s.v[i]);
@@ -760,8 +762,8 @@ int run_client(const options& o, int ctl) {
 
   std::printf(
       "conveyor-loopback-bench %s: %d runs, progress=%s, CRC %s, MSS %u, max FPDU %u, ORD %u\n",
-      cvy::version_string, o.runs, progress, c.ep.conn.crc ? "on" : "off", c.ep.conn.mss,
-      c.ep.conn.max_fpdu, c.ep.conn.ord);
+      cvy::version_string, o.runs, progress, iw.crc ? "on" : "off", iw.mss, iw.max_fpdu,
+      c.ep.conn.ord);
   std::printf(
       "client and server: two processes (fork) over 127.0.0.1; median [min-max] of the runs\n\n");
   std::printf("%-36s %-7s %-26s %-26s %s\n", "measurement", "unit", "conveyor", "raw TCP",

@@ -440,15 +440,29 @@ struct initiator {
         // and reports both; a NIC's capabilities are the device's own.
         if (soft && !info->attr.extensions)
           fail("the connection did not negotiate RFC 7306 extensions (atomics, immediate data)");
-        if (soft && info->attr.crc != crc)
+        const auto& a = info->attr;
+        if (a.iwarp && a.iwarp->crc != crc)  // MPA CRC is negotiated: on if either side asks
           fail(std::string("asked for CRC ") + (crc ? "on" : "off") +
-               " but the connection has it " + (info->attr.crc ? "on" : "off"));
-        atomics_ok = dev.attr().atomics && (!soft || info->attr.extensions);
-        immediate_ok = dev.attr().immediate_data && (!soft || info->attr.extensions);
-        std::printf("initiator: connected %s -> %s (MPA rev %u, CRC %s, IRD/ORD %u/%u, MSS %u)\n",
-                    info->attr.local_address.c_str(), info->attr.peer_address.c_str(),
-                    unsigned{info->attr.mpa_revision}, info->attr.crc ? "on" : "off",
-                    info->attr.ird, info->attr.ord, info->attr.mss);
+               " but the connection has it " + (a.iwarp->crc ? "on" : "off"));
+        atomics_ok = dev.attr().atomics && (!soft || a.extensions);
+        immediate_ok = dev.attr().immediate_data && (!soft || a.extensions);
+        // What the connection negotiated: the common facts and the transport's own.
+        const std::string ird_ord =
+            "IRD/ORD " + std::to_string(a.ird) + "/" + std::to_string(a.ord);
+        std::string facts = ird_ord;
+        if (a.iwarp)
+          facts = "MPA rev " + std::to_string(a.iwarp->mpa_revision) + ", CRC " +
+                  (a.iwarp->crc ? "on" : "off") + ", " + ird_ord + ", MSS " +
+                  std::to_string(a.iwarp->mss);
+        else if (a.shm)
+          facts = "data path " + (a.shm->direct_mapping ? "direct mapping" : a.shm->data_path) +
+                  ", " + ird_ord;
+        else if (a.verbs)
+          facts = ird_ord + (a.verbs->path_mtu != 0
+                                 ? ", path MTU " + std::to_string(a.verbs->path_mtu)
+                                 : ", port MTU " + std::to_string(a.verbs->port_mtu));
+        std::printf("initiator: connected %s -> %s (%s)\n", a.local_address.c_str(),
+                    a.peer_address.c_str(), facts.c_str());
         return;
       }
       if (info.error().code != cvy::errc::connection_refused || clock_type::now() > until)

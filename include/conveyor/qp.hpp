@@ -115,10 +115,10 @@ struct verbs_transport_params {
   // down before the QP is failed (device_options::port_down_grace).
   std::optional<std::uint8_t> timeout{};
   // Largest payload of one packet, in bytes: 256, 512, 1024, 2048 or 4096. The
-  // connection uses the smaller of this and the path's MTU (connection().mss
-  // reports the result). 0: the path's MTU. Set the same on both sides: a
-  // responder refuses a message whose packets are not its own path MTU
-  // (rxe completes the request with rem_inv_req_err).
+  // connection uses the smaller of this and the path's MTU
+  // (connection().verbs->path_mtu reports the result). 0: the path's MTU.
+  // Set the same on both sides: a responder refuses a message whose packets
+  // are not its own path MTU (rxe completes the request with rem_inv_req_err).
   std::uint32_t path_mtu = 0;
 };
 
@@ -135,36 +135,107 @@ struct qp_init_attr {
   verbs_transport_params verbs_transport{};
 };
 
-// What the connection negotiated (valid once the QP reached RTS).
-struct qp_connection_attr {
-  std::string local_address;   // "ip:port"
-  std::string peer_address;    // "ip:port"
-  std::uint32_t ird = 0;       // inbound READs we accept at once
-  std::uint32_t ord = 0;       // outbound READs we may have outstanding
-  bool crc = false;            // MPA CRC32c in use
-  std::uint32_t mss = 0;       // TCP maximum segment size
-  std::uint32_t max_fpdu = 0;  // bytes per FPDU we send (header + payload + CRC)
-  std::uint8_t mpa_revision = 0;
-  bool extensions = false;  // RFC 7306 atomics and immediate data usable
-  std::string rtr;          // "write", "read", "none"
-  // How this side's bulk requests move (shm): "cma" (the peer's engine copies
-  // with process_vm_readv/writev) or "staged" (through the shared rings); ""
-  // on providers with a wire.
-  std::string data_path;
-  // shm: this side maps the peer's regions allocated with allocate_memory and
-  // serves its own READ/WRITE/atomics to them (docs/SHM.md, "Direct mapping").
-  bool direct_mapping = false;
+// What a connection negotiated (valid once the QP reached RTS), read with
+// qp.connection() or from connect()/accept()'s connection_info. The common
+// fields mean the same on every provider; facts that exist on one transport
+// only sit in that transport's part, which is set exactly on the providers
+// that know them (test the part, not the provider's name):
+//
+//   auto c = qp.connection().value();
+//   if (c.iwarp) std::printf("MPA rev %u, CRC %s\n", unsigned{c.iwarp->mpa_revision},
+//                            c.iwarp->crc ? "on" : "off");
+//   if (c.shm) std::printf("data path %s\n", c.shm->data_path.c_str());
+
+// iWARP (MPA over TCP) as negotiated by Conveyor itself. Filled by `soft`.
+// Not by `verbs` on an iWARP device: there the kernel or the NIC runs MPA and
+// does not tell rdma-core the revision, CRC, segment size or RTR.
+struct iwarp_connection_attr {
+  std::uint8_t mpa_revision = 0;  // MPA revision of the Reply: 1 (RFC 5044) or 2 (RFC 6581)
+  bool crc = false;               // MPA CRC32c on every FPDU, both directions
+  std::uint32_t mss = 0;          // the TCP connection's maximum segment size when it came up
+  // Bytes of each FPDU this side sends (header + payload + CRC) when the
+  // connection came up; at most `mss`. Bulk transfers follow the MSS as TCP
+  // raises it later, so it may grow.
+  std::uint32_t max_fpdu = 0;
+  // RFC 6581 ready-to-receive message the connection used: "write" or "read"
+  // (zero-length RDMA Write or Read), or "none" (MPA revision 1).
+  std::string rtr;
+  bool operator==(const iwarp_connection_attr&) const = default;
 };
 
-// Per-QP counters (read with qp.counters()).
+// Same-host shared memory. Filled by `shm`.
+struct shm_connection_attr {
+  // How this side's bulk requests (32 KiB and more) move: "cma" (the peer's
+  // engine copies with process_vm_readv/writev) or "staged" (copied through
+  // the shared rings, also every smaller payload).
+  std::string data_path;
+  // This side maps the peer's regions allocated with allocate_memory and
+  // serves its own READ/WRITE/atomics to them (docs/SHM.md, "Direct mapping").
+  bool direct_mapping = false;
+  std::uint32_t slot_payload = 0;  // payload bytes one ring slot carries
+  bool operator==(const shm_connection_attr&) const = default;
+};
+
+// rdma-core devices. Filled by `verbs` (InfiniBand, RoCE and iWARP devices).
+struct verbs_connection_attr {
+  // IB/RoCE: the QP's path MTU in bytes (256..4096), the largest payload of
+  // one packet: the smaller of verbs_transport_params::path_mtu and the
+  // path's. 0 on iWARP devices, whose packets are the kernel's or NIC's TCP
+  // segments (not exposed).
+  std::uint32_t path_mtu = 0;
+  std::uint32_t port_mtu = 0;  // the port's active MTU in bytes (every transport)
+  bool operator==(const verbs_connection_attr&) const = default;
+};
+
+struct qp_connection_attr {
+  // This side's and the peer's endpoint in the provider's address syntax:
+  // "ip:port" (soft, verbs); on shm the listener's name or "pid P qp N".
+  std::string local_address;
+  std::string peer_address;
+  std::uint32_t ird = 0;  // inbound READs/atomics this side accepts at once
+  std::uint32_t ord = 0;  // outbound READs/atomics this side may have outstanding
+  // Atomics and immediate data usable on this connection (soft: both ends are
+  // Conveyor and agreed on RFC 7306; shm: always; verbs: the device has them).
+  bool extensions = false;
+  std::optional<iwarp_connection_attr> iwarp;  // soft
+  std::optional<shm_connection_attr> shm;      // shm
+  std::optional<verbs_connection_attr> verbs;  // verbs
+  bool operator==(const qp_connection_attr&) const = default;
+};
+
+// Per-QP counters of `soft`'s iWARP transport (qp_counters::iwarp).
+struct iwarp_qp_counters {
+  std::uint64_t tx_fpdus = 0, rx_fpdus = 0;  // FPDUs framed / parsed, control FPDUs included
+  // Bytes written to / read from the TCP socket: payload plus MPA, DDP and
+  // RDMAP framing, CRC and control messages.
+  std::uint64_t tx_stream_bytes = 0, rx_stream_bytes = 0;
+  std::uint64_t tx_syscalls = 0, rx_syscalls = 0;  // sendmsg / recv and readv calls on the socket
+  std::uint64_t terminates_sent = 0, terminates_received = 0;  // RDMAP Terminate messages
+};
+
+// Per-QP counters of `shm`'s rings (qp_counters::shm).
+struct shm_qp_counters {
+  // Request-ring slots this side wrote / executed from the peer's request
+  // ring (a request of several slots counts several; responses not counted).
+  std::uint64_t tx_slots = 0, rx_slots = 0;
+  std::uint64_t doorbells = 0;   // wake-ups sent to a sleeping peer engine (one syscall each)
+  std::uint64_t direct_ops = 0;  // READ/WRITE/atomics served by this side through a direct mapping
+};
+
+// Per-QP counters (read with qp.counters(); they only grow). The common ones
+// mean the same on every provider that keeps them, soft and shm; verbs keeps
+// no per-QP counters (the NIC moves the data) and reports zeros and no parts.
 struct qp_counters {
+  // Payload bytes this QP sent / received: SEND and WRITE payloads and READ
+  // responses, whoever serves them (the engine, or this side through a direct
+  // mapping); no headers, no control messages, no atomics.
   std::uint64_t tx_bytes = 0, rx_bytes = 0;
-  std::uint64_t tx_fpdus = 0, rx_fpdus = 0;
-  std::uint64_t tx_syscalls = 0, rx_syscalls = 0;
+  // Requests of the peer this side's engine served: READs answered, WRITE
+  // messages placed, atomics executed (shm: what the peer served itself
+  // through a direct mapping counts in the peer's shm->direct_ops instead).
   std::uint64_t reads_served = 0, writes_placed = 0, atomics_served = 0;
-  std::uint64_t terminates_sent = 0, terminates_received = 0;
-  // shm: READ/WRITE/atomics this side served itself through a direct mapping.
-  std::uint64_t direct_ops = 0;
+  std::optional<iwarp_qp_counters> iwarp;  // soft
+  std::optional<shm_qp_counters> shm;      // shm
 };
 
 class CONVEYOR_API queue_pair {

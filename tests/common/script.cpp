@@ -164,29 +164,48 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
 
   auto conn = qp->connection();
   if (!conn) return "qp.connection(): " + conn.error().to_string();
-  if (conn->mss == 0) return "connection mss is 0";
-  if (conn->max_fpdu == 0 || conn->max_fpdu > conn->mss) {
-    return "max_fpdu " + std::to_string(conn->max_fpdu) + " not in (0, mss " +
-           std::to_string(conn->mss) + "]";
+  // The transport's own facts. shm has no wire to checksum: it never
+  // negotiates CRC; on verbs CRC is the kernel's or the NIC's business and not
+  // reported, and the MTU is the packet size.
+  std::string sizes;
+  if (s.provider == "shm") {
+    if (!conn->shm || conn->iwarp || conn->verbs)
+      return "shm connection without (only) its shm part";
+    if (conn->shm->slot_payload == 0) return "connection slot_payload is 0";
+    sizes = " slot_payload=" + std::to_string(conn->shm->slot_payload);
+  } else if (s.provider == "verbs") {
+    if (!conn->verbs || conn->iwarp || conn->shm)
+      return "verbs connection without (only) its verbs part";
+    if (conn->verbs->port_mtu == 0) return "connection port_mtu is 0";
+    sizes = " path_mtu=" + std::to_string(conn->verbs->path_mtu) +
+            " port_mtu=" + std::to_string(conn->verbs->port_mtu);
+  } else {
+    if (!conn->iwarp || conn->shm || conn->verbs)
+      return "iWARP connection without (only) its MPA part";
+    const auto& iw = *conn->iwarp;
+    if (iw.mss == 0) return "connection mss is 0";
+    if (iw.max_fpdu == 0 || iw.max_fpdu > iw.mss) {
+      return "max_fpdu " + std::to_string(iw.max_fpdu) + " not in (0, mss " +
+             std::to_string(iw.mss) + "]";
+    }
+    if (iw.crc != s.crc) return std::string("crc negotiated ") + (iw.crc ? "on" : "off");
+    sizes = " mss=" + std::to_string(iw.mss) + " max_fpdu=" + std::to_string(iw.max_fpdu);
   }
-  if (s.max_mss != 0 && conn->mss > s.max_mss) {
-    return "mss " + std::to_string(conn->mss) + " exceeds " + std::to_string(s.max_mss) +
-           " on this link";
+  if (s.max_mss != 0 && (!conn->iwarp || conn->iwarp->mss > s.max_mss)) {
+    return "mss " + (conn->iwarp ? std::to_string(conn->iwarp->mss) : std::string("unknown")) +
+           " exceeds " + std::to_string(s.max_mss) + " on this link";
   }
-  // shm has no wire to checksum: it never negotiates CRC; on verbs CRC is the
-  // kernel's or the NIC's business and not reported.
-  const bool want_crc = s.provider != "shm" && s.crc;
-  if (s.provider != "verbs" && conn->crc != want_crc)
-    return std::string("crc negotiated ") + (conn->crc ? "on" : "off");
-  if (!s.expect_data_path.empty() && conn->data_path != s.expect_data_path)
-    return "data path \"" + conn->data_path + "\", expected \"" + s.expect_data_path + "\"";
+  if (!s.expect_data_path.empty()) {
+    const std::string path = conn->shm ? conn->shm->data_path : "";
+    if (path != s.expect_data_path)
+      return "data path \"" + path + "\", expected \"" + s.expect_data_path + "\"";
+  }
   if (conveyor_peer(s.provider) && !conn->extensions) {
     return "Conveyor<->Conveyor connection without RFC 7306 extensions";
   }
-  log_line("initiator",
-           "connected " + conn->local_address + " -> " + conn->peer_address +
-               " mss=" + std::to_string(conn->mss) + " max_fpdu=" + std::to_string(conn->max_fpdu) +
-               " ird=" + std::to_string(conn->ird) + " ord=" + std::to_string(conn->ord));
+  log_line("initiator", "connected " + conn->local_address + " -> " + conn->peer_address + sizes +
+                            " ird=" + std::to_string(conn->ird) +
+                            " ord=" + std::to_string(conn->ord));
 
   // WRITE the prefix.
   if (auto st = qp->post_write(src->sge(0, s.write_len), data_r->slice(0, s.write_len), 1);
@@ -234,7 +253,7 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
     if (load_u64(result->data() + 16) != s.faa_initial)
       return "FAA returned the wrong original value";
   }
-  if (s.provider == "shm" && allocate_regions() && conn->direct_mapping) {
+  if (s.provider == "shm" && allocate_regions() && conn->shm && conn->shm->direct_mapping) {
     // The target's data region came from allocate_memory: READ it again until
     // this process serves the READ through its own mapping of the target's
     // memfd (the first request asked for it), then check the bytes it saw.
@@ -245,7 +264,8 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
         return "post_read (direct): " + name(st);
       if (auto e = expect_wc(reader, big, wc_opcode::rdma_read, 7); !e.empty())
         return "READ (direct): " + e;
-      mapped = qp->counters().direct_ops > 0;
+      const auto c = qp->counters();
+      mapped = c.shm && c.shm->direct_ops > 0;
       if (!mapped) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (!mapped) return "the target's allocated region was never mapped";

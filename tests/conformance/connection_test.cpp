@@ -39,13 +39,10 @@ std::string attr_diff(const conveyor::qp_connection_attr& a,
   if (a.peer_address != b.peer_address) d += " peer_address";
   if (a.ird != b.ird) d += " ird";
   if (a.ord != b.ord) d += " ord";
-  if (a.crc != b.crc) d += " crc";
-  if (a.mss != b.mss) d += " mss";
-  if (a.max_fpdu != b.max_fpdu) d += " max_fpdu";
-  if (a.mpa_revision != b.mpa_revision) d += " mpa_revision";
   if (a.extensions != b.extensions) d += " extensions";
-  if (a.rtr != b.rtr) d += " rtr";
-  if (a.data_path != b.data_path) d += " data_path";
+  if (a.iwarp != b.iwarp) d += " iwarp";
+  if (a.shm != b.shm) d += " shm";
+  if (a.verbs != b.verbs) d += " verbs";
   return d;
 }
 
@@ -66,26 +63,40 @@ void connection::check_attributes(bool init_crc, bool tgt_crc) {
   auto tc = tgt.qp.connection();
   CVT_ASSERT_OK(tc);
   // MPA: CRC is in force when either side asked for it. shm has no wire and no
-  // MPA: it reports no CRC and revision 0, and names its bulk data path instead.
+  // MPA: it reports no MPA part, and names its bulk data path instead.
   const bool wire = param().provider != "shm";
-  const bool want_crc = wire && (init_crc || tgt_crc);
+  const bool want_crc = init_crc || tgt_crc;
   for (const auto* c : {&*ic, &*tc}) {
     SCOPED_TRACE(c == &*ic ? "initiator" : "target");
-    EXPECT_GT(c->mss, 0u);
     EXPECT_GT(c->ird, 0u);
     EXPECT_GT(c->ord, 0u);
-    EXPECT_GT(c->max_fpdu, 0u);
-    EXPECT_LE(c->max_fpdu, c->mss) << "an FPDU must fit in one TCP segment";
     // verbs: CRC and the MPA revision are negotiated inside the kernel or the
     // NIC (iWARP) or do not exist (IB/RoCE); rdma-core does not expose them.
     const bool verbs = param().provider == "verbs";
-    if (!verbs) {
-      EXPECT_EQ(c->crc, want_crc) << "requested: initiator " << init_crc << ", target " << tgt_crc;
+    EXPECT_EQ(c->iwarp.has_value(), wire && !verbs) << "MPA facts exactly where Conveyor runs MPA";
+    EXPECT_EQ(c->shm.has_value(), !wire);
+    EXPECT_EQ(c->verbs.has_value(), verbs);
+    if (c->iwarp) {
+      EXPECT_GT(c->iwarp->mss, 0u);
+      EXPECT_GT(c->iwarp->max_fpdu, 0u);
+      EXPECT_LE(c->iwarp->max_fpdu, c->iwarp->mss) << "an FPDU must fit in one TCP segment";
+      EXPECT_EQ(c->iwarp->crc, want_crc)
+          << "requested: initiator " << init_crc << ", target " << tgt_crc;
+      EXPECT_GE(c->iwarp->mpa_revision, 1u);
+      EXPECT_TRUE(c->iwarp->rtr == "write" || c->iwarp->rtr == "read" || c->iwarp->rtr == "none")
+          << c->iwarp->rtr;
     }
-    if (!wire) {
-      EXPECT_TRUE(c->data_path == "cma" || c->data_path == "staged") << c->data_path;
-    } else if (!verbs) {
-      EXPECT_GE(c->mpa_revision, 1u);
+    if (c->shm) {
+      EXPECT_TRUE(c->shm->data_path == "cma" || c->shm->data_path == "staged") << c->shm->data_path;
+      EXPECT_GT(c->shm->slot_payload, 0u);
+    }
+    if (c->verbs) {
+      EXPECT_GT(c->verbs->port_mtu, 0u);
+      // IB/RoCE: the QP's path MTU; iWARP: TCP's segments, not exposed.
+      if (init.dev.attr().transport_type == conveyor::transport::iwarp)
+        EXPECT_EQ(c->verbs->path_mtu, 0u);
+      else
+        EXPECT_GT(c->verbs->path_mtu, 0u);
     }
     EXPECT_FALSE(c->local_address.empty());
     EXPECT_FALSE(c->peer_address.empty());
@@ -103,7 +114,11 @@ void connection::check_attributes(bool init_crc, bool tgt_crc) {
   EXPECT_EQ(ic->peer_address, listen_address_);
   EXPECT_EQ(ic->local_address, tc->peer_address);
   EXPECT_EQ(ic->peer_address, tc->local_address);
-  EXPECT_EQ(ic->mpa_revision, tc->mpa_revision);
+  ASSERT_EQ(ic->iwarp.has_value(), tc->iwarp.has_value());
+  if (ic->iwarp) {
+    EXPECT_EQ(ic->iwarp->mpa_revision, tc->iwarp->mpa_revision);
+    EXPECT_EQ(ic->iwarp->crc, tc->iwarp->crc);
+  }
   EXPECT_EQ(ic->extensions, tc->extensions);
   // What connect() and accept() returned is what the QP reports.
   EXPECT_EQ(attr_diff(init.info.attr, *ic), "") << "connect() result differs from qp.connection()";

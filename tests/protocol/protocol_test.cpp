@@ -91,8 +91,9 @@ TEST(mpa, revision_1_initiator_gets_a_revision_1_reply_and_its_frames_are_served
   auto info = fut.get();
   ASSERT_TRUE(info.has_value()) << info.error().to_string();
   EXPECT_EQ(info->private_data, bytes_of("rev1-client"));
-  EXPECT_EQ(info->attr.mpa_revision, 1);
-  EXPECT_EQ(info->attr.rtr, "none");
+  ASSERT_TRUE(info->attr.iwarp) << "soft reports what MPA negotiated";
+  EXPECT_EQ(info->attr.iwarp->mpa_revision, 1);
+  EXPECT_EQ(info->attr.iwarp->rtr, "none");
   p.set_crc(rep->crc());
   EXPECT_TRUE(rep->crc()) << "the target's device requests CRC";
 

@@ -142,7 +142,7 @@ def test_unsupported_atomics_with_a_plain_iwarp_peer():
     qp = pd.create_qp(dev.create_cq(16))
     try:
         info = conveyor.connect(qp, "127.0.0.1:%d" % srv.getsockname()[1], timeout=3.0)
-        assert not info.attr.extensions and info.attr.mpa_revision == 1
+        assert not info.attr.extensions and info.attr.iwarp.mpa_revision == 1
         mr = pd.register_memory(bytearray(8), Access.local_write)
         with pytest.raises(conveyor.Unsupported) as e:
             qp.post_fetch_add(mr, conveyor.RemoteRegion(0x1000, 8, 1), 1, wr_id=1)

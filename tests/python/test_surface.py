@@ -40,13 +40,19 @@ def test_connection_attr_caps_counters_and_request(provider):
     a = p.i.qp.connection()
     assert isinstance(a, conveyor.ConnectionAttr)
     assert isinstance(a.local_address, str) and isinstance(a.peer_address, str)
-    assert isinstance(a.crc, bool) and isinstance(a.direct_mapping, bool) and isinstance(a.extensions, bool)
-    assert isinstance(a.rtr, str) and isinstance(a.data_path, str)
+    assert isinstance(a.ird, int) and isinstance(a.ord, int) and isinstance(a.extensions, bool)
     if provider == "soft":
-        assert a.mss > 0 and a.max_fpdu > 0 and a.mpa_revision in (1, 2) and a.data_path == ""
+        assert a.shm is None and a.verbs is None
+        w = a.iwarp
+        assert isinstance(w, conveyor.IwarpConnectionAttr)
+        assert isinstance(w.crc, bool) and isinstance(w.rtr, str) and w.rtr in ("write", "read", "none")
+        assert w.mss > 0 and 0 < w.max_fpdu <= w.mss and w.mpa_revision in (1, 2)
         assert a.peer_address == p.t.qp.connection().local_address
     else:
-        assert a.data_path in ("cma", "staged")
+        assert a.iwarp is None and a.verbs is None
+        s = a.shm
+        assert isinstance(s, conveyor.ShmConnectionAttr)
+        assert isinstance(s.direct_mapping, bool) and s.data_path in ("cma", "staged") and s.slot_payload > 0
     caps = p.i.qp.caps
     assert isinstance(caps, conveyor.QpCaps)
     assert caps.max_send_sge >= 1 and caps.max_recv_sge >= 1 and caps.max_inline_data >= 0
@@ -56,13 +62,28 @@ def test_connection_attr_caps_counters_and_request(provider):
     ci, ct = p.i.qp.counters(), p.t.qp.counters()
     assert isinstance(ci, conveyor.QpCounters)
     for c in (ci, ct):
-        for f in ("tx_bytes", "rx_bytes", "tx_fpdus", "rx_fpdus", "tx_syscalls", "rx_syscalls", "reads_served",
-                  "writes_placed", "atomics_served", "terminates_sent", "terminates_received", "direct_ops"):
+        for f in ("tx_bytes", "rx_bytes", "reads_served", "writes_placed", "atomics_served"):
             assert isinstance(getattr(c, f), int) and getattr(c, f) >= 0, f
+        part = c.iwarp if provider == "soft" else c.shm
+        assert (c.shm if provider == "soft" else c.iwarp) is None
+        assert isinstance(part, conveyor.IwarpQpCounters if provider == "soft" else conveyor.ShmQpCounters)
+        fields = (("tx_fpdus", "rx_fpdus", "tx_stream_bytes", "rx_stream_bytes", "tx_syscalls", "rx_syscalls",
+                   "terminates_sent", "terminates_received") if c.iwarp is not None
+                  else ("tx_slots", "rx_slots", "doorbells", "direct_ops"))
+        for f in fields:
+            assert isinstance(getattr(part, f), int) and getattr(part, f) >= 0, f
+    # A 4096-byte READ: its payload, counted the same on every provider.
+    assert ct.reads_served >= 1 and ci.rx_bytes >= 4096 and ct.tx_bytes >= 4096
     if provider == "soft":
-        assert ct.reads_served >= 1 and ci.rx_bytes >= 4096 and ci.tx_fpdus >= 1 and ci.rx_fpdus >= 1
-        assert ci.tx_syscalls >= 1 and ct.rx_syscalls >= 1
-    assert ci.terminates_sent == 0 and ct.terminates_received == 0
+        assert ci.iwarp.tx_fpdus >= 1 and ci.iwarp.rx_fpdus >= 1
+        assert ci.iwarp.tx_syscalls >= 1 and ct.iwarp.rx_syscalls >= 1
+        assert ci.iwarp.rx_stream_bytes > ci.rx_bytes, "the stream carries framing besides the payload"
+        assert ci.iwarp.terminates_sent == 0 and ct.iwarp.terminates_received == 0
+    if ci.shm is not None:
+        assert ci.shm.tx_slots >= 1 and ct.shm.rx_slots >= 1, "the READ request took a ring slot"
+        assert ci.shm.direct_ops == 0 and ci.shm.doorbells >= 0  # a registered (not allocated) region
+    # verbs (not run here) reports its MTUs in its own part.
+    assert {"path_mtu", "port_mtu"} <= set(dir(conveyor.VerbsConnectionAttr))
 
 
 def test_request_peer_address_and_disconnect(provider):

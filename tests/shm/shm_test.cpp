@@ -103,8 +103,8 @@ TEST_P(shm_only, cross_memory_attach_is_the_default_bulk_path_and_moves_the_righ
   auto c = init.qp.connection();
   CVT_ASSERT_OK(c);
   // One process can always attach to itself.
-  EXPECT_EQ(c->data_path, "cma");
-  EXPECT_EQ(tgt.qp.connection()->data_path, "cma");
+  EXPECT_EQ(c->shm.value().data_path, "cma");
+  EXPECT_EQ(tgt.qp.connection()->shm.value().data_path, "cma");
   bulk_round_trip();
   EXPECT_GT(tgt.qp.counters().reads_served, 0u);
 }
@@ -114,8 +114,8 @@ TEST_P(shm_only, forced_staging_is_reported_and_moves_the_right_bytes) {
   ASSERT_NO_FATAL_FAILURE(connect_pair(big()));
   auto c = init.qp.connection();
   CVT_ASSERT_OK(c);
-  EXPECT_EQ(c->data_path, "staged");
-  EXPECT_EQ(tgt.qp.connection()->data_path, "staged");
+  EXPECT_EQ(c->shm.value().data_path, "staged");
+  EXPECT_EQ(tgt.qp.connection()->shm.value().data_path, "staged");
   bulk_round_trip();
 }
 
@@ -310,12 +310,12 @@ class shm_direct : public shm_only {
   testing::AssertionResult map_it(const conveyor::remote_region& r) {
     auto sink = make_region(init.pd, 8, access::local_write, 0);
     if (!sink) return testing::AssertionFailure() << sink.error().to_string();
-    const auto before = init.qp.counters().direct_ops;
+    const auto before = init.qp.counters().shm.value().direct_ops;
     for (int i = 0; i < 200; ++i) {
       if (init.qp.post_read(sink->sge(0, 8), r.slice(0, 8), 0x3a00 + i) != errc::ok)
         return testing::AssertionFailure() << "post_read failed";
       if (auto w = wait_ok(init.send_reader(), 1, op_timeout(8)); !w) return w;
-      if (init.qp.counters().direct_ops > before) return testing::AssertionSuccess();
+      if (init.qp.counters().shm.value().direct_ops > before) return testing::AssertionSuccess();
       std::this_thread::sleep_for(milliseconds(1));
     }
     return testing::AssertionFailure() << "the region was never mapped";
@@ -325,13 +325,13 @@ class shm_direct : public shm_only {
 TEST_P(shm_direct, allocated_regions_are_served_by_the_initiator_without_the_targets_engine) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   CVT_REQUIRE_ATOMICS();
-  EXPECT_TRUE(init.qp.connection()->direct_mapping);
+  EXPECT_TRUE(init.qp.connection()->shm.value().direct_mapping);
   constexpr std::size_t n = 64 * KiB;
   auto region = alloc_target(n, all_rights, 0x6100);
   ASSERT_TRUE(region);
   ASSERT_TRUE(map_it(region.remote()));
   const auto t0 = tgt.qp.counters();
-  const auto d0 = init.qp.counters().direct_ops;
+  const auto d0 = init.qp.counters().shm.value().direct_ops;
 
   auto src = make_region(init.pd, 4096, access::local_write, 0x6200);
   CVT_ASSERT_OK(src);
@@ -353,7 +353,8 @@ TEST_P(shm_direct, allocated_regions_are_served_by_the_initiator_without_the_tar
   CVT_ASSERT_POST_OK(init.qp.post_read(back->sge(0, n), region.remote(), 4));
   ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(n)));
 
-  EXPECT_EQ(init.qp.counters().direct_ops, d0 + 4) << "all four were to be served directly";
+  EXPECT_EQ(init.qp.counters().shm.value().direct_ops, d0 + 4)
+      << "all four were to be served directly";
   const auto t1 = tgt.qp.counters();
   EXPECT_EQ(t1.writes_placed, t0.writes_placed) << "the target's engine placed a WRITE";
   EXPECT_EQ(t1.reads_served, t0.reads_served) << "the target's engine served a READ";
@@ -413,7 +414,7 @@ TEST_P(shm_direct, deregistration_revokes_a_mapping_in_use_and_later_access_fail
   ASSERT_TRUE(region);
   ASSERT_TRUE(map_it(region.remote()));
   const auto remote = region.remote();
-  const auto d0 = init.qp.counters().direct_ops;
+  const auto d0 = init.qp.counters().shm.value().direct_ops;
   auto src = make_region(init.pd, 64 * KiB, access::local_write, 0x6800);
   CVT_ASSERT_OK(src);
   // WRITEs stream in while the owner deregisters (and so frees) the region:
@@ -446,7 +447,8 @@ TEST_P(shm_direct, deregistration_revokes_a_mapping_in_use_and_later_access_fail
   EXPECT_GE(ok_count, 10);
   // At least the ten before the owner started went through the mapping (one
   // racing the revocation may reach the engine while the key is still live).
-  EXPECT_GE(init.qp.counters().direct_ops - d0, 10u) << "the stream did not use the mapping";
+  EXPECT_GE(init.qp.counters().shm.value().direct_ops - d0, 10u)
+      << "the stream did not use the mapping";
   EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
 }
 
@@ -486,7 +488,7 @@ TEST_P(shm_direct, direct_atomics_are_atomic_against_the_owner_and_the_targets_e
   auto info = conveyor::connect(*qp2, addr, {.timeout = scaled(milliseconds(10000))});
   acceptor.join();
   CVT_ASSERT_OK(info);
-  EXPECT_FALSE(qp2->connection()->direct_mapping);
+  EXPECT_FALSE(qp2->connection()->shm.value().direct_mapping);
   auto res2 = pd2->allocate_memory(8, access::local_write);
   CVT_ASSERT_OK(res2);
   auto res1 = make_region(init.pd, 8, access::local_write, 0);
@@ -512,7 +514,7 @@ TEST_P(shm_direct, direct_atomics_are_atomic_against_the_owner_and_the_targets_e
     std::atomic_ref<std::uint64_t> w(*word);
     for (int i = 0; i < n; ++i) w.fetch_add(1);
   });
-  const auto d0 = init.qp.counters().direct_ops;
+  const auto d0 = init.qp.counters().shm.value().direct_ops;
   for (int i = 0; i < n; ++i) {
     CVT_ASSERT_POST_OK(init.qp.post_fetch_add(res1->sge(0, 8), region.remote().slice(64, 8), 1, i));
     ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(8)));
@@ -520,7 +522,7 @@ TEST_P(shm_direct, direct_atomics_are_atomic_against_the_owner_and_the_targets_e
   engine_side.join();
   owner.join();
   EXPECT_EQ(errors.load(), 0);
-  EXPECT_EQ(init.qp.counters().direct_ops - d0, static_cast<std::uint64_t>(n));
+  EXPECT_EQ(init.qp.counters().shm.value().direct_ops - d0, static_cast<std::uint64_t>(n));
   EXPECT_EQ(tqp->counters().atomics_served, static_cast<std::uint64_t>(n));
   EXPECT_EQ(std::atomic_ref<std::uint64_t>(*word).load(), 3u * n) << "an increment was lost";
 }
@@ -528,7 +530,7 @@ TEST_P(shm_direct, direct_atomics_are_atomic_against_the_owner_and_the_targets_e
 TEST_P(shm_direct, direct_mapping_off_keeps_every_access_in_the_targets_engine) {
   ::setenv("CONVEYOR_SHM_DIRECT", "off", 1);
   ASSERT_NO_FATAL_FAILURE(connect_pair());
-  EXPECT_FALSE(init.qp.connection()->direct_mapping);
+  EXPECT_FALSE(init.qp.connection()->shm.value().direct_mapping);
   auto region = alloc_target(4096, all_rights, 0x6900);
   ASSERT_TRUE(region);
   auto sink = make_region(init.pd, 4096, access::local_write, 0);
@@ -537,7 +539,7 @@ TEST_P(shm_direct, direct_mapping_off_keeps_every_access_in_the_targets_engine) 
     CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(0, 4096), region.remote(), i));
     ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(4096)));
   }
-  EXPECT_EQ(init.qp.counters().direct_ops, 0u);
+  EXPECT_EQ(init.qp.counters().shm.value().direct_ops, 0u);
   EXPECT_EQ(tgt.qp.counters().reads_served, 20u);
   EXPECT_TRUE(ok(check_pattern(sink->bytes(), 0x6900)));
 }

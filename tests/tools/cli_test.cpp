@@ -417,15 +417,44 @@ TEST(cli, a_server_keeps_waiting_for_a_real_client_past_junk_and_refused_peers) 
 void expect_perf_schema(const json& j, const std::string& test, const std::string& mode,
                         const std::vector<std::uint64_t>& sizes,
                         const std::string& provider = "soft") {
-  ASSERT_EQ(j.at("schema"), "conveyor-perf/1");
+  ASSERT_EQ(j.at("schema"), "conveyor-perf/2");
   const auto& s = j.at("settings");
   for (const char* k : {"provider", "device", "transport", "local_address", "peer_address",
                         "progress", "test", "mode"})
     EXPECT_TRUE(s.at(k).is_string()) << k;
-  for (const char* k : {"ird", "ord", "mss", "max_fpdu", "mpa_revision", "iters", "warmup", "qps",
-                        "tx_depth", "rx_depth", "batch", "inline"})
+  for (const char* k :
+       {"ird", "ord", "iters", "warmup", "qps", "tx_depth", "rx_depth", "batch", "inline"})
     EXPECT_TRUE(s.at(k).is_number_unsigned()) << k;
-  for (const char* k : {"crc", "extensions", "verify"}) EXPECT_TRUE(s.at(k).is_boolean()) << k;
+  for (const char* k : {"extensions", "verify"}) EXPECT_TRUE(s.at(k).is_boolean()) << k;
+  // The transport's own facts: an object where the provider has them, else null.
+  for (const char* k : {"iwarp", "shm", "verbs"})
+    EXPECT_TRUE(s.at(k).is_object() || s.at(k).is_null()) << k;
+  if (s.at("iwarp").is_object()) {
+    const auto& w = s.at("iwarp");
+    for (const char* k : {"mss", "max_fpdu", "mpa_revision"})
+      EXPECT_TRUE(w.at(k).is_number_unsigned()) << k;
+    EXPECT_TRUE(w.at("crc").is_boolean());
+    EXPECT_TRUE(w.at("rtr").is_string());
+  }
+  if (s.at("shm").is_object()) {
+    const auto& m = s.at("shm");
+    EXPECT_TRUE(m.at("data_path") == "cma" || m.at("data_path") == "staged") << m.dump();
+    EXPECT_TRUE(m.at("direct_mapping").is_boolean());
+    EXPECT_TRUE(m.at("slot_payload").is_number_unsigned());
+  }
+  if (s.at("verbs").is_object()) {
+    for (const char* k : {"path_mtu", "port_mtu"})
+      EXPECT_TRUE(s.at("verbs").at(k).is_number_unsigned()) << k;
+  }
+  // soft speaks MPA; shm has no wire and names its data path instead.
+  if (provider == "soft") {
+    EXPECT_TRUE(s.at("iwarp").is_object());
+    EXPECT_TRUE(s.at("shm").is_null());
+  }
+  if (provider == "shm") {
+    EXPECT_TRUE(s.at("shm").is_object());
+    EXPECT_TRUE(s.at("iwarp").is_null());
+  }
   EXPECT_TRUE(s.at("duration_s").is_number());
   EXPECT_TRUE(s.at("cpu").is_number_integer());
   EXPECT_EQ(s.at("test"), test);

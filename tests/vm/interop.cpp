@@ -182,10 +182,11 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
     return;
   }
   if (c.server.rfind("soft", 0) == 0) {
-    CHECK(info->attr.crc == c.crc, "server (soft) CRC %d, wanted %d", info->attr.crc, c.crc);
-    std::printf("interop: server soft: crc %s, mpa rev %d, ird %u ord %u\n",
-                info->attr.crc ? "on" : "off", info->attr.mpa_revision, info->attr.ird,
-                info->attr.ord);
+    const auto iw = info->attr.iwarp.value_or(cvy::iwarp_connection_attr{});
+    CHECK(info->attr.iwarp.has_value(), "server (soft) reports no MPA facts");
+    CHECK(iw.crc == c.crc, "server (soft) CRC %d, wanted %d", iw.crc, c.crc);
+    std::printf("interop: server soft: crc %s, mpa rev %d, ird %u ord %u\n", iw.crc ? "on" : "off",
+                iw.mpa_revision, info->attr.ird, info->attr.ord);
   }
   if (sc != scenario::data) {
     // The peer's violation must end in a Terminate that moves our QP to ERROR:
@@ -284,10 +285,11 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr,
     return;
   }
   if (c.client.rfind("soft", 0) == 0) {
-    CHECK(info->attr.crc == c.crc, "client (soft) CRC %d, wanted %d", info->attr.crc, c.crc);
-    std::printf("interop: client soft: crc %s, mpa rev %d, ird %u ord %u\n",
-                info->attr.crc ? "on" : "off", info->attr.mpa_revision, info->attr.ird,
-                info->attr.ord);
+    const auto iw = info->attr.iwarp.value_or(cvy::iwarp_connection_attr{});
+    CHECK(info->attr.iwarp.has_value(), "client (soft) reports no MPA facts");
+    CHECK(iw.crc == c.crc, "client (soft) CRC %d, wanted %d", iw.crc, c.crc);
+    std::printf("interop: client soft: crc %s, mpa rev %d, ird %u ord %u\n", iw.crc ? "on" : "off",
+                iw.mpa_revision, info->attr.ird, info->attr.ord);
   }
   auto peer = cvy::remote_region::decode(info->private_data).value();
   auto peer_inv = cvy::remote_region::decode(

@@ -9,7 +9,7 @@
 // that finds no receive fails with rnr_retry_exc_err after the default RNR
 // retries (6, each waiting the responder's RNR timer), at once with
 // rnr_retry = 0, quickly with a responder's min_rnr_timer of 0.01 ms; QPs
-// with path_mtu 512 report mss 512 and still move 64 KiB both ways.
+// with path_mtu 512 report path_mtu 512 and still move 64 KiB both ways.
 // --port-flap: two QPs of one connection, with grace periods from their own
 // timeout and retry count (IB/RoCE: 2148 ms and 1074 ms; iWARP: 5 s each). The
 // link goes down for 300 ms and comes back: the provider fails no QP, and
@@ -45,6 +45,10 @@ struct conn {
 };
 
 constexpr std::size_t buf_len = 1 << 17;
+
+std::uint32_t path_mtu(const cvy::qp_connection_attr& a) {
+  return a.verbs ? a.verbs->path_mtu : 0;
+}
 
 std::optional<conn> connect_pair(cvy::device& dev, cvy::protection_domain& pd,
                                  const std::string& ip, const cvy::verbs_transport_params& client,
@@ -212,20 +216,19 @@ int transport_check(const std::string& dev_name, const std::string& ip) {
     // (veth 1500: 1024); 64 KiB messages move both ways in 512-byte packets.
     const cvy::verbs_transport_params mtu512{.retry_count = 3, .timeout = 14, .path_mtu = 512};
     if (auto c = connect_pair(dev, pd, ip, mtu512, mtu512, 4)) {
-      std::printf("interop: [path_mtu 512] client mss %u, server mss %u\n", c->cattr.mss,
-                  c->sattr.mss);
-      CHECK(c->cattr.mss == 512 && c->sattr.mss == 512, "mss client %u, server %u, expected 512",
-            c->cattr.mss, c->sattr.mss);
+      const std::uint32_t cm = path_mtu(c->cattr), sm = path_mtu(c->sattr);
+      std::printf("interop: [path_mtu 512] client path_mtu %u, server path_mtu %u\n", cm, sm);
+      CHECK(cm == 512 && sm == 512, "path_mtu client %u, server %u, expected 512", cm, sm);
       auto again = c->cqp.connection();
-      CHECK(again && again->mss == 512, "qp.connection().mss differs from connect()'s");
+      CHECK(again && path_mtu(*again) == 512,
+            "qp.connection().verbs->path_mtu differs from connect()'s");
       moves_data(*c, "path_mtu 512");
     }
     // Without it, the path's.
     if (auto c = connect_pair(dev, pd, ip, {}, {}, 4)) {
-      std::printf("interop: [default path_mtu] client mss %u, server mss %u\n", c->cattr.mss,
-                  c->sattr.mss);
-      CHECK(c->cattr.mss > 512 && c->cattr.mss == c->sattr.mss, "default mss client %u, server %u",
-            c->cattr.mss, c->sattr.mss);
+      const std::uint32_t cm = path_mtu(c->cattr), sm = path_mtu(c->sattr);
+      std::printf("interop: [default path_mtu] client path_mtu %u, server path_mtu %u\n", cm, sm);
+      CHECK(cm > 512 && cm == sm, "default path_mtu client %u, server %u", cm, sm);
     }
   }
   std::printf("interop: transport parameters %s: %s\n", dev_name.c_str(),

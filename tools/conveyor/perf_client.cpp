@@ -191,13 +191,10 @@ void client::connect_all() {
   settings_.peer_address = c.peer_address;
   settings_.ird = c.ird;
   settings_.ord = c.ord;
-  settings_.crc = c.crc;
-  settings_.mss = c.mss;
-  settings_.max_fpdu = c.max_fpdu;
-  settings_.mpa_revision = c.mpa_revision;
   settings_.extensions = c.extensions;
-  settings_.data_path = c.data_path;
-  settings_.direct_mapping = c.direct_mapping;
+  settings_.iwarp = c.iwarp;
+  settings_.shm = c.shm;
+  settings_.verbs = c.verbs;
   settings_.opts = o_;
 }
 

@@ -184,7 +184,7 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   app.add_option("--cpu", o.cpu, "pin this process (and its engine thread) to one CPU")
       ->check(whole_number(0, 65535));
   app.add_flag("--verify", o.verify, "check the bytes moved, on both sides (slower)");
-  app.add_flag("--json", o.json, "print results as JSON (schema conveyor-perf/1, docs/CLI.md)");
+  app.add_flag("--json", o.json, "print results as JSON (schema conveyor-perf/2, docs/CLI.md)");
   app.add_flag("--quiet", o.quiet, "no progress lines on stderr");
   app.add_flag(
       "--report_gbits,--report-gbits", o.report_gbits,

@@ -40,7 +40,7 @@ std::string format_seconds(double s) {
 
 namespace {
 // shm's data path, as the settings line names it.
-std::string describe_data_path(const perf_settings& s) {
+std::string describe_data_path(const shm_connection_attr& s) {
   std::string bulk =
       s.data_path == "cma"
           ? "cross-memory attach (the peer's engine copies with process_vm_readv/writev)"
@@ -63,16 +63,19 @@ void print_settings(std::FILE* out, const perf_settings& s) {
                s.device.c_str(), s.transport.c_str(), s.progress.c_str(),
                o.cpu >= 0 ? (", pinned to CPU " + std::to_string(o.cpu)).c_str() : "");
   std::fprintf(out, "  connection %s -> %s\n", s.local_address.c_str(), s.peer_address.c_str());
-  if (s.transport == "shm" || !s.data_path.empty()) {
-    // No wire: what matters is how the bytes move between the two processes.
-    std::fprintf(out, "  IRD/ORD %u/%u, data path %s, atomics/immediate %s\n", s.ird, s.ord,
-                 describe_data_path(s).c_str(), s.extensions ? "yes" : "no");
-  } else {
-    std::fprintf(out,
-                 "  IRD/ORD %u/%u, CRC %s, MSS %u, FPDU %u B, MPA rev %u, atomics/immediate %s\n",
-                 s.ird, s.ord, s.crc ? "on" : "off", s.mss, s.max_fpdu, s.mpa_revision,
-                 s.extensions ? "yes" : "no");
-  }
+  // What the transport tells: how the bytes move between two processes (shm),
+  // MPA's parameters (soft), the MTU (verbs).
+  std::string facts;
+  if (s.shm) facts += ", data path " + describe_data_path(*s.shm);
+  if (s.iwarp)
+    facts += ", CRC " + std::string(s.iwarp->crc ? "on" : "off") + ", MSS " +
+             std::to_string(s.iwarp->mss) + ", FPDU " + std::to_string(s.iwarp->max_fpdu) +
+             " B, MPA rev " + std::to_string(s.iwarp->mpa_revision);
+  if (s.verbs)
+    facts += s.verbs->path_mtu != 0 ? ", path MTU " + std::to_string(s.verbs->path_mtu) + " B"
+                                    : ", port MTU " + std::to_string(s.verbs->port_mtu) + " B";
+  std::fprintf(out, "  IRD/ORD %u/%u%s, atomics/immediate %s\n", s.ird, s.ord, facts.c_str(),
+               s.extensions ? "yes" : "no");
   std::string amount =
       o.iters != 0 ? std::to_string(o.iters) + " iterations" : format_seconds(o.duration);
   std::fprintf(
@@ -126,14 +129,20 @@ nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& r
       {"peer_address", s.peer_address},
       {"ird", s.ird},
       {"ord", s.ord},
-      {"crc", s.crc},
-      {"mss", s.mss},
-      {"max_fpdu", s.max_fpdu},
-      {"mpa_revision", s.mpa_revision},
       {"extensions", s.extensions},
       {"progress", s.progress},
-      {"data_path", s.data_path},
-      {"direct_mapping", s.direct_mapping},
+      {"iwarp", s.iwarp ? json{{"crc", s.iwarp->crc},
+                               {"mss", s.iwarp->mss},
+                               {"max_fpdu", s.iwarp->max_fpdu},
+                               {"mpa_revision", s.iwarp->mpa_revision},
+                               {"rtr", s.iwarp->rtr}}
+                        : json(nullptr)},
+      {"shm", s.shm ? json{{"data_path", s.shm->data_path},
+                           {"direct_mapping", s.shm->direct_mapping},
+                           {"slot_payload", s.shm->slot_payload}}
+                    : json(nullptr)},
+      {"verbs", s.verbs ? json{{"path_mtu", s.verbs->path_mtu}, {"port_mtu", s.verbs->port_mtu}}
+                        : json(nullptr)},
       {"test", to_string(o.test)},
       {"mode", to_string(o.mode)},
       {"sizes", o.sizes},

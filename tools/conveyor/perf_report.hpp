@@ -1,5 +1,5 @@
 // tools/conveyor/perf_report.hpp — results of `conveyor perf`: statistics, the
-// table for people and the JSON document (schema "conveyor-perf/1", docs/CLI.md).
+// table for people and the JSON document (schema "conveyor-perf/2", docs/CLI.md).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -14,7 +14,7 @@
 
 namespace conveyor::tool {
 
-inline constexpr const char* perf_schema = "conveyor-perf/1";
+inline constexpr const char* perf_schema = "conveyor-perf/2";
 
 // Round-trip latency of one size, microseconds.
 struct latency_stats {
@@ -44,12 +44,13 @@ struct perf_result {
 struct perf_settings {
   std::string provider, device, transport;
   std::string local_address, peer_address;
-  std::uint32_t ird = 0, ord = 0, mss = 0, max_fpdu = 0;
-  bool crc = false, extensions = false;
-  std::uint8_t mpa_revision = 0;
+  std::uint32_t ird = 0, ord = 0;
+  bool extensions = false;
   std::string progress;
-  std::string data_path;        // shm: "cma" or "staged" ("" with a wire)
-  bool direct_mapping = false;  // shm: this side serves its one-sided requests itself
+  // The transport's own facts, as qp.connection() has them (qp.hpp).
+  std::optional<iwarp_connection_attr> iwarp;
+  std::optional<shm_connection_attr> shm;
+  std::optional<verbs_connection_attr> verbs;
   perf_options opts;  // test, mode, sizes, qps, depths, batch, inline, cpu, iters/duration
 };
 

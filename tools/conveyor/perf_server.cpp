@@ -86,9 +86,15 @@ class session {
       if (ep_.qps()[i].qp_num() == qp_num) return i;
     fail("completion for an unknown QP " + std::to_string(qp_num));
   }
-  std::uint64_t rx_bytes() const {
+  // Grows while the client makes progress: payload received and requests
+  // served (atomics move no payload bytes). Zero on verbs, which keeps no
+  // per-QP counters.
+  std::uint64_t activity() const {
     std::uint64_t n = 0;
-    for (const auto& qp : ep_.qps()) n += qp.counters().rx_bytes;
+    for (const auto& qp : ep_.qps()) {
+      const auto c = qp.counters();
+      n += c.rx_bytes + c.reads_served + c.writes_placed + c.atomics_served;
+    }
     return n;
   }
 
@@ -263,7 +269,7 @@ void session::phase(const ctl_msg& b) {
   const auto limit =
       std::chrono::duration<double>(ep_.opts().timeout) + std::chrono::milliseconds(b.count);
   auto last_progress = clk::now();
-  std::uint64_t last_rx = rx_bytes();
+  std::uint64_t last_rx = activity();
   std::optional<ctl_msg> end;
   std::array<work_completion, 32> wcs;
   std::uint64_t expect = 1;  // write latency: the next value the client writes
@@ -314,7 +320,7 @@ void session::phase(const ctl_msg& b) {
     if (moved) {
       last_progress = clk::now();
     } else if (spins % 4096 == 0 || (b.mode != perf_mode::lat && receives)) {
-      const std::uint64_t rx = rx_bytes();
+      const std::uint64_t rx = activity();
       if (rx != last_rx) {
         last_rx = rx;
         last_progress = clk::now();

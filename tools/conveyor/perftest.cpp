@@ -58,7 +58,7 @@ void add_flags(CLI::App& c, perftest_args& a, bool atomic) {
         ->check(CLI::IsMember({"FETCH_AND_ADD", "CMP_AND_SWAP"}));
   // Conveyor's own options that perftest has no letter for.
   c.add_option("--provider", a.provider, "provider: soft, shm, verbs (else from -d; soft)");
-  c.add_flag("--json", a.json, "JSON on stdout (schema conveyor-perf/1)");
+  c.add_flag("--json", a.json, "JSON on stdout (schema conveyor-perf/2)");
   c.add_flag("--verify", a.verify, "check the bytes moved, on both sides");
   c.add_flag("--quiet", a.quiet, "no progress lines on stderr");
   c.add_option("--progress", a.progress, "progress engine: thread or manual")

@@ -92,11 +92,15 @@ device open_device(const ping_options& o) {
 
 std::string describe(const qp_connection_attr& c, const device& dev) {
   std::string s = "provider " + dev.attr().provider + ", device " + dev.attr().name;
-  if (!c.data_path.empty() || dev.attr().provider == "shm")
-    s += ", data path " + (c.direct_mapping ? std::string("direct mapping") : c.data_path);
-  else
-    s += ", MPA rev " + std::to_string(c.mpa_revision) + ", CRC " + (c.crc ? "on" : "off") +
-         ", MSS " + std::to_string(c.mss);
+  if (c.shm)
+    s +=
+        ", data path " + (c.shm->direct_mapping ? std::string("direct mapping") : c.shm->data_path);
+  if (c.iwarp)
+    s += ", MPA rev " + std::to_string(c.iwarp->mpa_revision) + ", CRC " +
+         (c.iwarp->crc ? "on" : "off") + ", MSS " + std::to_string(c.iwarp->mss);
+  if (c.verbs)
+    s += c.verbs->path_mtu != 0 ? ", path MTU " + std::to_string(c.verbs->path_mtu)
+                                : ", port MTU " + std::to_string(c.verbs->port_mtu);
   s += ", IRD/ORD " + std::to_string(c.ird) + "/" + std::to_string(c.ord) + ", atomics/immediate " +
        (c.extensions ? "yes" : "no");
   return s;

@@ -299,33 +299,66 @@ class QpCaps:
     max_recv_sge: int
     max_inline_data: int
 
+class IwarpConnectionAttr:
+    """iWARP (MPA over TCP) as negotiated by soft."""
+    mpa_revision: int
+    crc: bool
+    mss: int
+    max_fpdu: int
+    rtr: str
+
+class ShmConnectionAttr:
+    """How an shm connection moves data."""
+    data_path: str
+    direct_mapping: bool
+    slot_payload: int
+
+class VerbsConnectionAttr:
+    """What rdma-core reports (path_mtu is 0 on iWARP devices)."""
+    path_mtu: int
+    port_mtu: int
+
 class ConnectionAttr:
+    """Common facts; a transport's part is None on providers that do not fill it."""
     local_address: str
     peer_address: str
     ird: int
     ord: int
-    crc: bool
-    mss: int
-    max_fpdu: int
-    mpa_revision: int
     extensions: bool
-    rtr: str
-    data_path: str
-    direct_mapping: bool
+    @property
+    def iwarp(self) -> Optional[IwarpConnectionAttr]: ...
+    @property
+    def shm(self) -> Optional[ShmConnectionAttr]: ...
+    @property
+    def verbs(self) -> Optional[VerbsConnectionAttr]: ...
 
-class QpCounters:
-    tx_bytes: int
-    rx_bytes: int
+class IwarpQpCounters:
     tx_fpdus: int
     rx_fpdus: int
+    tx_stream_bytes: int
+    rx_stream_bytes: int
     tx_syscalls: int
     rx_syscalls: int
+    terminates_sent: int
+    terminates_received: int
+
+class ShmQpCounters:
+    tx_slots: int
+    rx_slots: int
+    doorbells: int
+    direct_ops: int
+
+class QpCounters:
+    """Payload bytes and requests served (soft, shm; zeros on verbs), plus a transport's part."""
+    tx_bytes: int
+    rx_bytes: int
     reads_served: int
     writes_placed: int
     atomics_served: int
-    terminates_sent: int
-    terminates_received: int
-    direct_ops: int
+    @property
+    def iwarp(self) -> Optional[IwarpQpCounters]: ...
+    @property
+    def shm(self) -> Optional[ShmQpCounters]: ...
 
 class QueuePair:
     """An RC queue pair. Posting never blocks: Again when full, QpInError in ERROR."""

@@ -314,33 +314,58 @@ void bind_queue(py::module_& m) {
       .def_readonly("max_recv_sge", &qp_caps::max_recv_sge)
       .def_readonly("max_inline_data", &qp_caps::max_inline_data);
 
+  // A transport's part is None on the providers that do not fill it (qp.hpp).
+  py::class_<iwarp_connection_attr>(m, "IwarpConnectionAttr",
+                                    "iWARP (MPA over TCP) as negotiated by soft.")
+      .def_readonly("mpa_revision", &iwarp_connection_attr::mpa_revision)
+      .def_readonly("crc", &iwarp_connection_attr::crc)
+      .def_readonly("mss", &iwarp_connection_attr::mss)
+      .def_readonly("max_fpdu", &iwarp_connection_attr::max_fpdu)
+      .def_readonly("rtr", &iwarp_connection_attr::rtr);
+
+  py::class_<shm_connection_attr>(m, "ShmConnectionAttr", "How an shm connection moves data.")
+      .def_readonly("data_path", &shm_connection_attr::data_path)
+      .def_readonly("direct_mapping", &shm_connection_attr::direct_mapping)
+      .def_readonly("slot_payload", &shm_connection_attr::slot_payload);
+
+  py::class_<verbs_connection_attr>(m, "VerbsConnectionAttr", "What rdma-core reports.")
+      .def_readonly("path_mtu", &verbs_connection_attr::path_mtu)
+      .def_readonly("port_mtu", &verbs_connection_attr::port_mtu);
+
   py::class_<qp_connection_attr>(m, "ConnectionAttr", "What a connection negotiated.")
       .def_readonly("local_address", &qp_connection_attr::local_address)
       .def_readonly("peer_address", &qp_connection_attr::peer_address)
       .def_readonly("ird", &qp_connection_attr::ird)
       .def_readonly("ord", &qp_connection_attr::ord)
-      .def_readonly("crc", &qp_connection_attr::crc)
-      .def_readonly("mss", &qp_connection_attr::mss)
-      .def_readonly("max_fpdu", &qp_connection_attr::max_fpdu)
-      .def_readonly("mpa_revision", &qp_connection_attr::mpa_revision)
       .def_readonly("extensions", &qp_connection_attr::extensions)
-      .def_readonly("rtr", &qp_connection_attr::rtr)
-      .def_readonly("data_path", &qp_connection_attr::data_path)
-      .def_readonly("direct_mapping", &qp_connection_attr::direct_mapping);
+      .def_property_readonly("iwarp", [](const qp_connection_attr& a) { return a.iwarp; })
+      .def_property_readonly("shm", [](const qp_connection_attr& a) { return a.shm; })
+      .def_property_readonly("verbs", [](const qp_connection_attr& a) { return a.verbs; });
+
+  py::class_<iwarp_qp_counters>(m, "IwarpQpCounters", "Counters of soft's iWARP transport.")
+      .def_readonly("tx_fpdus", &iwarp_qp_counters::tx_fpdus)
+      .def_readonly("rx_fpdus", &iwarp_qp_counters::rx_fpdus)
+      .def_readonly("tx_stream_bytes", &iwarp_qp_counters::tx_stream_bytes)
+      .def_readonly("rx_stream_bytes", &iwarp_qp_counters::rx_stream_bytes)
+      .def_readonly("tx_syscalls", &iwarp_qp_counters::tx_syscalls)
+      .def_readonly("rx_syscalls", &iwarp_qp_counters::rx_syscalls)
+      .def_readonly("terminates_sent", &iwarp_qp_counters::terminates_sent)
+      .def_readonly("terminates_received", &iwarp_qp_counters::terminates_received);
+
+  py::class_<shm_qp_counters>(m, "ShmQpCounters", "Counters of shm's rings.")
+      .def_readonly("tx_slots", &shm_qp_counters::tx_slots)
+      .def_readonly("rx_slots", &shm_qp_counters::rx_slots)
+      .def_readonly("doorbells", &shm_qp_counters::doorbells)
+      .def_readonly("direct_ops", &shm_qp_counters::direct_ops);
 
   py::class_<qp_counters>(m, "QpCounters")
       .def_readonly("tx_bytes", &qp_counters::tx_bytes)
       .def_readonly("rx_bytes", &qp_counters::rx_bytes)
-      .def_readonly("tx_fpdus", &qp_counters::tx_fpdus)
-      .def_readonly("rx_fpdus", &qp_counters::rx_fpdus)
-      .def_readonly("tx_syscalls", &qp_counters::tx_syscalls)
-      .def_readonly("rx_syscalls", &qp_counters::rx_syscalls)
       .def_readonly("reads_served", &qp_counters::reads_served)
       .def_readonly("writes_placed", &qp_counters::writes_placed)
       .def_readonly("atomics_served", &qp_counters::atomics_served)
-      .def_readonly("terminates_sent", &qp_counters::terminates_sent)
-      .def_readonly("terminates_received", &qp_counters::terminates_received)
-      .def_readonly("direct_ops", &qp_counters::direct_ops);
+      .def_property_readonly("iwarp", [](const qp_counters& c) { return c.iwarp; })
+      .def_property_readonly("shm", [](const qp_counters& c) { return c.shm; });
 
   py::class_<py_qp>(
       m, "QueuePair",

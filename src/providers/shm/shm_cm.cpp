@@ -461,16 +461,16 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   s.attr.peer_address = peer_;
   s.attr.ird = ird;
   s.attr.ord = ord;
-  s.attr.mss = slot_payload;
-  s.attr.max_fpdu = slot_payload;
   s.attr.extensions = true;
-  s.attr.rtr = "none";
-  s.attr.data_path = s.cma_tx ? "cma" : "staged";
+  s.attr.shm = shm_connection_attr{.data_path = s.cma_tx ? "cma" : "staged",
+                                   .slot_payload = slot_payload};  // start() sets direct_mapping
   s.sock = fd_.release();
   s.map = map_.release();
-  connection_info info{std::vector<std::byte>(private_data().begin(), private_data().end()),
-                       s.attr};
+  const qp_connection_attr attr = s.attr;
   sq->start(std::move(s));
+  // start() decides direct mapping: report what qp.connection() reports.
+  connection_info info{std::vector<std::byte>(private_data().begin(), private_data().end()),
+                       sq->connection().value_or(attr)};
   return info;
 }
 
@@ -585,16 +585,17 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   cs.attr.peer_address = peer;
   cs.attr.ord = std::clamp<std::uint32_t>(std::min(want_ord_, rep.ird), 1, 128);
   cs.attr.ird = std::clamp<std::uint32_t>(std::min(want_ird_, rep.ord), 1, 128);
-  cs.attr.mss = slot_payload;
-  cs.attr.max_fpdu = slot_payload;
   cs.attr.extensions = true;
-  cs.attr.rtr = "none";
-  cs.attr.data_path = cs.cma_tx ? "cma" : "staged";
+  cs.attr.shm = shm_connection_attr{.data_path = cs.cma_tx ? "cma" : "staged",
+                                    .slot_payload = slot_payload};  // start() sets direct_mapping
   cs.sock = s.release();
   cs.map = m.release();
   const auto rep_pd = std::as_bytes(std::span(rep.pd, rep.pd_len));
-  connection_info info{std::vector<std::byte>(rep_pd.begin(), rep_pd.end()), cs.attr};
+  const qp_connection_attr attr = cs.attr;
   start(std::move(cs));
+  // start() decides direct mapping: report what qp.connection() reports.
+  connection_info info{std::vector<std::byte>(rep_pd.begin(), rep_pd.end()),
+                       connection().value_or(attr)};
   return info;
 }
 

@@ -138,10 +138,10 @@ void shm_qp::reset_locked() noexcept {
 }
 
 void shm_qp::provider_counters(qp_counters& c) const noexcept {
-  c.tx_fpdus = c_tx_msgs_.load();
-  c.rx_fpdus = c_rx_msgs_.load();
-  c.tx_syscalls = c_bells_.load();
-  c.direct_ops = c_direct_.load();
+  c.shm = shm_qp_counters{.tx_slots = c_tx_msgs_.load(),
+                          .rx_slots = c_rx_msgs_.load(),
+                          .doorbells = c_bells_.load(),
+                          .direct_ops = c_direct_.load()};
 }
 
 void shm_qp::start(conn_setup&& s) {
@@ -159,7 +159,7 @@ void shm_qp::start(conn_setup&& s) {
     // our cross-memory-attach probe of the peer just proved.
     direct_ok_ = cma_rx_ && dev_->direct_enabled();
     attr_ = std::move(s.attr);
-    attr_.direct_mapping = direct_ok_;
+    attr_.shm.value().direct_mapping = direct_ok_;
     tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
     connected_ = true;
     state_.store(qp_state::rts, std::memory_order_seq_cst);
@@ -169,7 +169,7 @@ void shm_qp::start(conn_setup&& s) {
                      dev_->attr().name + " QP " + std::to_string(qpn_) + " connected " +
                          attr_.local_address + " <-> " + attr_.peer_address + " (shm, " +
                          std::to_string(ring_slots) + " x " + std::to_string(slot_size) +
-                         "-byte slots per ring, bulk data path " + attr_.data_path +
+                         "-byte slots per ring, bulk data path " + attr_.shm->data_path +
                          ", serving the peer by " + (cma_rx_ ? "cma" : "staging") +
                          ", direct mapping of the peer's allocated regions " +
                          (direct_ok_ ? "on" : "off") + ")");

@@ -222,6 +222,10 @@ bool shm_qp::retire_locked() noexcept {
       if (t < w.pos_end) break;
       if (w.needs_resp && !w.resp_done) break;
       w.done = true;
+      // A READ the peer's engine wrote straight into our buffer (cma) has no
+      // response message: its payload is received once executed.
+      if (w.op == wr_opcode::rdma_read && w.cma)
+        c_rx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
     }
     if ((w.op == wr_opcode::rdma_read || is_atomic_op(w.op)) && ord_used_ > 0) --ord_used_;
     push_send_wc(w);

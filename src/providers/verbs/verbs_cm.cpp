@@ -104,7 +104,7 @@ result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32
                           ", sgid index " + std::to_string(a.ah_attr.grh.sgid_index) +
                           "): " + err_text(rc),
                       rc);
-  cattr_.mss = mtu_bytes(a.path_mtu);
+  cattr_.verbs.emplace().path_mtu = mtu_bytes(a.path_mtu);
   log(detail::log_level::info, where() + ": RTR path mtu " + mtu_name(a.path_mtu) +
                                    ", sgid index " + std::to_string(a.ah_attr.grh.sgid_index) +
                                    ", dest QP " + std::to_string(a.dest_qp_num) +
@@ -136,6 +136,7 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
   peer_ = cattr_.peer_address;
   cattr_.ird = ird;
   cattr_.ord = ord;
+  auto& va = cattr_.verbs ? *cattr_.verbs : cattr_.verbs.emplace();  // RTR set path_mtu (IB/RoCE)
   ibv_qp_attr qa{};
   ibv_qp_init_attr qi{};
   const bool timed = !pd_->dev().iwarp();  // IB/RoCE: the QP's own timeout and retries
@@ -146,7 +147,7 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
     // What the device set after negotiation (iWARP: MPA v2 IRD/ORD in the kernel).
     if (qa.max_rd_atomic > 0) cattr_.ord = qa.max_rd_atomic;
     if (qa.max_dest_rd_atomic > 0) cattr_.ird = qa.max_dest_rd_atomic;
-    if (timed) cattr_.mss = mtu_bytes(qa.path_mtu);
+    if (timed) va.path_mtu = mtu_bytes(qa.path_mtu);
   } else {
     qa.timeout = transport_.timeout.value_or(0);
     qa.retry_cnt = transport_.retry_count;
@@ -159,14 +160,13 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
                                      ", rnr_retry " + std::to_string(qa.rnr_retry) +
                                      "; a port down for longer than " +
                                      std::to_string(port_down_grace_.count()) + " ms fails it");
-  if (cattr_.mss == 0) {  // iWARP: the port's MTU (the kernel's TCP segment size is not exposed)
-    ibv_port_attr pa{};
-    if (ibv_query_port(pd_->dev().ctx(), pd_->dev().port(), &pa) == 0)
-      cattr_.mss = mtu_bytes(pa.active_mtu);
-  }
-  cattr_.max_fpdu = cattr_.mss;  // bytes of payload per packet (IB/RoCE: the path MTU)
+  if (!timed) va.path_mtu = 0;  // iWARP: TCP segments (the kernel's or NIC's, not exposed)
+  ibv_port_attr pa{};
+  if (ibv_query_port(pd_->dev().ctx(), pd_->dev().port(), &pa) == 0)
+    va.port_mtu = mtu_bytes(pa.active_mtu);
+  // iWARP: the kernel or the NIC negotiated MPA and tells us none of it, so
+  // cattr_.iwarp stays empty.
   cattr_.extensions = pd_->dev().attr().atomics || pd_->dev().attr().immediate_data;
-  cattr_.rtr = pd_->dev().iwarp() ? "kernel" : "none";
   conn_ = std::make_shared<conn_state>();
   conn_->id = id;
   conn_->ch = ch;

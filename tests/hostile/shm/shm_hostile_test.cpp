@@ -716,14 +716,14 @@ TEST(shm_hostile, ptrace_declaration_is_scoped_to_the_peers_that_need_it) {
   {
     auto off = open_client(a.address(), /*cma=*/false);
     ASSERT_TRUE(off);
-    EXPECT_EQ(off->info.attr.data_path, "staged");
+    EXPECT_EQ(off->info.attr.shm.value().data_path, "staged");
     EXPECT_EQ(cs::declared_ptracer(), 0) << "cross-memory attach off: nothing declared";
     off->qp.disconnect();
   }
   a.until("canary");
   auto ca = open_client(a.address(), true);
   ASSERT_TRUE(ca);
-  const bool reached = ca->info.attr.data_path == "cma";  // the child read our memory
+  const bool reached = ca->info.attr.shm.value().data_path == "cma";  // the child read our memory
   // Without Yama or under scope 0/1 a child of the same uid reaches us (with
   // scope 1 only because we declared it).
   if (yama_scope() <= 1) {

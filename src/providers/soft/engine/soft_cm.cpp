@@ -314,10 +314,8 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
   attr.peer_address = peer_;
   attr.ird = cp.ird;
   attr.ord = cp.ord;
-  attr.crc = crc;
-  attr.mpa_revision = rep.revision;
   attr.extensions = ext;
-  attr.rtr = rtr;
+  attr.iwarp = iwarp_connection_attr{.mpa_revision = rep.revision, .crc = crc, .rtr = rtr};
   sq->start(std::move(fd_), cp, attr, false);
   connection_info info{req_.private_data, *sq->connection()};
   return info;
@@ -406,10 +404,8 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
   attr.peer_address = peer;
   attr.ird = cp.ird;
   attr.ord = cp.ord;
-  attr.crc = cp.crc;
-  attr.mpa_revision = rep->revision;
   attr.extensions = cp.ext;
-  attr.rtr = rtr;
+  attr.iwarp = iwarp_connection_attr{.mpa_revision = rep->revision, .crc = cp.crc, .rtr = rtr};
   const bool read_rtr_sent = rtr == "read";
   start(std::move(*fd), cp, attr, read_rtr_sent);
   connection_info info{std::move(rep->private_data), *connection()};

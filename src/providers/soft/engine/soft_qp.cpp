@@ -122,12 +122,14 @@ void soft_qp::reset_locked() noexcept {
 }
 
 void soft_qp::provider_counters(qp_counters& c) const noexcept {
-  c.tx_fpdus = c_tx_fpdus_.load();
-  c.rx_fpdus = c_rx_fpdus_.load();
-  c.tx_syscalls = c_tx_sys_.load();
-  c.rx_syscalls = c_rx_sys_.load();
-  c.terminates_sent = c_term_tx_.load();
-  c.terminates_received = c_term_rx_.load();
+  c.iwarp = iwarp_qp_counters{.tx_fpdus = c_tx_fpdus_.load(),
+                              .rx_fpdus = c_rx_fpdus_.load(),
+                              .tx_stream_bytes = c_tx_stream_.load(),
+                              .rx_stream_bytes = c_rx_stream_.load(),
+                              .tx_syscalls = c_tx_sys_.load(),
+                              .rx_syscalls = c_rx_sys_.load(),
+                              .terminates_sent = c_term_tx_.load(),
+                              .terminates_received = c_term_rx_.load()};
 }
 
 void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr,
@@ -136,9 +138,10 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
     std::lock_guard lk(tx_mu_);
     fd_ = fd.release();
     cp_ = p;
-    attr.mss = net::tcp_mss(fd_);
-    max_fpdu_ = std::min<std::size_t>(attr.mss, max_fpdu_size) & ~std::size_t(7);
-    attr.max_fpdu = static_cast<std::uint32_t>(max_fpdu_);
+    auto& iw = attr.iwarp.value();  // soft_cm fills the MPA facts, the socket the rest
+    iw.mss = net::tcp_mss(fd_);
+    max_fpdu_ = std::min<std::size_t>(iw.mss, max_fpdu_size) & ~std::size_t(7);
+    iw.max_fpdu = static_cast<std::uint32_t>(max_fpdu_);
     attr_ = attr;
     state_.store(qp_state::rts);
     if (p.answer_read_rtr) {  // the RTR was Read Request MSN 1: answer it with a zero-length
@@ -152,15 +155,17 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
       ++ord_used_;
     }
   }
-  if (detail::log_enabled(detail::log_level::info))
+  if (detail::log_enabled(detail::log_level::info)) {
+    const auto& iw = *attr_.iwarp;
     detail::log_line(detail::log_level::info,
                      dev_->attr().name + " QP " + std::to_string(qpn_) + " connected " +
                          attr_.local_address + " <-> " + attr_.peer_address + ": MPA rev " +
-                         std::to_string(attr_.mpa_revision) + ", IRD " + std::to_string(attr_.ird) +
-                         ", ORD " + std::to_string(attr_.ord) + ", CRC " +
-                         (attr_.crc ? "on" : "off") + ", MSS " + std::to_string(attr_.mss) +
-                         ", FPDU " + std::to_string(attr_.max_fpdu) + ", RTR " + attr_.rtr +
-                         ", RFC 7306 " + (attr_.extensions ? "on" : "off"));
+                         std::to_string(iw.mpa_revision) + ", IRD " + std::to_string(attr_.ird) +
+                         ", ORD " + std::to_string(attr_.ord) + ", CRC " + (iw.crc ? "on" : "off") +
+                         ", MSS " + std::to_string(iw.mss) + ", FPDU " +
+                         std::to_string(iw.max_fpdu) + ", RTR " + iw.rtr + ", RFC 7306 " +
+                         (attr_.extensions ? "on" : "off"));
+  }
   attached_.store(true);
   dev_->eng().attach(this, fd_);
   std::lock_guard lk(tx_mu_);

@@ -224,8 +224,9 @@ class soft_qp final : public swnic::sw_qp {
   std::uint32_t rx_ctl_id_ = 0;     // atomic response request id
 
   // counters
+  // (the base counts payload bytes; c_*_stream_ are the socket's bytes)
   std::atomic<std::uint64_t> c_tx_fpdus_{0}, c_rx_fpdus_{0}, c_tx_sys_{0}, c_rx_sys_{0},
-      c_term_tx_{0}, c_term_rx_{0};
+      c_term_tx_{0}, c_term_rx_{0}, c_tx_stream_{0}, c_rx_stream_{0};
 };
 
 }  // namespace conveyor::soft

@@ -245,7 +245,7 @@ bool soft_qp::rx_payload() noexcept {
       rx_eof_.store(true);
       return false;
     }
-    c_rx_bytes_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
+    c_rx_stream_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
     std::size_t got = static_cast<std::size_t>(n);
     if (got < remaining + tl + header_lookahead) rx_drained_ = true;
     for (int i = 0; i < k && got > 0; ++i) {
@@ -285,6 +285,18 @@ bool soft_qp::rx_trailer() noexcept {
     }
   }
   c_rx_fpdus_.fetch_add(1, std::memory_order_relaxed);
+  switch (h_.opcode) {  // payload bytes: what SENDs, WRITEs and READ responses carried
+    case rdmap_op::write:
+    case rdmap_op::read_response:
+    case rdmap_op::send:
+    case rdmap_op::send_inv:
+    case rdmap_op::send_se:
+    case rdmap_op::send_se_inv:
+      c_rx_bytes_.fetch_add(h_.payload_len, std::memory_order_relaxed);
+      break;
+    default:
+      break;
+  }
   rx_phase_ = rx_phase::header;
   return rx_message_done();
 }

@@ -82,9 +82,9 @@ void soft_qp::close_socket() noexcept {
 }
 
 bool soft_qp::poll_inbound() noexcept {
-  const std::uint64_t before = c_rx_bytes_.load(std::memory_order_relaxed);
+  const std::uint64_t before = c_rx_stream_.load(std::memory_order_relaxed);
   on_events(EPOLLIN);
-  return c_rx_bytes_.load(std::memory_order_relaxed) != before || rx_eof_.load();
+  return c_rx_stream_.load(std::memory_order_relaxed) != before || rx_eof_.load();
 }
 
 bool soft_qp::rx_fill(std::size_t want) noexcept {
@@ -105,7 +105,7 @@ bool soft_qp::rx_fill(std::size_t want) noexcept {
   if (n > 0) {
     if (static_cast<std::size_t>(n) < room) rx_drained_ = true;
     rx_end_ += static_cast<std::size_t>(n);
-    c_rx_bytes_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
+    c_rx_stream_.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
     return true;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;

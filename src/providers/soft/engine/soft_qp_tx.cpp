@@ -104,6 +104,7 @@ bool soft_qp::add_data_fpdu_locked(bool tagged, rdmap_op op, bool last, std::uin
   }
   arena_used_ += used;
   tx_framed_ += plen;
+  c_tx_bytes_.fetch_add(plen, std::memory_order_relaxed);  // SEND, WRITE, READ response payload
   batch_bytes_ += hdr + plen + fpdu_pad(hdr - 2 + plen) + crc_size;
   c_tx_fpdus_.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -313,7 +314,7 @@ bool soft_qp::build_batch_locked() noexcept {
 
 void soft_qp::after_send_locked(std::size_t n) noexcept {
   batch_sent_ += n;
-  c_tx_bytes_.fetch_add(n, std::memory_order_relaxed);
+  c_tx_stream_.fetch_add(n, std::memory_order_relaxed);
   while (n > 0 && iov_pos_ < niov_) {
     iovec& v = iov_[iov_pos_];
     if (n >= v.iov_len) {
