@@ -31,8 +31,9 @@ namespace {
 using clk = std::chrono::steady_clock;
 
 // How long a client that arrives during a run waits for that run to end
-// before it is told "server busy".
-constexpr auto run_end_grace = std::chrono::milliseconds(250);
+// before it is told "server busy": long enough for a loaded machine to read
+// the last client's goodbye, well inside a client's handshake timeout (5 s).
+constexpr auto run_end_grace = std::chrono::milliseconds(1000);
 
 // The end of a run, as the turn-away thread sees it, and the request it
 // caught as the run ended (if any).
@@ -526,8 +527,11 @@ int run_perf_server(const perf_options& o) {
               (void)other->reject(busy);
             }
           });
-          session(ep, *hello).serve();
-          gate.finish();
+          {
+            session s(ep, *hello);
+            s.serve();
+            gate.finish();  // the goodbye is read: a waiting request is next, not busy
+          }
           turn_away.request_stop();
           turn_away.join();
           next_client = std::move(gate.next);
