@@ -12,4 +12,5 @@
 #include "conveyor/mr.hpp"
 #include "conveyor/pd.hpp"
 #include "conveyor/qp.hpp"
+#include "conveyor/srq.hpp"
 #include "conveyor/version.hpp"

@@ -43,8 +43,8 @@ enum class progress_mode : std::uint8_t {
 };
 
 // What a device reports by itself, outside any call or completion (verbs:
-// the device's asynchronous events). soft and shm report none: their failures
-// show as completions and QP state.
+// the device's asynchronous events). soft and shm report only
+// srq_limit_reached: their failures show as completions and QP state.
 enum class device_event_type : std::uint8_t {
   port_active,  // a port's link came up
   port_down,    // a port's link went down: connections through it fail
@@ -54,6 +54,10 @@ enum class device_event_type : std::uint8_t {
   device_fatal,  // the device failed or was removed: nothing created from it works any more; close
                  // it all
   other,         // an address, LID or P_Key change, ...: see the description
+  // a shared receive queue's armed limit was reached (srq.hpp): fewer
+  // receives than the limit are posted; the limit is disarmed
+  srq_limit_reached,
+  srq_error,  // verbs: an SRQ failed; the device moves the QPs attached to it to ERROR
 };
 CONVEYOR_API std::string_view to_string(device_event_type t) noexcept;
 
@@ -61,7 +65,10 @@ struct device_event {
   device_event_type type = device_event_type::other;
   std::uint8_t port = 0;     // port_active/port_down: the port
   std::uint32_t qp_num = 0;  // qp_error: the QP
-  std::string description;   // names the device, port, and for a QP its number and peer
+  // srq_limit_reached, srq_error: the SRQ (shared_receive_queue::srq_num())
+  std::uint32_t srq_num = 0;
+  std::string description;  // names the device, port, for a QP its number and peer, for an SRQ
+                            // its number and limit
 };
 
 struct device_options {
@@ -145,7 +152,17 @@ struct device_attr {
   std::uint64_t max_mr_size = 0;
   std::uint32_t max_msg_size = 0;
   std::uint32_t max_qp_rd_atom = 0;  // IRD/ORD limit
-  bool atomics = false;              // between two peers that both support them
+  // Shared receive queues (srq.hpp): how many, receives and SGEs per queue;
+  // 0 when the device has none (pd.create_srq then returns unsupported).
+  std::uint32_t max_srq = 0;
+  std::uint32_t max_srq_wr = 0;
+  std::uint32_t max_srq_sge = 0;
+  // post_recv (a QP's and an SRQ's) refuses an SGE whose lkey is not live
+  // local_write memory of the PD, or that lies outside its region, with
+  // invalid_argument (soft, shm). false: the device finds out only when a
+  // message arrives for that receive (verbs: it completes with loc_prot_err).
+  bool post_recv_checks_lkeys = false;
+  bool atomics = false;  // between two peers that both support them
   // What a remote atomic is atomic against (verbs' atomic_cap): only other
   // RDMA atomics through this device (`rdma`, IBV_ATOMIC_HCA: a CPU store to
   // the word may interleave), or also the owner's CPU and every other accessor

@@ -19,6 +19,7 @@
 #include "conveyor/export.hpp"
 #include "conveyor/mr.hpp"
 #include "conveyor/qp.hpp"
+#include "conveyor/srq.hpp"
 
 namespace conveyor {
 
@@ -66,6 +67,12 @@ class CONVEYOR_API protection_domain {
 
   // Creates an RC QP in state INIT (ready for post_recv and for connecting).
   result<queue_pair> create_qp(const qp_init_attr& attr);
+
+  // Creates a shared receive queue (srq.hpp) for QPs of this PD. Errors:
+  // invalid_argument (max_wr 0 or above device_attr::max_srq_wr, max_sge 0 or
+  // above max_srq_sge, srq_limit above max_wr), unsupported (max_srq is 0),
+  // resource_exhausted (max_srq SRQs exist, or no memory).
+  result<shared_receive_queue> create_srq(const srq_attr& attr);
 
  private:
   result<memory_region> register_read_only(std::span<const std::byte> buf, access rights);

@@ -28,6 +28,8 @@
 
 namespace conveyor {
 
+class shared_receive_queue;  // srq.hpp
+
 namespace detail {
 struct handle_access;
 class qp_impl;
@@ -133,6 +135,12 @@ struct qp_init_attr {
   std::uint32_t max_dest_rd_atomic = 16;
   // verbs on IB/RoCE: retries, timers and path MTU (see verbs_transport_params).
   verbs_transport_params verbs_transport{};
+  // Draw receives from this shared receive queue (srq.hpp) instead of a queue
+  // of the QP's own: cap.max_recv_wr/max_recv_sge are then ignored and
+  // post_recv on the QP is refused (invalid_argument). It must be an SRQ of
+  // the same protection domain (else create_qp: invalid_argument); the QP
+  // keeps it alive.
+  shared_receive_queue* srq = nullptr;
 };
 
 // What a connection negotiated (valid once the QP reached RTS), read with
@@ -260,7 +268,8 @@ class CONVEYOR_API queue_pair {
   // (atomics/immediate data on a connection without them); qp_in_error;
   // invalid_state (not RTS). As in verbs, a bad lkey or an SGE outside its region
   // is not a posting error: the request completes with loc_prot_err and the QP
-  // moves to ERROR. post_recv checks its lkeys at once (invalid_argument).
+  // moves to ERROR. post_recv checks its lkeys at once (invalid_argument); a QP
+  // created with an SRQ refuses post_recv (invalid_argument: post to the SRQ).
   status post_send(std::span<const send_wr> wrs, std::size_t* bad = nullptr) noexcept;
   status post_recv(std::span<const recv_wr> wrs, std::size_t* bad = nullptr) noexcept;
 

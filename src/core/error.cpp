@@ -188,6 +188,10 @@ std::string_view to_string(device_event_type t) noexcept {
       return "device fatal";
     case device_event_type::other:
       return "other";
+    case device_event_type::srq_limit_reached:
+      return "SRQ limit reached";
+    case device_event_type::srq_error:
+      return "SRQ error";
   }
   return "unknown";
 }

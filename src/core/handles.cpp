@@ -246,6 +246,40 @@ result<queue_pair> protection_domain::create_qp(const qp_init_attr& attr) {
   return queue_pair(std::move(*r));
 }
 
+result<shared_receive_queue> protection_domain::create_srq(const srq_attr& attr) {
+  if (!impl_) return make_error(errc::invalid_state, "create_srq: empty protection_domain");
+  auto r = impl_->create_srq(attr);
+  if (!r) return std::unexpected(r.error());
+  return shared_receive_queue(std::move(*r));
+}
+
+// ------------------------------------------------------ shared_receive_queue ----
+shared_receive_queue::shared_receive_queue(std::shared_ptr<srq_impl> impl) noexcept
+    : impl_(std::move(impl)) {}
+shared_receive_queue::~shared_receive_queue() = default;
+std::uint32_t shared_receive_queue::srq_num() const noexcept {
+  return impl_ ? impl_->srq_num() : 0;
+}
+status shared_receive_queue::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
+  if (!impl_) {
+    if (bad) *bad = 0;
+    return errc::invalid_state;
+  }
+  return impl_->post_recv(wrs, bad);
+}
+status shared_receive_queue::post_recv(const sge& local, std::uint64_t wr_id) noexcept {
+  recv_wr wr{wr_id, std::span(&local, 1)};
+  return post_recv(std::span(&wr, 1), nullptr);
+}
+result<void> shared_receive_queue::arm_limit(std::uint32_t limit) {
+  if (!impl_) return make_error(errc::invalid_state, "arm_limit: empty shared_receive_queue");
+  return impl_->arm_limit(limit);
+}
+result<srq_attr> shared_receive_queue::query() const {
+  if (!impl_) return make_error(errc::invalid_state, "query: empty shared_receive_queue");
+  return impl_->query();
+}
+
 // -------------------------------------------------------------------- device ----
 device::device(std::shared_ptr<device_impl> impl) noexcept : impl_(std::move(impl)) {}
 device device::share() const noexcept {

@@ -10,6 +10,7 @@
 #include <conveyor/mr.hpp>
 #include <conveyor/pd.hpp>
 #include <conveyor/qp.hpp>
+#include <conveyor/srq.hpp>
 
 #include <chrono>
 #include <memory>
@@ -21,6 +22,7 @@ namespace conveyor::detail {
 class pd_impl;
 class cq_impl;
 class qp_impl;
+class srq_impl;
 
 class device_impl : public std::enable_shared_from_this<device_impl> {
  public:
@@ -46,6 +48,7 @@ class pd_impl : public std::enable_shared_from_this<pd_impl> {
   // them (owned_memory.cpp); shm overrides it with peer-mappable memfd memory.
   virtual result<std::shared_ptr<mr_impl>> allocate_memory(std::size_t len, access rights);
   virtual result<std::shared_ptr<qp_impl>> create_qp(const qp_init_attr& attr) = 0;
+  virtual result<std::shared_ptr<srq_impl>> create_srq(const srq_attr& attr) = 0;
 };
 
 class mr_impl {
@@ -92,6 +95,15 @@ class qp_impl {
                                           const connect_options& opts) = 0;
 };
 
+class srq_impl {
+ public:
+  virtual ~srq_impl() = default;
+  virtual std::uint32_t srq_num() const noexcept = 0;
+  virtual status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept = 0;
+  virtual result<void> arm_limit(std::uint32_t limit) = 0;
+  virtual result<srq_attr> query() const = 0;
+};
+
 class conn_request_impl {
  public:
   virtual ~conn_request_impl() = default;
@@ -117,6 +129,9 @@ struct handle_access {
     return c.impl_;
   }
   static qp_impl* impl(const queue_pair& q) noexcept { return q.impl_.get(); }
+  static const std::shared_ptr<srq_impl>& shared(const shared_receive_queue& s) noexcept {
+    return s.impl_;
+  }
   static const std::shared_ptr<device_impl>& shared(const device& d) noexcept { return d.impl_; }
 };
 

@@ -112,10 +112,9 @@ TEST(verbs_events, a_removed_device_is_device_fatal_naming_it) {
   EXPECT_TRUE(names(e.description, "removed")) << e.description;
 }
 
-TEST(verbs_events, informational_qp_and_srq_events_are_other_and_change_nothing) {
+TEST(verbs_events, informational_qp_events_are_other_and_change_nothing) {
   for (auto t : {IBV_EVENT_COMM_EST, IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG,
-                 IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_SRQ_ERR,
-                 IBV_EVENT_SRQ_LIMIT_REACHED, IBV_EVENT_WQ_FATAL}) {
+                 IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_WQ_FATAL}) {
     SCOPED_TRACE(ibv_event_type_str(t));
     const auto r = translate_async_event(qp_event(t));
     EXPECT_EQ(r.event.type, device_event_type::other);
@@ -123,6 +122,38 @@ TEST(verbs_events, informational_qp_and_srq_events_are_other_and_change_nothing)
     EXPECT_EQ(r.effect, async_effect::none);
     EXPECT_EQ(r.level, level::debug);
   }
+}
+
+TEST(verbs_events, srq_limit_reached_is_srq_limit_reached_naming_the_srq_and_its_limit) {
+  const auto r = translate_async_event({.type = IBV_EVENT_SRQ_LIMIT_REACHED,
+                                        .ibdev = "rxe0",
+                                        .device_port = 1,
+                                        .srq_num = 5,
+                                        .srq_limit = 64});
+  EXPECT_EQ(r.event.type, device_event_type::srq_limit_reached);
+  EXPECT_EQ(r.event.srq_num, 5u);
+  EXPECT_EQ(r.event.qp_num, 0u);
+  EXPECT_TRUE(names(r.event.description, "device rxe0 SRQ 5")) << r.event.description;
+  EXPECT_TRUE(names(r.event.description, "limit 64 reached")) << r.event.description;
+  EXPECT_TRUE(names(r.event.description, "disarmed")) << r.event.description;
+  EXPECT_EQ(r.effect, async_effect::none);
+  EXPECT_EQ(r.level, level::info);
+  // A limit the provider did not know of (armed elsewhere): no number made up.
+  const auto u =
+      translate_async_event({.type = IBV_EVENT_SRQ_LIMIT_REACHED, .ibdev = "rxe0", .srq_num = 5});
+  EXPECT_EQ(u.event.type, device_event_type::srq_limit_reached);
+  EXPECT_FALSE(names(u.event.description, "limit 0")) << u.event.description;
+}
+
+TEST(verbs_events, srq_error_is_srq_error_naming_the_srq) {
+  const auto r = translate_async_event(
+      {.type = IBV_EVENT_SRQ_ERR, .ibdev = "siw0", .device_port = 1, .srq_num = 9});
+  EXPECT_EQ(r.event.type, device_event_type::srq_error);
+  EXPECT_EQ(r.event.srq_num, 9u);
+  EXPECT_TRUE(names(r.event.description, "device siw0 SRQ 9")) << r.event.description;
+  EXPECT_TRUE(names(r.event.description, "ERROR")) << r.event.description;
+  EXPECT_EQ(r.effect, async_effect::none);
+  EXPECT_EQ(r.level, level::warn);
 }
 
 TEST(verbs_events, every_event_kind_names_the_device_and_the_event) {

@@ -158,6 +158,10 @@ class DeviceAttr:
     max_mr_size: int
     max_msg_size: int
     max_qp_rd_atom: int
+    max_srq: int
+    max_srq_wr: int
+    max_srq_sge: int
+    post_recv_checks_lkeys: bool
     atomics: bool
     atomic_cap: str
     immediate_data: bool
@@ -240,7 +244,29 @@ class ProtectionDomain:
     def create_qp(self, send_cq: CompletionQueue, recv_cq: Optional[CompletionQueue] = None, *,
                   max_send_wr: int = 256, max_recv_wr: int = 256, max_send_sge: int = 4,
                   max_recv_sge: int = 4, max_inline_data: int = 256, sq_sig_all: bool = False,
-                  max_rd_atomic: int = 16, max_dest_rd_atomic: int = 16) -> QueuePair: ...
+                  max_rd_atomic: int = 16, max_dest_rd_atomic: int = 16,
+                  srq: Optional[SharedReceiveQueue] = None) -> QueuePair: ...
+    def create_srq(self, *, max_wr: int = 256, max_sge: int = 4,
+                   srq_limit: int = 0) -> SharedReceiveQueue: ...
+
+class SrqAttr:
+    max_wr: int
+    max_sge: int
+    srq_limit: int
+
+class SharedReceiveQueue:
+    """QPs created with srq= draw their receives from it; Again when full."""
+    pd: ProtectionDomain
+    @property
+    def srq_num(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def post_recv(self, local: Union[SgeLike, List[RecvWr]], wr_id: int = 0) -> None: ...
+    def arm_limit(self, limit: int) -> None: ...
+    def query(self) -> SrqAttr: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> SharedReceiveQueue: ...
+    def __exit__(self, *exc: Any) -> None: ...
 
 # --- completions ----------------------------------------------------------
 class WorkCompletion:
@@ -365,6 +391,7 @@ class QueuePair:
     pd: ProtectionDomain
     send_cq: CompletionQueue
     recv_cq: CompletionQueue
+    srq: Optional[SharedReceiveQueue]
     @property
     def qp_num(self) -> int: ...
     @property

@@ -1,6 +1,7 @@
 // bindings/python/src/bindings.hpp — the Python objects shared by the
 // binding translation units (module.cpp: errors, device, pd, mr; queue.cpp:
-// cq, qp, work requests; cm.cpp: listener, connect). Only the public API
+// cq, qp, work requests; srq.cpp: shared receive queues; cm.cpp: listener,
+// connect). Only the public API
 // (include/conveyor) is used, as any application would.
 //
 // Ownership: each Python object holds a C++ handle; C++ handles keep their
@@ -91,9 +92,22 @@ struct py_cq {
   std::deque<work_completion> stash;
 };
 
+// A shared receive queue; its QPs hold the Python object too.
+struct py_srq {
+  shared_receive_queue srq;
+  py::object pd;
+};
+
+// A Python-side receive work request: the wr_id and its own SGE list.
+struct py_recv_wr {
+  std::uint64_t wr_id = 0;
+  std::vector<sge> sgl;
+};
+
 struct py_qp {
   queue_pair qp;
   py::object pd, send_cq, recv_cq;
+  py::object srq;             // the SharedReceiveQueue it draws from, or None
   std::atomic<int> users{0};  // GIL-free calls under way (connect, accept, helpers)
   std::uint64_t next_helper_id = 0;
   queue_pair& get();
@@ -107,13 +121,17 @@ std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object r
                                  std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
                                  std::uint32_t max_send_sge, std::uint32_t max_recv_sge,
                                  std::uint32_t max_inline_data, bool sq_sig_all,
-                                 std::uint32_t max_rd_atomic, std::uint32_t max_dest_rd_atomic);
+                                 std::uint32_t max_rd_atomic, std::uint32_t max_dest_rd_atomic,
+                                 py::object srq);
+std::unique_ptr<py_srq> create_srq(py::object pd, std::uint32_t max_wr, std::uint32_t max_sge,
+                                   std::uint32_t srq_limit);
 
 // pd.register_memory: any buffer-protocol object (or CPU torch tensor).
 std::unique_ptr<py_mr> register_buffer(py::object pd, py::object obj, std::uint32_t rights);
 
 void init_module(py::module_& m);
 void bind_queue(py::module_& m);
+void bind_srq(py::module_& m);
 void bind_cm(py::module_& m);
 
 }  // namespace conveyor::python

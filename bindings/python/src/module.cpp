@@ -371,6 +371,7 @@ void init_module(py::module_& m) {
   // Bound in an order where every class is registered before a signature
   // names it (otherwise help() shows the C++ type).
   bind_queue(m);
+  bind_srq(m);
 
   py::class_<py_pd>(m, "ProtectionDomain", "A protection domain: registers memory, creates QPs.")
       .def("register_memory", &register_buffer, py::arg("buffer"), py::arg("rights"),
@@ -397,7 +398,12 @@ void init_module(py::module_& m) {
            py::arg("max_send_sge") = 4, py::arg("max_recv_sge") = 4,
            py::arg("max_inline_data") = 256, py::arg("sq_sig_all") = false,
            py::arg("max_rd_atomic") = 16, py::arg("max_dest_rd_atomic") = 16,
-           "Creates an RC queue pair in state INIT (recv_cq defaults to send_cq).");
+           py::arg("srq") = py::none(),
+           "Creates an RC queue pair in state INIT (recv_cq defaults to send_cq). With srq=, it "
+           "draws its receives from that SharedReceiveQueue and refuses its own post_recv.")
+      .def("create_srq", &create_srq, py::kw_only(), py::arg("max_wr") = 256,
+           py::arg("max_sge") = 4, py::arg("srq_limit") = 0,
+           "Creates a shared receive queue for QPs of this PD (srq_limit > 0 arms the limit).");
 
   // --- devices ---------------------------------------------------------------
   py::class_<device_info>(m, "DeviceInfo", "A device that conveyor.devices() found.")
@@ -434,6 +440,10 @@ void init_module(py::module_& m) {
       .def_readonly("max_mr_size", &device_attr::max_mr_size)
       .def_readonly("max_msg_size", &device_attr::max_msg_size)
       .def_readonly("max_qp_rd_atom", &device_attr::max_qp_rd_atom)
+      .def_readonly("max_srq", &device_attr::max_srq)
+      .def_readonly("max_srq_wr", &device_attr::max_srq_wr)
+      .def_readonly("max_srq_sge", &device_attr::max_srq_sge)
+      .def_readonly("post_recv_checks_lkeys", &device_attr::post_recv_checks_lkeys)
       .def_readonly("atomics", &device_attr::atomics)
       .def_property_readonly(
           "atomic_cap",

@@ -24,11 +24,6 @@ struct py_send_wr {
   std::vector<sge> sgl;
 };
 
-struct py_recv_wr {
-  std::uint64_t wr_id = 0;
-  std::vector<sge> sgl;
-};
-
 std::vector<sge> to_sgl(const py::object& local) {
   std::vector<sge> out;
   if (local.is_none()) return out;
@@ -160,7 +155,8 @@ std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object r
                                  std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
                                  std::uint32_t max_send_sge, std::uint32_t max_recv_sge,
                                  std::uint32_t max_inline_data, bool sq_sig_all,
-                                 std::uint32_t max_rd_atomic, std::uint32_t max_dest_rd_atomic) {
+                                 std::uint32_t max_rd_atomic, std::uint32_t max_dest_rd_atomic,
+                                 py::object srq) {
   if (recv_cq.is_none()) recv_cq = send_cq;
   auto& scq = send_cq.cast<py_cq&>();
   auto& rcq = recv_cq.cast<py_cq&>();
@@ -171,6 +167,11 @@ std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object r
   a.sq_sig_all = sq_sig_all;
   a.max_rd_atomic = max_rd_atomic;
   a.max_dest_rd_atomic = max_dest_rd_atomic;
+  if (!srq.is_none()) {
+    auto& s = srq.cast<py_srq&>();
+    if (!s.srq) raise_error(errc::invalid_state, "create_qp: the SharedReceiveQueue was closed");
+    a.srq = &s.srq;
+  }
   auto qp = pd.cast<py_pd&>().pd.create_qp(a);
   if (!qp) raise_error(qp.error());
   auto p = std::make_unique<py_qp>();
@@ -178,6 +179,7 @@ std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object r
   p->pd = std::move(pd);
   p->send_cq = std::move(send_cq);
   p->recv_cq = std::move(recv_cq);
+  p->srq = std::move(srq);
   return p;
 }
 
@@ -377,6 +379,7 @@ void bind_queue(py::module_& m) {
       .def_readonly("pd", &py_qp::pd)
       .def_readonly("send_cq", &py_qp::send_cq)
       .def_readonly("recv_cq", &py_qp::recv_cq)
+      .def_readonly("srq", &py_qp::srq, "The SharedReceiveQueue it draws receives from, or None.")
       .def(
           "post_send",
           [](py_qp& q, const py::object& wrs) {

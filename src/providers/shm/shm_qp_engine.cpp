@@ -110,15 +110,7 @@ void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
   if (local == wc_status::loc_len_err) {
     // The receive being filled completes with the length error.
     std::lock_guard lk(rq_mu_);
-    if (rq_head_ < rq_tail_) {
-      work_completion wc;
-      wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
-      wc.status = wc_status::loc_len_err;
-      wc.opcode = wc_opcode::recv;
-      wc.qp_num = qpn_;
-      rcq_->push(wc);
-      ++rq_head_;
-    }
+    complete_recv_error_locked(wc_status::loc_len_err);
   }
   reset_rx();
   notify_peer();

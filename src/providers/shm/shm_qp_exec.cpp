@@ -79,11 +79,13 @@ void shm_qp::complete_recv(const rwqe& r, wc_status st, wc_opcode op, std::uint6
 }
 
 bool shm_qp::take_recv(rwqe& out, sge* sges) noexcept {
+  // Claimed (from the RQ or the SRQ) for the whole message: a multi-slot SEND
+  // keeps it while other QPs of the SRQ take theirs.
+  if (!claim_recv()) return false;
   std::lock_guard lk(rq_mu_);
-  if (rq_head_ == rq_tail_) return false;
-  const std::uint32_t idx = static_cast<std::uint32_t>(rq_head_ % caps_.max_recv_wr);
-  out = rq_[idx];
-  std::copy_n(rq_sges(idx), out.nsge, sges);
+  if (!recv_claimed_locked()) return false;  // flushed meanwhile
+  out = claimed_locked();
+  std::copy_n(claimed_sges_locked(), out.nsge, sges);
   return true;
 }
 
@@ -174,11 +176,7 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
   rx_send_done_ += m.op == msg_op::send_cma ? m.total : m.len;
   if (!(m.flags & msg_flag::last)) return exec::done;
   rx_in_send_ = false;
-  {
-    std::lock_guard lk(rq_mu_);
-    if (rq_head_ == rq_tail_) return exec::done;  // flushed meanwhile
-    ++rq_head_;
-  }
+  if (std::uint64_t id; !finish_recv(id)) return exec::done;  // flushed meanwhile
   const bool inv = m.flags & msg_flag::with_inv;
   if (inv) {
     // Only a key of this QP's protection domain whose region grants some
@@ -216,11 +214,7 @@ shm_qp::exec shm_qp::rx_immediate(const msg_header& m) noexcept {
     fail_request(wc_status::rnr_retry_exc_err, wc_status::success);
     return exec::failed;
   }
-  {
-    std::lock_guard lk(rq_mu_);
-    if (rq_head_ == rq_tail_) return exec::done;
-    ++rq_head_;
-  }
+  if (std::uint64_t id; !finish_recv(id)) return exec::done;  // flushed meanwhile
   complete_recv(r, wc_status::success, wc_opcode::recv_rdma_with_imm, m.total, true, m.imm, false,
                 0);
   return exec::done;

@@ -4,6 +4,7 @@
 #include "core/log.hpp"
 #include "providers/swnic/sw_engine.hpp"
 #include "providers/swnic/sw_qp.hpp"
+#include "providers/swnic/sw_srq.hpp"
 
 #include <cstdlib>
 
@@ -18,7 +19,8 @@ device_options with_env_overrides(device_options o) {
 }
 
 sw_device::sw_device(std::string name, std::string_view provider, transport t,
-                     const device_options& opts) {
+                     const device_options& opts)
+    : events_(opts.on_event) {
   opts_ = opts;
   attr_.name = std::move(name);
   attr_.provider = std::string(provider);
@@ -37,6 +39,18 @@ sw_device::sw_device(std::string name, std::string_view provider, transport t,
   attr_.atomic_cap = atomic_scope::global;  // remote_atomic.hpp: atomic_ref on the word
   attr_.immediate_data = true;              // likewise
   attr_.send_with_invalidate = true;
+  attr_.max_srq = max_srq;
+  attr_.max_srq_wr = max_wr;
+  attr_.max_srq_sge = max_sge;
+  attr_.post_recv_checks_lkeys = true;
+}
+
+std::uint32_t sw_device::add_srq() noexcept {
+  if (srqs_.fetch_add(1) >= max_srq) {
+    srqs_.fetch_sub(1);
+    return 0;
+  }
+  return srq_num_.fetch_add(1);
 }
 
 bool sw_device::owns(const detail::sw_cq& cq) const noexcept {
@@ -87,19 +101,55 @@ result<std::shared_ptr<detail::qp_impl>> sw_pd::create_qp(const qp_init_attr& at
   if (!scq || !rcq) return make_error(errc::invalid_argument, where + ": CQ of another provider");
   if (!dev_->owns(*scq) || !dev_->owns(*rcq))
     return make_error(errc::invalid_argument, where + ": CQ of another device");
-  const auto& c = attr.cap;
-  if (c.max_send_wr == 0 || c.max_send_wr > max_wr || c.max_recv_wr == 0 || c.max_recv_wr > max_wr)
+  std::shared_ptr<sw_srq> srq;
+  if (attr.srq != nullptr) {
+    if (!*attr.srq) return make_error(errc::invalid_argument, where + ": empty srq handle");
+    srq = std::dynamic_pointer_cast<sw_srq>(detail::handle_access::shared(*attr.srq));
+    if (!srq) return make_error(errc::invalid_argument, where + ": SRQ of another provider");
+    if (&srq->pd() != this)
+      return make_error(
+          errc::invalid_argument,
+          where + (&srq->pd().dev() != dev_.get()
+                       ? ": SRQ " + std::to_string(srq->srq_num()) + " belongs to another device"
+                       : ": SRQ " + std::to_string(srq->srq_num()) +
+                             " belongs to another protection domain"));
+  }
+  qp_init_attr a = attr;
+  if (srq) a.cap.max_recv_wr = a.cap.max_recv_sge = 0;  // no receive queue of its own
+  const auto& c = a.cap;
+  if (c.max_send_wr == 0 || c.max_send_wr > max_wr ||
+      (!srq && (c.max_recv_wr == 0 || c.max_recv_wr > max_wr)))
     return make_error(errc::invalid_argument,
                       where + ": max_send_wr/max_recv_wr must be 1.." + std::to_string(max_wr));
-  if (c.max_send_sge == 0 || c.max_send_sge > max_sge || c.max_recv_sge == 0 ||
-      c.max_recv_sge > max_sge)
+  if (c.max_send_sge == 0 || c.max_send_sge > max_sge ||
+      (!srq && (c.max_recv_sge == 0 || c.max_recv_sge > max_sge)))
     return make_error(errc::invalid_argument,
                       where + ": max_send_sge/max_recv_sge must be 1.." + std::to_string(max_sge));
   if (c.max_inline_data > max_inline)
     return make_error(errc::invalid_argument,
                       where + ": max_inline_data must be at most " + std::to_string(max_inline));
   auto self = std::static_pointer_cast<sw_pd>(shared_from_this());
-  return make_qp({std::move(self), std::move(scq), std::move(rcq), attr, dev_->next_qpn()});
+  return make_qp(
+      {std::move(self), std::move(scq), std::move(rcq), a, dev_->next_qpn(), std::move(srq)});
+}
+
+result<std::shared_ptr<detail::srq_impl>> sw_pd::create_srq(const srq_attr& attr) {
+  const std::string where = "create_srq on " + dev_->attr().name;
+  if (attr.max_wr == 0 || attr.max_wr > max_wr)
+    return make_error(errc::invalid_argument,
+                      where + ": max_wr must be 1.." + std::to_string(max_wr));
+  if (attr.max_sge == 0 || attr.max_sge > max_sge)
+    return make_error(errc::invalid_argument,
+                      where + ": max_sge must be 1.." + std::to_string(max_sge));
+  if (attr.srq_limit > attr.max_wr)
+    return make_error(errc::invalid_argument, where + ": srq_limit exceeds max_wr");
+  const std::uint32_t num = dev_->add_srq();
+  if (num == 0)
+    return make_error(errc::resource_exhausted,
+                      where + ": " + std::to_string(max_srq) + " SRQs exist already");
+  auto self = std::static_pointer_cast<sw_pd>(shared_from_this());
+  // From here the SRQ's destructor gives the place back.
+  return std::shared_ptr<detail::srq_impl>(std::make_shared<sw_srq>(std::move(self), attr, num));
 }
 
 sw_mr::sw_mr(std::shared_ptr<sw_pd> pd, std::span<std::byte> buf, access rights, std::uint32_t key)

@@ -8,6 +8,7 @@
 #include "core/impl.hpp"
 #include "providers/swnic/key_table.hpp"
 #include "providers/swnic/sw_cq.hpp"
+#include "providers/swnic/sw_events.hpp"
 
 #include <atomic>
 #include <memory>
@@ -23,6 +24,7 @@ inline constexpr std::uint32_t max_wr = 16384;
 inline constexpr std::uint32_t max_sge = 16;
 inline constexpr std::uint32_t max_inline = 1024;
 inline constexpr std::uint32_t max_rd_atom = 128;
+inline constexpr std::uint32_t max_srq = 1024;
 
 // device_options after the documented environment overrides
 // (docs/CONFIGURATION.md): CONVEYOR_SPIN_US, CONVEYOR_ENGINE_SPIN_US,
@@ -38,6 +40,12 @@ class sw_device : public detail::device_impl {
   std::uint32_t next_pd_id() noexcept { return pd_id_.fetch_add(1); }
   // Whether `cq` is a CQ of this device (a QP may use no other).
   bool owns(const detail::sw_cq& cq) const noexcept;
+  // Hands e to device_options::on_event on the device's event thread (and
+  // logs it); the caller must hold no queue lock (sw_events.hpp).
+  void post_event(device_event e) noexcept { events_.post(std::move(e)); }
+  // An SRQ number, or 0 when max_srq SRQs exist; srq_gone() returns the place.
+  std::uint32_t add_srq() noexcept;
+  void srq_gone() noexcept { srqs_.fetch_sub(1); }
 
  protected:
   // Fills the attributes every software device has; the provider adds its port.
@@ -49,6 +57,9 @@ class sw_device : public detail::device_impl {
   detail::key_table keys_;
   std::atomic<std::uint32_t> qpn_{1};
   std::atomic<std::uint32_t> pd_id_{1};
+  std::atomic<std::uint32_t> srqs_{0};
+  std::atomic<std::uint32_t> srq_num_{1};
+  event_delivery events_;
 };
 
 class sw_pd : public detail::pd_impl {
@@ -57,6 +68,7 @@ class sw_pd : public detail::pd_impl {
   result<std::shared_ptr<detail::mr_impl>> register_memory(std::span<std::byte> buf,
                                                            access rights) override;
   result<std::shared_ptr<detail::qp_impl>> create_qp(const qp_init_attr& attr) final;
+  result<std::shared_ptr<detail::srq_impl>> create_srq(const srq_attr& attr) final;
   sw_device& dev() noexcept { return *dev_; }
   std::uint32_t id() const noexcept { return id_; }
 

@@ -18,12 +18,14 @@ sw_qp::sw_qp(qp_args&& a)
       sig_all_(a.attr.sq_sig_all),
       qpn_(a.qpn),
       want_ird_(std::clamp<std::uint32_t>(a.attr.max_dest_rd_atomic, 1, max_rd_atom)),
-      want_ord_(std::clamp<std::uint32_t>(a.attr.max_rd_atomic, 1, max_rd_atom)) {
+      want_ord_(std::clamp<std::uint32_t>(a.attr.max_rd_atomic, 1, max_rd_atom)),
+      srq_(std::move(a.srq)) {
   max_sge_rd_ = pd_->dev().attr().max_sge_rd;
   sq_sge_.resize(std::size_t(caps_.max_send_wr) * caps_.max_send_sge);
   sq_inline_.resize(std::size_t(caps_.max_send_wr) * caps_.max_inline_data);
   rq_.resize(caps_.max_recv_wr);
   rq_sge_.resize(std::size_t(caps_.max_recv_wr) * caps_.max_recv_sge);
+  cur_sge_.resize(srq_ ? srq_->max_sge() : caps_.max_recv_sge);
 }
 
 result<sw_qp*> accept_target(queue_pair& qp, const sw_device& dev, const std::string& where,
@@ -147,29 +149,20 @@ status sw_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept
 
 status sw_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
   const qp_state st = state();
-  if (st == qp_state::error || st == qp_state::reset) {
+  if (srq_ || st == qp_state::error || st == qp_state::reset) {
     if (bad) *bad = 0;
-    return st == qp_state::error ? errc::qp_in_error : errc::invalid_state;
+    return srq_                    ? errc::invalid_argument  // post to the SRQ
+           : st == qp_state::error ? errc::qp_in_error
+                                   : errc::invalid_state;
   }
   std::lock_guard lk(rq_mu_);
   for (std::size_t i = 0; i < wrs.size(); ++i) {
     const recv_wr& wr = wrs[i];
-    status rc = errc::ok;
-    if (rq_tail_ - rq_head_ >= caps_.max_recv_wr)
-      rc = errc::again;
-    else if (wr.sg_list.size() > caps_.max_recv_sge)
-      rc = errc::invalid_argument;
     std::uint64_t total = 0;
-    for (const auto& s : wr.sg_list) {
-      if (rc != errc::ok) break;
-      total += s.length;
-      if (s.length == 0) continue;
-      detail::key_table::guard g;
-      std::byte* p = nullptr;
-      if (pd_->dev().keys().acquire(s.lkey, pd_->id(), s.addr, s.length, access::local_write, g,
-                                    &p) != key_check::ok)
-        rc = errc::invalid_argument;
-    }
+    // A claimed receive still holds its place in the queue.
+    const status rc = rq_tail_ - rq_head_ + (claimed_ ? 1 : 0) >= caps_.max_recv_wr
+                          ? errc::again
+                          : check_recv(wr, caps_.max_recv_sge, *pd_, total);
     if (rc != errc::ok) {
       if (bad) *bad = i;
       return rc;
@@ -181,6 +174,41 @@ status sw_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept
     ++rq_tail_;
   }
   return errc::ok;
+}
+
+// ------------------------------------------------------------ the next receive ----
+bool sw_qp::claim_recv(std::uint64_t* len) noexcept {
+  std::uint32_t fired = 0;
+  {
+    std::lock_guard lk(rq_mu_);
+    if (!claimed_) {
+      // A QP in ERROR takes nothing more: its flush (which set the state
+      // before taking rq_mu_) would not see it, and an SRQ receive would be lost.
+      if (state() == qp_state::error) return false;
+      if (srq_) {
+        if (!srq_->take(cur_, cur_sge_.data(), fired)) return false;
+      } else {
+        if (rq_head_ == rq_tail_) return false;
+        const std::uint32_t idx = static_cast<std::uint32_t>(rq_head_ % caps_.max_recv_wr);
+        cur_ = rq_[idx];
+        std::copy_n(rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge, cur_.nsge,
+                    cur_sge_.data());
+        ++rq_head_;
+      }
+      claimed_ = true;
+    }
+    if (len) *len = cur_.len;
+  }
+  if (fired != 0) srq_->raise_limit_event(fired);  // no lock held
+  return true;
+}
+
+bool sw_qp::finish_recv(std::uint64_t& wr_id) noexcept {
+  std::lock_guard lk(rq_mu_);
+  if (!claimed_) return false;
+  wr_id = cur_.wr_id;
+  claimed_ = false;
+  return true;
 }
 
 // ------------------------------------------------------------- completions ----
@@ -198,19 +226,29 @@ bool sw_qp::push_send_wc(const wqe_base& w, std::uint32_t vendor) noexcept {
   return false;
 }
 
-void sw_qp::complete_recv_error_rq_locked(wc_status st) noexcept {
+void sw_qp::complete_recv_error_locked(wc_status st) noexcept {
+  if (!claimed_) return;
   work_completion wc;
-  wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
+  wc.wr_id = cur_.wr_id;
   wc.status = st;
   wc.opcode = wc_opcode::recv;
   wc.qp_num = qpn_;
   rcq_->push(wc);
-  ++rq_head_;
+  claimed_ = false;
 }
 
 void sw_qp::flush_rq() noexcept {
   std::lock_guard lk(rq_mu_);
-  while (rq_head_ < rq_tail_) complete_recv_error_rq_locked(wc_status::wr_flush_err);
+  complete_recv_error_locked(wc_status::wr_flush_err);  // it was the head
+  if (srq_) return;  // verbs: the SRQ's receives are not this QP's to flush
+  work_completion wc;
+  wc.status = wc_status::wr_flush_err;
+  wc.opcode = wc_opcode::recv;
+  wc.qp_num = qpn_;
+  for (; rq_head_ < rq_tail_; ++rq_head_) {
+    wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
+    rcq_->push(wc);
+  }
 }
 
 // ----------------------------------------------------------- state machine ----
@@ -232,6 +270,7 @@ result<void> sw_qp::modify(qp_state target) {
     std::lock_guard rl(rq_mu_);
     sq_head_ = sq_next_ = sq_tail_ = 0;
     rq_head_ = rq_tail_ = 0;
+    claimed_ = false;
     attr_ = {};
     reset_locked();
     state_.store(target);

@@ -11,6 +11,7 @@
 #include "providers/swnic/key_table.hpp"
 #include "providers/swnic/sw_cq.hpp"
 #include "providers/swnic/sw_device.hpp"
+#include "providers/swnic/sw_srq.hpp"
 
 #include <atomic>
 #include <memory>
@@ -34,18 +35,13 @@ struct wqe_base {
   std::uint32_t byte_len = 0;  // what the completion reports on success
 };
 
-struct rwqe {
-  std::uint64_t wr_id;
-  std::uint32_t nsge;
-  std::uint64_t len;
-};
-
 // What sw_pd::create_qp hands the provider's QP constructor, checked.
 struct qp_args {
   std::shared_ptr<sw_pd> pd;
   std::shared_ptr<detail::sw_cq> scq, rcq;
-  qp_init_attr attr;
+  qp_init_attr attr;  // cap.max_recv_* are 0 with an SRQ
   std::uint32_t qpn;
+  std::shared_ptr<sw_srq> srq;  // null: the QP has a receive queue of its own
 };
 
 class sw_qp;
@@ -109,15 +105,30 @@ class sw_qp : public detail::qp_impl {
   const std::byte* sq_inline(std::uint32_t idx) const noexcept {
     return sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
   }
-  const sge* rq_sges(std::uint32_t idx) const noexcept {
-    return rq_sge_.data() + std::size_t(idx) * caps_.max_recv_sge;
-  }
   // Reports w's completion when it is signaled or failed (failed ones always
   // complete). A full CQ loses it and moves the QP to ERROR: false.
   bool push_send_wc(const wqe_base& w, std::uint32_t vendor = 0) noexcept;
-  // Completes the head of the RQ with st (rq_mu_ held; the RQ is not empty).
-  void complete_recv_error_rq_locked(wc_status st) noexcept;
-  // Every posted receive completes with wr_flush_err (takes rq_mu_).
+
+  // ---- the receive side: "the next receive", from the QP's RQ or its SRQ ----
+  // An inbound message (a SEND, or Immediate Data) claims its receive when its
+  // first segment arrives: the head of the QP's RQ, or of its SRQ (no other
+  // QP can take it then). The claim holds it, whatever arrives on other QPs,
+  // until finish_recv or a flush. With one claimed already, claim_recv
+  // returns that one. false: no receive posted. *len: the receive's bytes.
+  // Engine only; takes rq_mu_ (and the SRQ's lock), raises the SRQ's limit
+  // event after releasing them.
+  bool claim_recv(std::uint64_t* len = nullptr) noexcept;
+  // The claimed receive and its SGEs (rq_mu_ held; recv_claimed_locked()).
+  bool recv_claimed_locked() const noexcept { return claimed_; }
+  const rwqe& claimed_locked() const noexcept { return cur_; }
+  const sge* claimed_sges_locked() const noexcept { return cur_sge_.data(); }
+  // The message is placed: ends the claim and gives its wr_id for the
+  // completion; false when a flush completed the receive meanwhile (takes rq_mu_).
+  bool finish_recv(std::uint64_t& wr_id) noexcept;
+  // Completes the claimed receive, if any, with st (rq_mu_ held).
+  void complete_recv_error_locked(wc_status st) noexcept;
+  // The claimed receive and, without an SRQ, every posted one complete with
+  // wr_flush_err; an SRQ's receives stay for its other QPs (takes rq_mu_).
   void flush_rq() noexcept;
 
   std::shared_ptr<sw_pd> pd_;
@@ -138,17 +149,22 @@ class sw_qp : public detail::qp_impl {
   std::atomic<std::uint64_t> c_tx_bytes_{0}, c_rx_bytes_{0}, c_reads_{0}, c_writes_{0},
       c_atomics_{0};
 
-  // RQ (rq_mu_)
+  // RQ (rq_mu_): the QP's own, unless srq_ is set (rq_ is then empty)
   std::mutex rq_mu_;
-  std::vector<rwqe> rq_;
-  std::uint64_t rq_head_ = 0, rq_tail_ = 0;
+  const std::shared_ptr<sw_srq> srq_;
 
  private:
+  std::vector<rwqe> rq_;
+  std::uint64_t rq_head_ = 0, rq_tail_ = 0;
+  bool claimed_ = false;  // rq_mu_: cur_ holds a receive taken off the RQ or SRQ
+  rwqe cur_{};
+  std::vector<sge> cur_sge_;
+
   status validate_send(const send_wr& wr) const noexcept;
   std::uint32_t max_sge_rd_ = 0;  // the device's
   std::vector<sge> sq_sge_;
   std::vector<std::byte> sq_inline_;
-  std::vector<sge> rq_sge_;
+  std::vector<sge> rq_sge_;  // own RQ: max_recv_sge per slot
 };
 
 }  // namespace conveyor::swnic

@@ -69,6 +69,9 @@ rdma_conn_param verbs_qp::conn_param(const std::vector<std::byte>& wrapped, std:
   cp.retry_count = transport_.retry_count;
   cp.rnr_retry_count = transport_.rnr_retry;
   cp.qp_num = qp_->qp_num;
+  // The CM carries the SRQ bit (IB CM REQ/REP); librdmacm fills it only for
+  // QPs it created itself, and this one is attached by number.
+  cp.srq = srq_ ? 1 : 0;
   return cp;
 }
 

@@ -55,6 +55,10 @@ verbs_device::verbs_device(ibv_context* ctx, const device_options& opts) : ctx_(
   attr_.max_mr_size = dattr_.max_mr_size;
   attr_.max_msg_size = ports_.empty() ? 0 : ports_[port_ - 1].max_msg_sz;
   attr_.max_qp_rd_atom = static_cast<std::uint32_t>(dattr_.max_qp_rd_atom);
+  attr_.max_srq = static_cast<std::uint32_t>(std::max(dattr_.max_srq, 0));
+  attr_.max_srq_wr = attr_.max_srq ? static_cast<std::uint32_t>(std::max(dattr_.max_srq_wr, 0)) : 0;
+  attr_.max_srq_sge =
+      attr_.max_srq ? static_cast<std::uint32_t>(std::max(dattr_.max_srq_sge, 0)) : 0;
   attr_.atomics = dattr_.atomic_cap != IBV_ATOMIC_NONE;
   attr_.atomic_cap = dattr_.atomic_cap == IBV_ATOMIC_GLOB  ? atomic_scope::global
                      : dattr_.atomic_cap == IBV_ATOMIC_HCA ? atomic_scope::rdma
@@ -300,6 +304,14 @@ void verbs_device::async_loop() {
           break;
         case IBV_EVENT_CQ_ERR:
           c = static_cast<verbs_cq*>(ev.element.cq->cq_context);
+          break;
+        case IBV_EVENT_SRQ_ERR:
+        case IBV_EVENT_SRQ_LIMIT_REACHED:
+          // ibv_destroy_srq waits for this event's ack: the SRQ is alive here.
+          f.srq_num = ev.element.srq->handle;
+          if (auto* sq = static_cast<verbs_srq*>(ev.element.srq->srq_context);
+              sq != nullptr && ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED)
+            f.srq_limit = sq->limit_fired();
           break;
         case IBV_EVENT_PORT_ACTIVE:
         case IBV_EVENT_PORT_ERR:

@@ -45,6 +45,23 @@ async_translation translate_async_event(const async_event_fields& f) {
       t.level = f.type == IBV_EVENT_PORT_ERR ? detail::log_level::warn : detail::log_level::info;
       t.effect = f.type == IBV_EVENT_PORT_ERR ? async_effect::port_down : async_effect::none;
       break;
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      // The device disarmed the limit; the provider recorded that already.
+      e.type = device_event_type::srq_limit_reached;
+      e.srq_num = f.srq_num;
+      e.description =
+          dev + " SRQ " + std::to_string(f.srq_num) + ": async event " + name + " (" +
+          (f.srq_limit != 0 ? "limit " + std::to_string(f.srq_limit) + " reached; " : "") +
+          "the limit is disarmed)";
+      t.level = detail::log_level::info;
+      break;
+    case IBV_EVENT_SRQ_ERR:
+      e.type = device_event_type::srq_error;
+      e.srq_num = f.srq_num;
+      e.description = dev + " SRQ " + std::to_string(f.srq_num) + ": async event " + name +
+                      " (the device moves the QPs attached to it to ERROR)";
+      t.level = detail::log_level::warn;
+      break;
     case IBV_EVENT_DEVICE_FATAL:
       e.type = device_event_type::device_fatal;
       e.description = dev + ": async event " + name + " (every QP moved to ERROR)";

@@ -35,6 +35,8 @@ struct async_event_fields {
   // QP events: the QP's own description ("device rxe0 port 1 QP 17 peer
   // 10.11.0.1:40000"); empty when the QP is not Conveyor's.
   std::string_view qp_where{};
+  std::uint32_t srq_num = 0;    // SRQ events: the SRQ's handle (shared_receive_queue::srq_num)
+  std::uint32_t srq_limit = 0;  // SRQ_LIMIT_REACHED: the limit the provider had armed (0: unknown)
 };
 
 struct async_translation {

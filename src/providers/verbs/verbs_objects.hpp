@@ -4,6 +4,7 @@
 //               verbs_device.cpp
 //   pd / mr  -> ibv_pd / ibv_mr                               verbs_mr.cpp
 //   cq       -> ibv_cq with a completion channel (fd/arm/wait) verbs_cq.cpp
+//   srq      -> ibv_srq (post, limit, query)                  verbs_srq.cpp
 //   qp       -> an RC ibv_qp created at create_qp and moved to INIT at once, so
 //               receives can be posted before connecting, as in the Conveyor
 //               API; posting and state                         verbs_qp.cpp
@@ -43,6 +44,7 @@
 namespace conveyor::verbs {
 
 class verbs_qp;
+class verbs_srq;
 
 // ------------------------------------------------------------------ device ----
 
@@ -134,12 +136,43 @@ class verbs_pd final : public detail::pd_impl {
                                                            access rights) override;  // verbs_mr.cpp
   result<std::shared_ptr<detail::qp_impl>> create_qp(
       const qp_init_attr& attr) override;  // verbs_qp.cpp
+  result<std::shared_ptr<detail::srq_impl>> create_srq(
+      const srq_attr& attr) override;  // verbs_srq.cpp
   verbs_device& dev() noexcept { return *dev_; }
   ibv_pd* pd() const noexcept { return pd_; }
 
  private:
   std::shared_ptr<verbs_device> dev_;
   ibv_pd* pd_;
+};
+
+// --------------------------------------------------------------------- srq ----
+
+class verbs_srq final : public detail::srq_impl {
+ public:
+  verbs_srq(std::shared_ptr<verbs_pd> pd, ibv_srq* srq, const srq_attr& granted);
+  ~verbs_srq() override;
+
+  // ibv_srq's handle: what identifies it in the device's async events.
+  std::uint32_t srq_num() const noexcept override { return srq_->handle; }
+  status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept override;
+  result<void> arm_limit(std::uint32_t limit) override;
+  // max_wr and max_sge from ibv_query_srq; the limit as this provider armed it
+  // (0 once the limit event arrived: siw keeps reporting the old value).
+  result<srq_attr> query() const override;
+
+  ibv_srq* ibv() const noexcept { return srq_; }
+  verbs_pd& pd() const noexcept { return *pd_; }
+  // The device reported the limit reached (async thread): the limit that was
+  // armed (for the event's description), now disarmed.
+  std::uint32_t limit_fired() noexcept { return limit_.exchange(0); }
+
+ private:
+  std::string where() const;
+  std::shared_ptr<verbs_pd> pd_;
+  ibv_srq* srq_;
+  const std::uint32_t max_sge_;
+  std::atomic<std::uint32_t> limit_;
 };
 
 // ---------------------------------------------------------------------- cq ----
@@ -194,7 +227,8 @@ struct conn_state {
 class verbs_qp final : public detail::qp_impl {
  public:
   verbs_qp(std::shared_ptr<verbs_pd> pd, std::shared_ptr<detail::cq_impl> scq,
-           std::shared_ptr<detail::cq_impl> rcq, ibv_qp* qp, const qp_init_attr& a);
+           std::shared_ptr<detail::cq_impl> rcq, ibv_qp* qp, const qp_init_attr& a,
+           std::shared_ptr<verbs_srq> srq);
   ~verbs_qp() override;
   bool uses_cq(const void* cq) const noexcept { return scq_.get() == cq || rcq_.get() == cq; }
 
@@ -252,6 +286,7 @@ class verbs_qp final : public detail::qp_impl {
 
   std::shared_ptr<verbs_pd> pd_;
   std::shared_ptr<detail::cq_impl> scq_, rcq_;
+  std::shared_ptr<verbs_srq> srq_;  // kept while the QP lives (null: its own RQ)
   ibv_qp* qp_;
   qp_caps caps_;
   std::uint32_t want_ord_ = 16, want_ird_ = 16;

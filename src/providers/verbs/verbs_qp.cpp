@@ -12,8 +12,13 @@
 namespace conveyor::verbs {
 
 verbs_qp::verbs_qp(std::shared_ptr<verbs_pd> pd, std::shared_ptr<detail::cq_impl> scq,
-                   std::shared_ptr<detail::cq_impl> rcq, ibv_qp* qp, const qp_init_attr& a)
-    : pd_(std::move(pd)), scq_(std::move(scq)), rcq_(std::move(rcq)), qp_(qp) {
+                   std::shared_ptr<detail::cq_impl> rcq, ibv_qp* qp, const qp_init_attr& a,
+                   std::shared_ptr<verbs_srq> srq)
+    : pd_(std::move(pd)),
+      scq_(std::move(scq)),
+      rcq_(std::move(rcq)),
+      srq_(std::move(srq)),
+      qp_(qp) {
   caps_ = a.cap;
   want_ord_ = a.max_rd_atomic;
   want_ird_ = a.max_dest_rd_atomic;
@@ -185,6 +190,7 @@ status verbs_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexc
 
 status verbs_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
   if (bad) *bad = 0;
+  if (srq_) return errc::invalid_argument;  // its receives come from the SRQ
   const auto st = state_.load(std::memory_order_relaxed);
   if (st == qp_state::error || (conn_ && conn_->peer_gone.load(std::memory_order_relaxed)))
     return errc::qp_in_error;
@@ -317,14 +323,26 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
     return make_error(errc::invalid_argument, w + ": CQ of another device");
   if (auto why = check_transport_params(attr.verbs_transport); !why.empty())
     return make_error(errc::invalid_argument, w + ": verbs_transport: " + why);
-  const auto& c = attr.cap;
+  std::shared_ptr<verbs_srq> srq;
+  if (attr.srq != nullptr) {
+    if (!*attr.srq) return make_error(errc::invalid_argument, w + ": empty srq handle");
+    srq = std::dynamic_pointer_cast<verbs_srq>(detail::handle_access::shared(*attr.srq));
+    if (!srq) return make_error(errc::invalid_argument, w + ": SRQ of another provider");
+    if (&srq->pd() != this)  // the device would refuse it, or worse, accept it
+      return make_error(errc::invalid_argument, w + (&srq->pd().dev() != dev_.get()
+                                                         ? ": SRQ of another device"
+                                                         : ": SRQ of another protection domain"));
+  }
+  qp_init_attr sized = attr;
+  if (srq) sized.cap.max_recv_wr = sized.cap.max_recv_sge = 0;  // no receive queue of its own
+  const auto& c = sized.cap;
   const auto& da = dev_->dattr();
   if (c.max_send_wr == 0 || c.max_send_wr > static_cast<std::uint32_t>(da.max_qp_wr) ||
-      c.max_recv_wr == 0 || c.max_recv_wr > static_cast<std::uint32_t>(da.max_qp_wr))
+      (!srq && (c.max_recv_wr == 0 || c.max_recv_wr > static_cast<std::uint32_t>(da.max_qp_wr))))
     return make_error(errc::invalid_argument,
                       w + ": max_send_wr/max_recv_wr must be 1.." + std::to_string(da.max_qp_wr));
   if (c.max_send_sge == 0 || c.max_send_sge > static_cast<std::uint32_t>(da.max_sge) ||
-      c.max_recv_sge == 0 || c.max_recv_sge > static_cast<std::uint32_t>(da.max_sge))
+      (!srq && (c.max_recv_sge == 0 || c.max_recv_sge > static_cast<std::uint32_t>(da.max_sge))))
     return make_error(errc::invalid_argument,
                       w + ": max_send_sge/max_recv_sge must be 1.." + std::to_string(da.max_sge));
   ibv_qp_init_attr ia{};
@@ -337,6 +355,7 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   ia.cap.max_send_sge = c.max_send_sge;
   ia.cap.max_recv_sge = c.max_recv_sge;
   ia.cap.max_inline_data = c.max_inline_data;
+  ia.srq = srq ? srq->ibv() : nullptr;
   ibv_qp* qp = ibv_create_qp(pd_, &ia);
   // Devices cap inline data differently (siw: a few hundred bytes less than
   // rxe) and say so only by refusing: retry with less inline data; the QP's
@@ -355,7 +374,7 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
                           std::to_string(c.max_inline_data) + "): " + err_text(e),
                       e);
   }
-  qp_init_attr a = attr;
+  qp_init_attr a = sized;
   // What the device granted (it may round queue sizes up): qp.caps() reports it.
   // ibv_create_qp's answer is not enough: rxe rounds a queue up to a power of
   // two minus one (16 receives become 31) but answers with the size asked for,
@@ -376,9 +395,11 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
       std::min<std::uint32_t>(ia.cap.max_send_sge, static_cast<std::uint32_t>(da.max_sge));
   a.cap.max_recv_sge =
       std::min<std::uint32_t>(ia.cap.max_recv_sge, static_cast<std::uint32_t>(da.max_sge));
+  if (srq) a.cap.max_recv_wr = a.cap.max_recv_sge = 0;
   auto self = std::static_pointer_cast<verbs_pd>(shared_from_this());
   auto q = std::make_shared<verbs_qp>(std::move(self), detail::handle_access::shared(*attr.send_cq),
-                                      detail::handle_access::shared(*attr.recv_cq), qp, a);
+                                      detail::handle_access::shared(*attr.recv_cq), qp, a,
+                                      std::move(srq));
   if (auto r = q->to_init(); !r) return std::unexpected(r.error());
   return std::shared_ptr<detail::qp_impl>(std::move(q));
 }

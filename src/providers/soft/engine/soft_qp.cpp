@@ -82,7 +82,7 @@ void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
   // A receive that overflowed its buffer completes with loc_len_err.
   if (first == wc_status::loc_len_err) {
     std::lock_guard rl(rq_mu_);
-    if (rq_head_ < rq_tail_) complete_recv_error_rq_locked(wc_status::loc_len_err);
+    complete_recv_error_locked(wc_status::loc_len_err);
     first = wc_status::wr_flush_err;
   }
   state_.store(qp_state::error);

@@ -106,16 +106,15 @@ bool soft_qp::rx_header() noexcept {
     case rdmap_op::send_inv:
     case rdmap_op::send_se:
     case rdmap_op::send_se_inv: {
-      std::unique_lock lk(rq_mu_);
-      if (rq_head_ == rq_tail_) {
-        lk.unlock();
+      // The first segment claims the receive (from the RQ or the SRQ); the
+      // later ones find it claimed, whatever other QPs took meanwhile.
+      std::uint64_t room = 0;
+      if (!claim_recv(&room)) {
         protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_no_buffer,
                            wc_status::success);
         return false;
       }
-      const swnic::rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
-      if (rx_msg_off_ + h_.payload_len > r.len) {
-        lk.unlock();
+      if (rx_msg_off_ + h_.payload_len > room) {
         // Our receive completes with loc_len_err; the sender sees a Terminate.
         protocol_violation(term_layer::ddp, term::ddp_untagged, term::ddp_u_too_long,
                            wc_status::loc_len_err);
@@ -344,11 +343,7 @@ bool soft_qp::rx_message_done() noexcept {
       {
         // A flush (modify to ERROR on another thread) may have completed the
         // receive being filled since its header was checked.
-        std::lock_guard lk(rq_mu_);
-        if (rq_head_ == rq_tail_) return false;
-        const swnic::rwqe& r = rq_[rq_head_ % caps_.max_recv_wr];
-        wc.wr_id = r.wr_id;
-        ++rq_head_;
+        if (!finish_recv(wc.wr_id)) return false;
       }
       wc.opcode = wc_opcode::recv;
       wc.byte_len = static_cast<std::uint32_t>(rx_msg_off_);
@@ -392,16 +387,9 @@ bool soft_qp::rx_message_done() noexcept {
         return true;
       }
       work_completion wc;
-      bool have_recv = false;
-      {
-        std::lock_guard lk(rq_mu_);
-        if (rq_head_ != rq_tail_) {
-          wc.wr_id = rq_[rq_head_ % caps_.max_recv_wr].wr_id;
-          ++rq_head_;
-          have_recv = true;
-        }
-      }
-      if (!have_recv) {  // Immediate Data with no receive posted
+      // One segment: claimed and finished at once (false only if none is posted;
+      // a flush racing it leaves the QP in ERROR, where the Terminate is moot).
+      if (!claim_recv() || !finish_recv(wc.wr_id)) {  // Immediate Data with no receive posted
         fail_with_terminate(
             {term_layer::ddp, term::ddp_untagged, term::ddp_u_no_buffer, {}, {}, 0, false},
             wc_status::success);

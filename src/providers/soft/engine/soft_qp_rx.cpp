@@ -185,14 +185,14 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
       }
       return len == 0 ? n : -1;
     }
-    default: {  // send: the receive at the head of the RQ
+    default: {  // send: the receive its first segment claimed
       std::lock_guard lk(rq_mu_);
-      if (rq_head_ == rq_tail_) return -1;
-      const auto idx = static_cast<std::uint32_t>(rq_head_ % caps_.max_recv_wr);
-      const sge* s = rq_sges(idx);
+      if (!recv_claimed_locked()) return -1;  // flushed meanwhile
+      const sge* s = claimed_sges_locked();
+      const std::uint32_t nsge = claimed_locked().nsge;
       std::uint64_t moff = rx_msg_off_ + off;
       int n = 0;
-      for (std::uint32_t k = 0; k < rq_[idx].nsge && len > 0 && n < max; ++k) {
+      for (std::uint32_t k = 0; k < nsge && len > 0 && n < max; ++k) {
         if (moff >= s[k].length) {
           moff -= s[k].length;
           continue;
