@@ -93,6 +93,7 @@ milliseconds scaled(milliseconds base) {
 
 std::string device_name(const std::string& provider, const std::string& role) {
   static std::atomic<unsigned> counter{0};
+  // Name check: soft and shm open a fresh instance per name ("soft:<label>").
   if (provider == "soft" || provider == "shm") {
     return provider + ":" + role + "-" + std::to_string(::getpid()) + "-" +
            std::to_string(counter.fetch_add(1));
@@ -102,10 +103,10 @@ std::string device_name(const std::string& provider, const std::string& role) {
 
 std::string listen_address(const std::string& provider) {
   static std::atomic<unsigned> counter{0};
-  if (provider == "shm") {
+  if (provider == "shm") {  // name check: address syntax ("@name")
     return "@cvt-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
   }
-  if (provider == "verbs") {
+  if (provider == "verbs") {  // name check: the environment (the RDMA netdev's address)
     const char* e = std::getenv("CONVEYOR_TEST_VERBS_ADDR");
     return std::string(e != nullptr && *e != '\0' ? e : "10.11.0.1") + ":0";
   }
@@ -127,6 +128,7 @@ conveyor::device_options make_options(conveyor::progress_mode mode, bool request
 }
 
 bool conveyor_peer(const std::string& provider) {
+  // Name check: who implements both ends (Conveyor promises RFC 7306 between its own).
   return provider == "soft" || provider == "shm";
 }
 

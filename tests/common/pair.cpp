@@ -122,7 +122,7 @@ void pair_test::connect_pair(const pair_options& o) {
   CVT_ASSERT_OK(lis);
   listen_address_ = lis->address();
   ASSERT_FALSE(listen_address_.empty());
-  if (param().provider != "shm") {
+  if (param().provider != "shm") {  // name check: address syntax (shm listens on "@name")
     ASSERT_NE(lis->port(), 0) << "listener bound to port 0: " << listen_address_;
   }
 

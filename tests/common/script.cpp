@@ -1,5 +1,7 @@
 #include "common/script.hpp"
 
+#include "common/caps.hpp"
+
 #include <fcntl.h>
 #include <grp.h>
 #include <sched.h>
@@ -167,21 +169,24 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
   // The transport's own facts. shm has no wire to checksum: it never
   // negotiates CRC; on verbs CRC is the kernel's or the NIC's business and not
   // reported, and the MTU is the packet size.
+  const auto& da = dev->attr();
+  if (int{conn->iwarp.has_value()} + int{conn->shm.has_value()} + int{conn->verbs.has_value()} != 1)
+    return "not exactly one transport part in the connection's attributes";
+  if (has_mpa(*conn) != runs_mpa(da))
+    return std::string("MPA part ") + (has_mpa(*conn) ? "present" : "missing") + " on " + da.name;
+  if (conn->shm.has_value() == has_wire(da))
+    return std::string("shm part ") + (conn->shm ? "present" : "missing") + " on " + da.name;
   std::string sizes;
-  if (s.provider == "shm") {
-    if (!conn->shm || conn->iwarp || conn->verbs)
-      return "shm connection without (only) its shm part";
+  if (conn->shm) {
     if (conn->shm->slot_payload == 0) return "connection slot_payload is 0";
     sizes = " slot_payload=" + std::to_string(conn->shm->slot_payload);
-  } else if (s.provider == "verbs") {
-    if (!conn->verbs || conn->iwarp || conn->shm)
-      return "verbs connection without (only) its verbs part";
+  }
+  if (conn->verbs) {
     if (conn->verbs->port_mtu == 0) return "connection port_mtu is 0";
     sizes = " path_mtu=" + std::to_string(conn->verbs->path_mtu) +
             " port_mtu=" + std::to_string(conn->verbs->port_mtu);
-  } else {
-    if (!conn->iwarp || conn->shm || conn->verbs)
-      return "iWARP connection without (only) its MPA part";
+  }
+  if (conn->iwarp) {
     const auto& iw = *conn->iwarp;
     if (iw.mss == 0) return "connection mss is 0";
     if (iw.max_fpdu == 0 || iw.max_fpdu > iw.mss) {
@@ -253,7 +258,7 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
     if (load_u64(result->data() + 16) != s.faa_initial)
       return "FAA returned the wrong original value";
   }
-  if (s.provider == "shm" && allocate_regions() && conn->shm && conn->shm->direct_mapping) {
+  if (allocate_regions() && conn->shm && conn->shm->direct_mapping) {
     // The target's data region came from allocate_memory: READ it again until
     // this process serves the READ through its own mapping of the target's
     // memfd (the first request asked for it), then check the bytes it saw.

@@ -5,6 +5,7 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include "common/caps.hpp"
 #include "common/pair.hpp"
 #include "common/raw_tcp.hpp"
 
@@ -21,13 +22,12 @@ class connection : public pair_test {
   // The crc_is_on_* tests assert that CRC is in force: where the provider has
   // no CRC to report they skip, saying why, rather than pass on nothing.
   void skip_unless_crc_is_reported() {
-    if (param().provider == "shm")
+    const auto& a = device_attr_of(param().provider);
+    if (!has_wire(a)) GTEST_SKIP() << "no wire (shared memory): there is no CRC to negotiate";
+    if (!has_wire_crc(a))
       GTEST_SKIP()
-          << "shm has no wire and no MPA: there is no CRC to negotiate (crc is always false)";
-    if (param().provider == "verbs")
-      GTEST_SKIP()
-          << "verbs: CRC is negotiated inside the kernel or the NIC (iWARP) or does not exist "
-             "(IB/RoCE), and rdma-core does not report it (tests/vm checks that siw honours "
+          << "CRC is negotiated inside the kernel or the NIC (iWARP) or does not exist "
+             "(IB/RoCE), and the device does not report it (tests/vm checks that siw honours "
              "soft's CRC request)";
   }
 };
@@ -62,20 +62,20 @@ void connection::check_attributes(bool init_crc, bool tgt_crc) {
   CVT_ASSERT_OK(ic);
   auto tc = tgt.qp.connection();
   CVT_ASSERT_OK(tc);
-  // MPA: CRC is in force when either side asked for it. shm has no wire and no
-  // MPA: it reports no MPA part, and names its bulk data path instead.
-  const bool wire = param().provider != "shm";
+  // MPA: CRC is in force when either side asked for it. Shared memory has no
+  // wire and no MPA: no MPA part; it names its bulk data path instead. Where
+  // the kernel or the NIC runs MPA (or IB/RoCE, which have none), CRC and the
+  // MPA revision are not exposed: no MPA part either.
+  const auto& da = init.dev.attr();
   const bool want_crc = init_crc || tgt_crc;
   for (const auto* c : {&*ic, &*tc}) {
     SCOPED_TRACE(c == &*ic ? "initiator" : "target");
     EXPECT_GT(c->ird, 0u);
     EXPECT_GT(c->ord, 0u);
-    // verbs: CRC and the MPA revision are negotiated inside the kernel or the
-    // NIC (iWARP) or do not exist (IB/RoCE); rdma-core does not expose them.
-    const bool verbs = param().provider == "verbs";
-    EXPECT_EQ(c->iwarp.has_value(), wire && !verbs) << "MPA facts exactly where Conveyor runs MPA";
-    EXPECT_EQ(c->shm.has_value(), !wire);
-    EXPECT_EQ(c->verbs.has_value(), verbs);
+    EXPECT_EQ(has_mpa(*c), runs_mpa(da)) << "MPA facts exactly where Conveyor runs MPA";
+    EXPECT_EQ(c->shm.has_value(), !has_wire(da)) << "the shm part exactly without a wire";
+    EXPECT_EQ(int{c->iwarp.has_value()} + int{c->shm.has_value()} + int{c->verbs.has_value()}, 1)
+        << "one transport part per connection";
     if (c->iwarp) {
       EXPECT_GT(c->iwarp->mss, 0u);
       EXPECT_GT(c->iwarp->max_fpdu, 0u);
@@ -93,7 +93,7 @@ void connection::check_attributes(bool init_crc, bool tgt_crc) {
     if (c->verbs) {
       EXPECT_GT(c->verbs->port_mtu, 0u);
       // IB/RoCE: the QP's path MTU; iWARP: TCP's segments, not exposed.
-      if (init.dev.attr().transport_type == conveyor::transport::iwarp)
+      if (da.transport_type == conveyor::transport::iwarp)
         EXPECT_EQ(c->verbs->path_mtu, 0u);
       else
         EXPECT_GT(c->verbs->path_mtu, 0u);
@@ -135,11 +135,13 @@ TEST_P(connection, qp_is_rts_and_attributes_are_sane_without_crc) {
 
 TEST_P(connection, crc_is_on_when_only_the_initiator_requests_it) {
   skip_unless_crc_is_reported();
+  if (IsSkipped()) return;
   check_attributes(true, false);
 }
 
 TEST_P(connection, crc_is_on_when_only_the_target_requests_it) {
   skip_unless_crc_is_reported();
+  if (IsSkipped()) return;
   check_attributes(false, true);
 }
 
@@ -151,8 +153,8 @@ TEST_P(connection, connection_attributes_are_invalid_state_before_connect) {
 
 TEST_P(connection, private_data_of_max_size_passes_both_ways) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
-  if (init.dev.attr().provider == "verbs" &&
-      init.dev.attr().transport_type != conveyor::transport::iwarp)
+  if (init.dev.attr().transport_type == conveyor::transport::infiniband ||
+      init.dev.attr().transport_type == conveyor::transport::roce)
     GTEST_SKIP() << "IB/RoCE connection requests carry at most 55 bytes of private data (IB CM "
                     "REQ), not 251";
   auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
@@ -214,8 +216,8 @@ TEST_P(connection, listener_reject_reason_reaches_the_connector_as_rejected) {
 TEST_P(connection, connect_to_port_without_listener_is_connection_refused) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   std::string addr;
-  if (param().provider == "shm") {
-    addr = listen_address("shm");  // a fresh abstract name nobody binds
+  if (param().provider == "shm") {  // name check: address syntax (shm listens on "@name")
+    addr = listen_address("shm");   // a fresh abstract name nobody binds
   } else {
     const std::uint16_t port = unused_port();
     ASSERT_NE(port, 0);

@@ -7,6 +7,7 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include "common/caps.hpp"
 #include "common/env.hpp"
 #include "common/netns.hpp"
 #include "common/process.hpp"
@@ -77,11 +78,12 @@ TEST_P(processes, child_target_serves_write_read_atomics_and_send_across_process
 }
 
 TEST_P(processes, two_namespaces_over_veth_move_16_mib_with_mss_at_most_1460) {
-  if (GetParam().provider == "shm")
-    GTEST_SKIP() << "shm is same-host only: network namespaces on a veth pair need a wire";
-  if (GetParam().provider == "verbs")
-    GTEST_SKIP()
-        << "TCP MSS across network namespaces is soft's; an RDMA device lives in one namespace";
+  const auto& da = device_attr_of(GetParam().provider);
+  if (!has_wire(da))
+    GTEST_SKIP() << "same host only (shared memory): network namespaces on a veth pair need a wire";
+  if (!runs_mpa(da))
+    GTEST_SKIP() << "the TCP MSS across network namespaces is reported where Conveyor runs MPA "
+                    "over its own TCP socket; an RDMA device lives in one namespace";
   std::string why;
   bool environmental = false;
   auto ns = netns_pair::create(why, environmental);

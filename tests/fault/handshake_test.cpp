@@ -9,6 +9,7 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include "common/caps.hpp"
 #include "common/pair.hpp"
 #include "common/raw_tcp.hpp"
 
@@ -26,11 +27,6 @@ using std::chrono::steady_clock;
 
 class handshake : public pair_test {
  protected:
-  void SetUp() override {
-    if (GetParam().provider == "shm")
-      GTEST_SKIP() << "raw TCP/MPA peers: these cases exercise the iWARP handshake, which shm "
-                      "(a Unix-socket handshake) does not have";
-  }
   // Accepts one connection on `lis` in a thread while the initiator connects,
   // then moves 4 KiB each way (WRITE, then READ back) to prove the link works.
   void connect_and_transfer(conveyor::listener& lis);
@@ -76,6 +72,8 @@ void handshake::connect_and_transfer(conveyor::listener& lis) {
 
 TEST_P(handshake, connect_after_the_listener_closed_is_connection_refused) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  if (!has_wire(init.dev.attr()))
+    GTEST_SKIP() << "a TCP port refusing connections: shared memory has no wire (no host:port)";
   std::string addr;
   {
     auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
@@ -92,10 +90,11 @@ TEST_P(handshake, connect_after_the_listener_closed_is_connection_refused) {
 }
 
 TEST_P(handshake, silent_mpa_peer_makes_connect_time_out_after_the_connect_timeout) {
-  if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
-                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  if (!runs_mpa(init.dev.attr()))
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to a device whose MPA is Conveyor's only: here it "
+                    "is the kernel's (rdma_cm) or there is no MPA ("
+                 << init.dev.attr().name << ")";
   raw_server server(raw_server::behaviour::silent);
   ASSERT_TRUE(server.ok()) << server.error();
   const std::string addr = "127.0.0.1:" + std::to_string(server.port());
@@ -116,10 +115,11 @@ TEST_P(handshake, silent_mpa_peer_makes_connect_time_out_after_the_connect_timeo
 }
 
 TEST_P(handshake, garbage_instead_of_an_mpa_reply_is_protocol_error) {
-  if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
-                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  if (!runs_mpa(init.dev.attr()))
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to a device whose MPA is Conveyor's only: here it "
+                    "is the kernel's (rdma_cm) or there is no MPA ("
+                 << init.dev.attr().name << ")";
   raw_server server(raw_server::behaviour::garbage_reply);
   ASSERT_TRUE(server.ok()) << server.error();
   const std::string addr = "127.0.0.1:" + std::to_string(server.port());
@@ -132,10 +132,11 @@ TEST_P(handshake, garbage_instead_of_an_mpa_reply_is_protocol_error) {
 }
 
 TEST_P(handshake, peer_closing_during_the_mpa_handshake_is_connection_reset) {
-  if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
-                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  if (!runs_mpa(init.dev.attr()))
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to a device whose MPA is Conveyor's only: here it "
+                    "is the kernel's (rdma_cm) or there is no MPA ("
+                 << init.dev.attr().name << ")";
   raw_server server(raw_server::behaviour::close_at_once);
   ASSERT_TRUE(server.ok()) << server.error();
   const std::string addr = "127.0.0.1:" + std::to_string(server.port());
@@ -147,10 +148,11 @@ TEST_P(handshake, peer_closing_during_the_mpa_handshake_is_connection_reset) {
 }
 
 TEST_P(handshake, garbage_from_a_raw_client_is_dropped_at_once_and_the_listener_keeps_working) {
-  if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
-                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  if (!runs_mpa(init.dev.attr()))
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to a device whose MPA is Conveyor's only: here it "
+                    "is the kernel's (rdma_cm) or there is no MPA ("
+                 << init.dev.attr().name << ")";
   auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
   CVT_ASSERT_OK(lis);
   std::string why;
@@ -177,10 +179,11 @@ TEST_P(handshake, garbage_from_a_raw_client_is_dropped_at_once_and_the_listener_
 }
 
 TEST_P(handshake, silent_raw_client_does_not_stop_the_listener_from_accepting_a_real_one) {
-  if (param().provider == "verbs")
-    GTEST_SKIP() << "a raw TCP peer speaks MPA to soft only: on verbs the handshake is rdma_cm's, "
-                    "in the kernel";
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  if (!runs_mpa(init.dev.attr()))
+    GTEST_SKIP() << "a raw TCP peer speaks MPA to a device whose MPA is Conveyor's only: here it "
+                    "is the kernel's (rdma_cm) or there is no MPA ("
+                 << init.dev.attr().name << ")";
   auto lis = conveyor::listener::bind(tgt.dev, "127.0.0.1:0");
   CVT_ASSERT_OK(lis);
   std::string why;

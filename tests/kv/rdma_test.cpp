@@ -67,7 +67,7 @@ struct server {
 
   server(const std::string& provider, kv::store_options so, kv::rdma_server_options ro) {
     static std::atomic<int> n{0};
-    if (provider == "shm")
+    if (provider == "shm")  // name check: address syntax (shm listens on "@name")
       ro.address = "@cvkv-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
     conveyor::device_options dopts;
     dopts.request_crc = std::getenv("KV_TEST_CRC") != nullptr;

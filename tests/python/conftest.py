@@ -19,8 +19,20 @@ PROVIDERS = ["soft", "shm"]
 _names = itertools.count()
 
 
+def runs_mpa(attr):
+    """The device's connections run MPA in Conveyor itself, so they report it
+    (ConnectionAttr.iwarp). Name check: no attribute says who runs MPA, and
+    rdma-core's iWARP devices (provider "verbs") run it in the kernel or NIC."""
+    return attr.transport == conveyor.Transport.iwarp and attr.provider != "verbs"
+
+
+def has_wire(attr):
+    """The peers talk over a network (not shared memory)."""
+    return attr.transport != conveyor.Transport.shm
+
+
 def listen_address(provider):
-    if provider == "shm":
+    if provider == "shm":  # name check: address syntax (shm listens on "@name")
         return "@cvy-py-%d-%d" % (os.getpid(), next(_names))
     return "127.0.0.1:0"
 

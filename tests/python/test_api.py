@@ -17,7 +17,7 @@ from conveyor import Access
 def test_devices_lists_soft_and_shm():
     infos = conveyor.devices()
     names = {d.name: d for d in infos}
-    assert names["soft"].available and names["soft"].provider == "soft"
+    assert names["soft"].available and names["soft"].provider == "soft"  # name check: the list itself
     assert names["shm"].available
     assert "soft" in repr(infos)
 

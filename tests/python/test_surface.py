@@ -10,7 +10,7 @@ import time
 
 import conveyor
 from conveyor import Access
-from conftest import make_pair, wait_for
+from conftest import has_wire, make_pair, runs_mpa, wait_for
 
 
 def test_device_attr_and_ports(provider):
@@ -33,7 +33,7 @@ def test_device_attr_and_ports(provider):
 def test_connection_attr_caps_counters_and_request(provider):
     p = make_pair(provider)
     assert isinstance(p.t.lis, conveyor.Listener)
-    if provider == "soft":
+    if provider == "soft":  # name check: address syntax (soft listens on a TCP port)
         assert p.t.lis.port > 0 and p.t.lis.address.endswith(":%d" % p.t.lis.port)
     assert isinstance(p.i.info, conveyor.ConnectionInfo) and isinstance(p.i.qp, conveyor.QueuePair)
     assert isinstance(p.i.pd, conveyor.ProtectionDomain) and isinstance(p.i.cq, conveyor.CompletionQueue)
@@ -41,15 +41,17 @@ def test_connection_attr_caps_counters_and_request(provider):
     assert isinstance(a, conveyor.ConnectionAttr)
     assert isinstance(a.local_address, str) and isinstance(a.peer_address, str)
     assert isinstance(a.ird, int) and isinstance(a.ord, int) and isinstance(a.extensions, bool)
-    if provider == "soft":
-        assert a.shm is None and a.verbs is None
+    da = p.i.dev.attr
+    assert [x is not None for x in (a.iwarp, a.shm, a.verbs)].count(True) == 1, "one transport part"
+    assert (a.iwarp is not None) == runs_mpa(da) and (a.shm is not None) == (not has_wire(da))
+    if a.iwarp is not None:
         w = a.iwarp
         assert isinstance(w, conveyor.IwarpConnectionAttr)
         assert isinstance(w.crc, bool) and isinstance(w.rtr, str) and w.rtr in ("write", "read", "none")
         assert w.mss > 0 and 0 < w.max_fpdu <= w.mss and w.mpa_revision in (1, 2)
+    if has_wire(da):  # a TCP/IP peer's address is the other side's local one
         assert a.peer_address == p.t.qp.connection().local_address
-    else:
-        assert a.iwarp is None and a.verbs is None
+    if a.shm is not None:
         s = a.shm
         assert isinstance(s, conveyor.ShmConnectionAttr)
         assert isinstance(s.direct_mapping, bool) and s.data_path in ("cma", "staged") and s.slot_payload > 0
@@ -64,9 +66,10 @@ def test_connection_attr_caps_counters_and_request(provider):
     for c in (ci, ct):
         for f in ("tx_bytes", "rx_bytes", "reads_served", "writes_placed", "atomics_served"):
             assert isinstance(getattr(c, f), int) and getattr(c, f) >= 0, f
-        part = c.iwarp if provider == "soft" else c.shm
-        assert (c.shm if provider == "soft" else c.iwarp) is None
-        assert isinstance(part, conveyor.IwarpQpCounters if provider == "soft" else conveyor.ShmQpCounters)
+        # The counters' part is the connection's: MPA's (iwarp) or shm's.
+        assert (c.iwarp is not None) == (a.iwarp is not None) and (c.shm is not None) == (a.shm is not None)
+        part = c.iwarp if c.iwarp is not None else c.shm
+        assert isinstance(part, conveyor.IwarpQpCounters if c.iwarp is not None else conveyor.ShmQpCounters)
         fields = (("tx_fpdus", "rx_fpdus", "tx_stream_bytes", "rx_stream_bytes", "tx_syscalls", "rx_syscalls",
                    "terminates_sent", "terminates_received") if c.iwarp is not None
                   else ("tx_slots", "rx_slots", "doorbells", "direct_ops"))
@@ -74,7 +77,7 @@ def test_connection_attr_caps_counters_and_request(provider):
             assert isinstance(getattr(part, f), int) and getattr(part, f) >= 0, f
     # A 4096-byte READ: its payload, counted the same on every provider.
     assert ct.reads_served >= 1 and ci.rx_bytes >= 4096 and ct.tx_bytes >= 4096
-    if provider == "soft":
+    if ci.iwarp is not None:
         assert ci.iwarp.tx_fpdus >= 1 and ci.iwarp.rx_fpdus >= 1
         assert ci.iwarp.tx_syscalls >= 1 and ct.iwarp.rx_syscalls >= 1
         assert ci.iwarp.rx_stream_bytes > ci.rx_bytes, "the stream carries framing besides the payload"
@@ -106,7 +109,7 @@ def test_request_peer_address_and_disconnect(provider):
     qp = pd.create_qp(cq)
     conveyor.connect(qp, lis.address)
     th.join()
-    if provider == "soft":
+    if provider == "soft":  # name check: address syntax (shm names a peer by "pid P")
         assert seen["peer"] == qp.connection().local_address
     else:
         assert isinstance(seen["peer"], str)

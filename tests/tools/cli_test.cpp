@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/caps.hpp"
 #include "common/env.hpp"
 #include "common/process.hpp"
 #include "common/raw_tcp.hpp"
@@ -446,15 +447,14 @@ void expect_perf_schema(const json& j, const std::string& test, const std::strin
     for (const char* k : {"path_mtu", "port_mtu"})
       EXPECT_TRUE(s.at("verbs").at(k).is_number_unsigned()) << k;
   }
-  // soft speaks MPA; shm has no wire and names its data path instead.
-  if (provider == "soft") {
-    EXPECT_TRUE(s.at("iwarp").is_object());
-    EXPECT_TRUE(s.at("shm").is_null());
-  }
-  if (provider == "shm") {
-    EXPECT_TRUE(s.at("shm").is_object());
-    EXPECT_TRUE(s.at("iwarp").is_null());
-  }
+  // Exactly one part: MPA's where Conveyor runs MPA, shm's without a wire.
+  EXPECT_EQ(int{s.at("iwarp").is_object()} + int{s.at("shm").is_object()} +
+                int{s.at("verbs").is_object()},
+            1)
+      << s.dump();
+  const auto& da = cvt::device_attr_of(provider);
+  EXPECT_EQ(s.at("iwarp").is_object(), cvt::runs_mpa(da)) << s.dump();
+  EXPECT_EQ(s.at("shm").is_object(), !cvt::has_wire(da)) << s.dump();
   EXPECT_TRUE(s.at("duration_s").is_number());
   EXPECT_TRUE(s.at("cpu").is_number_integer());
   EXPECT_EQ(s.at("test"), test);
@@ -934,6 +934,7 @@ TEST(cli, env_lists_every_variable_with_its_value_and_default) {
 
 TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
   for (const std::string provider : {"soft", "shm"}) {
+    // Name check: address syntax (shm listens on "@name").
     const std::string bind = provider == "shm" ? unique_shm_name() : "127.0.0.1:0";
     server_process srv(
         server_process::raw_args{{"ping", "--server", bind, "-p", provider, "--once"}});
@@ -944,8 +945,16 @@ TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
                           "RDMA READ of it, verified", "conveyor ping: OK"})
       EXPECT_NE(r.output.find(s), std::string::npos) << provider << ": " << s << " missing:\n"
                                                      << r.output;
-    EXPECT_NE(r.output.find(provider == "shm" ? "data path" : "MPA rev 2"), std::string::npos)
-        << r.output;
+    // What the connection negotiated: MPA's facts where Conveyor runs MPA, the
+    // data path without a wire.
+    const auto& da = cvt::device_attr_of(provider);
+    if (cvt::runs_mpa(da)) {
+      EXPECT_NE(r.output.find("MPA rev 2"), std::string::npos) << r.output;
+    }
+    if (!cvt::has_wire(da)) {
+      EXPECT_NE(r.output.find("data path"), std::string::npos) << r.output;
+    }
+    EXPECT_TRUE(cvt::runs_mpa(da) || !cvt::has_wire(da)) << provider << ": nothing to look for";
     EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << srv.drain_log();
   }
 }

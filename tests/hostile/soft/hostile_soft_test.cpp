@@ -83,6 +83,7 @@ struct target {
     b = pd_b.register_memory(b_buf, all).value();
     recv = pd_a.register_memory(recv_buf, conveyor::access::local_write).value();
     static int serial = 0;
+    // Name check: address syntax (shm listens on "@name", soft on a TCP port).
     const std::string where = provider == "shm" ? "@cvt-hostile-" + std::to_string(::getpid()) +
                                                       "-" + std::to_string(++serial)
                                                 : std::string("127.0.0.1:0");

@@ -31,5 +31,5 @@ int main() {
   std::printf("  atomics %s, immediate_data %s, send_with_invalidate %s\n",
               a.atomics ? "yes" : "no", a.immediate_data ? "yes" : "no",
               a.send_with_invalidate ? "yes" : "no");
-  return a.provider == "soft" ? 0 : 1;
+  return a.provider == "soft" ? 0 : 1;  // name check: device::open("soft") must be soft
 }

@@ -41,6 +41,7 @@ def wait_up(proc, port):
 
 def case(provider, password):
     port = free_port()
+    # name check: address syntax (shm listens on "@name")
     addr = f"@kv-cli-{os.getpid()}-{provider}" if provider == "shm" else f"127.0.0.1:{free_port()}"
     cmd = [conveyor, "kv", "serve", "--quiet", "--port", str(port), "--provider", provider,
            "--rdma-listen", addr]
