@@ -157,8 +157,10 @@ class verbs_srq final : public detail::srq_impl {
   std::uint32_t srq_num() const noexcept override { return srq_->handle; }
   status post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept override;
   result<void> arm_limit(std::uint32_t limit) override;
-  // max_wr and max_sge from ibv_query_srq; the limit as this provider armed it
-  // (0 once the limit event arrived: siw keeps reporting the old value).
+  // max_wr and max_sge from ibv_query_srq, or as granted at creation where the
+  // device cannot be asked (siw's user-space provider answers EOPNOTSUPP); the
+  // limit as this provider armed it (0 once the limit event arrived: siw keeps
+  // reporting the old value).
   result<srq_attr> query() const override;
 
   ibv_srq* ibv() const noexcept { return srq_; }
@@ -171,7 +173,7 @@ class verbs_srq final : public detail::srq_impl {
   std::string where() const;
   std::shared_ptr<verbs_pd> pd_;
   ibv_srq* srq_;
-  const std::uint32_t max_sge_;
+  const std::uint32_t max_wr_, max_sge_;
   std::atomic<std::uint32_t> limit_;
 };
 

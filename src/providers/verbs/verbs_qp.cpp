@@ -195,41 +195,10 @@ status verbs_qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexc
   if (st == qp_state::error || (conn_ && conn_->peer_gone.load(std::memory_order_relaxed)))
     return errc::qp_in_error;
   if (st == qp_state::reset) return errc::invalid_state;
-  constexpr std::size_t chunk = 16;
-  ibv_recv_wr w[chunk];
-  std::size_t done = 0;
-  while (done < wrs.size()) {
-    std::size_t n = std::min(chunk, wrs.size() - done);
-    bool refused = false;  // the requests before a refused one are posted
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto& r = wrs[done + i];
-      if (r.sg_list.size() > caps_.max_recv_sge) {
-        refused = true;
-        n = i;
-        break;
-      }
-      w[i] = ibv_recv_wr{};
-      w[i].wr_id = r.wr_id;
-      w[i].next = (i + 1 < n) ? &w[i + 1] : nullptr;
-      w[i].sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(r.sg_list.data()));
-      w[i].num_sge = static_cast<int>(r.sg_list.size());
-    }
-    if (n > 0) {
-      w[n - 1].next = nullptr;
-      ibv_recv_wr* bad_wr = nullptr;
-      int rc = ibv_post_recv(qp_, w, &bad_wr);
-      if (rc != 0) {
-        if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
-        return map_post_error(rc);
-      }
-    }
-    done += n;
-    if (refused) {
-      if (bad) *bad = done;
-      return errc::invalid_argument;
-    }
-  }
-  return errc::ok;
+  return post_recv_chunks(
+      wrs, caps_.max_recv_sge, bad,
+      [this](ibv_recv_wr* w, ibv_recv_wr** b) { return ibv_post_recv(qp_, w, b); },
+      [this](int rc) { return map_post_error(rc); });
 }
 
 result<void> verbs_qp::modify(qp_state target) {

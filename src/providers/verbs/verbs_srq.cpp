@@ -10,7 +10,11 @@
 namespace conveyor::verbs {
 
 verbs_srq::verbs_srq(std::shared_ptr<verbs_pd> pd, ibv_srq* srq, const srq_attr& granted)
-    : pd_(std::move(pd)), srq_(srq), max_sge_(granted.max_sge), limit_(granted.srq_limit) {
+    : pd_(std::move(pd)),
+      srq_(srq),
+      max_wr_(granted.max_wr),
+      max_sge_(granted.max_sge),
+      limit_(granted.srq_limit) {
   srq_->srq_context = this;
 }
 
@@ -23,42 +27,13 @@ std::string verbs_srq::where() const {
 }
 
 status verbs_srq::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) noexcept {
-  if (bad) *bad = 0;
-  constexpr std::size_t chunk = 16;
-  ibv_recv_wr w[chunk];
-  std::size_t done = 0;
-  while (done < wrs.size()) {
-    std::size_t n = std::min(chunk, wrs.size() - done);
-    bool refused = false;  // the requests before a refused one are posted
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto& r = wrs[done + i];
-      if (r.sg_list.size() > max_sge_) {
-        refused = true;
-        n = i;
-        break;
-      }
-      w[i] = ibv_recv_wr{};
-      w[i].wr_id = r.wr_id;
-      w[i].next = (i + 1 < n) ? &w[i + 1] : nullptr;
-      w[i].sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(r.sg_list.data()));
-      w[i].num_sge = static_cast<int>(r.sg_list.size());
-    }
-    if (n > 0) {
-      w[n - 1].next = nullptr;
-      ibv_recv_wr* bad_wr = nullptr;
-      if (int rc = ibv_post_srq_recv(srq_, w, &bad_wr); rc != 0) {
-        if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
-        // Full: ENOMEM (rxe, siw; some providers return -errno).
+  return post_recv_chunks(
+      wrs, max_sge_, bad,
+      [this](ibv_recv_wr* w, ibv_recv_wr** b) { return ibv_post_srq_recv(srq_, w, b); },
+      // Full: ENOMEM (rxe, siw; some providers return -errno).
+      [](int rc) -> status {
         return rc == ENOMEM || rc == -ENOMEM ? errc::again : errc::invalid_argument;
-      }
-    }
-    done += n;
-    if (refused) {
-      if (bad) *bad = done;
-      return errc::invalid_argument;
-    }
-  }
-  return errc::ok;
+      });
 }
 
 result<void> verbs_srq::arm_limit(std::uint32_t limit) {
@@ -78,7 +53,10 @@ result<void> verbs_srq::arm_limit(std::uint32_t limit) {
 
 result<srq_attr> verbs_srq::query() const {
   ibv_srq_attr a{};
-  if (int rc = ibv_query_srq(srq_, &a); rc != 0)
+  const int rc = ibv_query_srq(srq_, &a);
+  // siw's provider does not implement the query: what creation granted stands.
+  if (rc == EOPNOTSUPP || rc == ENOSYS) return srq_attr{max_wr_, max_sge_, limit_.load()};
+  if (rc != 0)
     return make_error(errc::io_error, "query " + where() + ": ibv_query_srq: " + err_text(rc), rc);
   return srq_attr{a.max_wr, a.max_sge, limit_.load()};
 }

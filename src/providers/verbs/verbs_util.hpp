@@ -7,12 +7,14 @@
 #include "conveyor/cq.hpp"
 #include "conveyor/error.hpp"
 #include "conveyor/mr.hpp"
+#include "conveyor/qp.hpp"
 #include "core/log.hpp"
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -72,5 +74,50 @@ int ibv_access(access a, bool atomics);
 wc_status map_status(ibv_wc_status s);
 wc_opcode map_opcode(ibv_wc_opcode o);
 void move_to_error(ibv_qp* qp);
+
+// Posts receive requests to a QP's receive queue or an SRQ, 16 ibv_recv_wr at a
+// time: post(first, &bad_wr) is ibv_post_recv or ibv_post_srq_recv, and
+// map(rc) turns its error into a status. A request with more than max_sge SGEs
+// is refused (invalid_argument) and those before it are posted; *bad is the
+// index of the first request not posted.
+template <class Post, class Map>
+status post_recv_chunks(std::span<const recv_wr> wrs, std::uint32_t max_sge, std::size_t* bad,
+                        Post&& post, Map&& map) noexcept {
+  if (bad) *bad = 0;
+  constexpr std::size_t chunk = 16;
+  ibv_recv_wr w[chunk];
+  std::size_t done = 0;
+  while (done < wrs.size()) {
+    std::size_t n = std::min(chunk, wrs.size() - done);
+    bool refused = false;  // the requests before a refused one are posted
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& r = wrs[done + i];
+      if (r.sg_list.size() > max_sge) {
+        refused = true;
+        n = i;
+        break;
+      }
+      w[i] = ibv_recv_wr{};
+      w[i].wr_id = r.wr_id;
+      w[i].next = (i + 1 < n) ? &w[i + 1] : nullptr;
+      w[i].sg_list = const_cast<ibv_sge*>(reinterpret_cast<const ibv_sge*>(r.sg_list.data()));
+      w[i].num_sge = static_cast<int>(r.sg_list.size());
+    }
+    if (n > 0) {
+      w[n - 1].next = nullptr;
+      ibv_recv_wr* bad_wr = nullptr;
+      if (const int rc = post(w, &bad_wr); rc != 0) {
+        if (bad) *bad = done + static_cast<std::size_t>(bad_wr ? bad_wr - w : 0);
+        return map(rc);
+      }
+    }
+    done += n;
+    if (refused) {
+      if (bad) *bad = done;
+      return errc::invalid_argument;
+    }
+  }
+  return errc::ok;
+}
 
 }  // namespace conveyor::verbs
