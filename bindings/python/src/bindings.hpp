@@ -130,6 +130,26 @@ std::unique_ptr<py_srq> create_srq(py::object pd, std::uint32_t max_wr, std::uin
 std::unique_ptr<py_mr> register_buffer(py::object pd, py::object obj, std::uint32_t rights);
 
 void init_module(py::module_& m);
+// post_recv for a QP and an SRQ alike: `local` is one receive (Sge,
+// MemoryRegion or (mr, offset, length), posted with wr_id) or a list of RecvWr
+// posted as one batch.
+template <class Queue>
+void post_recv_from_python(Queue& q, const py::object& local, std::uint64_t wr_id) {
+  if (py::isinstance<py::list>(local) && py::len(local) > 0 &&
+      py::isinstance<py_recv_wr>(py::reinterpret_borrow<py::list>(local)[0])) {
+    thread_local std::vector<recv_wr> batch;
+    batch.clear();
+    for (auto h : local) {
+      auto& w = h.cast<py_recv_wr&>();
+      batch.push_back({w.wr_id, w.sgl});
+    }
+    std::size_t bad = 0;
+    check_status(q.post_recv(batch, &bad), "post_recv", bad);
+    return;
+  }
+  check_status(q.post_recv(to_sge(local), wr_id), "post_recv");
+}
+
 void bind_queue(py::module_& m);
 void bind_srq(py::module_& m);
 void bind_cm(py::module_& m);

@@ -15,7 +15,6 @@ using clk = std::chrono::steady_clock;
 // may use one CQ or QP at once, so no per-object scratch).
 thread_local std::vector<work_completion> tl_wcs;
 thread_local std::vector<send_wr> tl_send;
-thread_local std::vector<recv_wr> tl_recv;
 thread_local std::vector<sge> tl_sges;
 
 // A Python-side send work request: the verbs send_wr plus its own SGE list.
@@ -406,20 +405,7 @@ void bind_queue(py::module_& m) {
       .def(
           "post_recv",
           [](py_qp& q, const py::object& local, std::uint64_t wr_id) {
-            auto& qp = q.get();
-            if (py::isinstance<py::list>(local) && py::len(local) > 0 &&
-                py::isinstance<py_recv_wr>(py::reinterpret_borrow<py::list>(local)[0])) {
-              tl_recv.clear();
-              for (auto h : local) {
-                auto& w = h.cast<py_recv_wr&>();
-                tl_recv.push_back({w.wr_id, w.sgl});
-              }
-              std::size_t bad = 0;
-              auto s = qp.post_recv(tl_recv, &bad);
-              check_status(s, "post_recv", bad);
-              return;
-            }
-            check_status(qp.post_recv(to_sge(local), wr_id), "post_recv");
+            post_recv_from_python(q.get(), local, wr_id);
           },
           py::arg("local"), py::arg("wr_id") = 0,
           "Posts one receive (local: Sge, MemoryRegion or (mr, offset, length)) or a list of "

@@ -6,8 +6,6 @@ namespace conveyor::python {
 
 namespace {
 
-thread_local std::vector<recv_wr> tl_srq_recv;
-
 shared_receive_queue& get(py_srq& s) {
   if (!s.srq) raise_error(errc::invalid_state, "SharedReceiveQueue: the SRQ was closed");
   return s.srq;
@@ -40,20 +38,7 @@ void bind_srq(py::module_& m) {
       .def(
           "post_recv",
           [](py_srq& s, const py::object& local, std::uint64_t wr_id) {
-            auto& q = get(s);
-            if (py::isinstance<py::list>(local) && py::len(local) > 0 &&
-                py::isinstance<py_recv_wr>(py::reinterpret_borrow<py::list>(local)[0])) {
-              tl_srq_recv.clear();
-              for (auto h : local) {
-                auto& w = h.cast<py_recv_wr&>();
-                tl_srq_recv.push_back({w.wr_id, w.sgl});
-              }
-              std::size_t bad = 0;
-              auto st = q.post_recv(tl_srq_recv, &bad);
-              check_status(st, "post_recv", bad);
-              return;
-            }
-            check_status(q.post_recv(to_sge(local), wr_id), "post_recv");
+            post_recv_from_python(get(s), local, wr_id);
           },
           py::arg("local"), py::arg("wr_id") = 0,
           "Posts one receive (local: Sge, MemoryRegion or (mr, offset, length)) or a list of "
