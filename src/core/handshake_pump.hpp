@@ -37,6 +37,13 @@
 
 namespace conveyor::detail {
 
+// The kernel's accept queue in front of a pump's listening socket. The pump
+// takes connections from it at once and applies its own bounds (max_pending,
+// max_ready), so the queue is as long as the kernel allows: a short one makes
+// a burst of connects wait for TCP's one-second SYN retransmission (the
+// listener's `backlog` bounds requests waiting for accept(), not this queue).
+constexpr int kernel_accept_queue = 4096;  // the kernel caps it at net.core.somaxconn
+
 struct handshake_limits {
   std::size_t max_pending = 256;
   std::chrono::milliseconds deadline{5000};

@@ -487,7 +487,7 @@ result<std::unique_ptr<detail::listener_impl>> shm_device::bind_listener(std::st
                       errno);
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*sa), len) != 0)
     return make_error(errc::address_error, "listen on " + std::string(address) + ": bind", errno);
-  if (::listen(fd.get(), backlog) != 0)
+  if (::listen(fd.get(), detail::kernel_accept_queue) != 0)
     return make_error(errc::address_error, "listen on " + std::string(address) + ": listen", errno);
   auto self = std::static_pointer_cast<shm_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(

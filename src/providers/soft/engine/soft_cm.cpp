@@ -327,7 +327,7 @@ result<std::unique_ptr<detail::listener_impl>> soft_device::bind_listener(std::s
                                                                           int backlog) {
   auto ep = net::parse_endpoint(address);
   if (!ep) return std::unexpected(ep.error());
-  auto fd = net::listen_tcp(*ep, backlog);
+  auto fd = net::listen_tcp(*ep, detail::kernel_accept_queue);
   if (!fd) return std::unexpected(fd.error());
   auto self = std::static_pointer_cast<soft_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(
