@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,6 +108,21 @@ class server_process {
   server_process(const server_process&) = delete;
   server_process& operator=(const server_process&) = delete;
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
+  // Reads its stderr until `text` appears (true) or the timeout passes.
+  bool wait_log(const std::string& text, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (log_.find(text) == std::string::npos) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      pollfd pf{fd_, POLLIN, 0};
+      if (::poll(&pf, 1, 50) <= 0) continue;
+      char buf[512];
+      const ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) return false;
+      log_.append(buf, static_cast<std::size_t>(n));
+    }
+    return true;
+  }
   // The rest of its stderr, once it has exited (bounded wait) — for messages.
   std::string drain_log() {
     pollfd pf{fd_, POLLIN, 0};
@@ -862,6 +878,52 @@ TEST(cli, a_client_started_as_the_last_one_exits_is_served_not_told_busy) {
         run({"perf", srv.address(), "--duration", "0.05", "--size", "64", "--quiet"}, 60s);
     ASSERT_EQ(exit_code(r), 0) << "client " << i << ":\n" << r.output << srv.drain_log();
   }
+}
+
+// CPU time (user + system) a process has used so far, in seconds.
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string st;
+  std::getline(in, st);
+  const auto close = st.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::vector<std::string> f;
+  std::size_t at = close + 2;
+  while (at < st.size()) {
+    const auto sp = st.find(' ', at);
+    f.push_back(st.substr(at, sp - at));
+    if (sp == std::string::npos) break;
+    at = sp + 1;
+  }
+  if (f.size() < 13) return -1;
+  return static_cast<double>(std::stoull(f[11]) + std::stoull(f[12])) /
+         static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// A bandwidth client whose target stops answering must give the CPU away: on
+// a core it shares with the target, a client that only yields kept the
+// target's engine off the CPU for 0.3 to 4 s at a time (bench/ab's shared-core
+// rows, each process in its own session). With the target stopped for a
+// second, the client waits on its CQ instead of spinning.
+TEST(cli, a_bandwidth_client_sleeps_while_its_target_is_stopped) {
+  server_process srv({"--persistent"});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  server_process client(
+      server_process::raw_args{{"perf", srv.address(), "--test", "read", "--mode", "bw", "--size",
+                                "64K", "--duration", "120", "--timeout", "120", "--quiet"},
+                               false});
+  ASSERT_TRUE(srv.wait_log("connected", cvt::scaled(20s))) << srv.drain_log();
+  std::this_thread::sleep_for(cvt::scaled(500ms));  // the client is in its loop, READs out
+  ASSERT_EQ(::kill(srv.pid(), SIGSTOP), 0);
+  std::this_thread::sleep_for(200ms);  // what was in flight has arrived
+  const double before = cpu_seconds(client.pid());
+  std::this_thread::sleep_for(1s);
+  const double after = cpu_seconds(client.pid());
+  ::kill(srv.pid(), SIGCONT);
+  ASSERT_GE(before, 0) << client.drain_log();
+  EXPECT_LT(after - before, 0.4)
+      << "the client used " << after - before
+      << " s of CPU in the second its target was stopped: it spins instead of sleeping";
 }
 
 TEST(cli, sigint_removes_the_shm_socket_path_and_a_restart_binds_it) {

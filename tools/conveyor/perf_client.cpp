@@ -97,11 +97,20 @@ class client {
   perf_result run_size(std::uint64_t size, std::uint64_t seed, std::size_t index);
   void bw_loop(perf_result& r, std::uint64_t seed, const std::string& label);
   void lat_loop(perf_result& r, std::uint64_t seed, const std::string& label);
-  // Polls the send CQ once; returns completions, failing on an error status.
-  std::size_t reap_send(std::span<work_completion> wcs);
+  // Polls the send CQ once, or with `block` waits up to bw_block for a
+  // completion (the CQ spins, then sleeps and hands progress to the engine
+  // thread); returns completions, failing on an error status.
+  std::size_t reap_send(std::span<work_completion> wcs, bool block = false);
   void relax() const {
     if (!ep_.manual()) std::this_thread::yield();
   }
+  // A bandwidth loop that saw no progress for bw_spin blocks on its CQ instead
+  // of yielding again: on a CPU it shares with the target, a poller that only
+  // yields can keep the target's engine off the CPU for hundreds of
+  // milliseconds (each process in its own session, hence its own scheduling
+  // group: the yield does not reach the group).
+  static constexpr std::chrono::microseconds bw_spin{50};
+  static constexpr std::chrono::milliseconds bw_block{1};
   remote_region peer_slot(std::uint32_t qp, std::uint64_t n, std::uint64_t len) const {
     return {peer_.data.addr + layout_.offset(qp, n), len, peer_.data.rkey};
   }
@@ -122,8 +131,9 @@ class client {
   std::uint64_t min_per_qp_ = 0;  // of the last bandwidth loop
 };
 
-std::size_t client::reap_send(std::span<work_completion> wcs) {
-  auto n = ep_.send_cq().poll(wcs);
+std::size_t client::reap_send(std::span<work_completion> wcs, bool block) {
+  auto n = block ? ep_.send_cq().wait(wcs, bw_block) : ep_.send_cq().poll(wcs);
+  if (!n && block && n.error() == errc::timed_out) return 0;
   if (!n) fail("poll: " + std::string(to_string(n.error())));
   for (std::size_t i = 0; i < *n; ++i)
     if (wcs[i].status != wc_status::success)
@@ -227,6 +237,7 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
   const std::byte* credit_words = ep_.ctl_mr().data() + ctl_layout::credit_off;
   const auto t0 = clk::now();
   auto t_last = t0;
+  auto idle_since = t0;
   bool stop = false;
   std::uint32_t next_q = 0;
 
@@ -306,7 +317,11 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
       moved = true;
     }
     next_q = (next_q + 1) % nq;
-    const std::size_t got = reap_send(wcs);
+    // Block only while a completion is due (not while waiting for receive
+    // credits, which arrive as remote writes that wake no one).
+    const bool block = !moved && !ep_.manual() && completed_total < posted_total &&
+                       clk::now() - idle_since >= bw_spin;
+    const std::size_t got = reap_send(wcs, block);
     for (std::size_t i = 0; i < got; ++i) {
       const std::uint32_t q = static_cast<std::uint32_t>(wcs[i].wr_id >> 40);
       const std::uint64_t upto = wcs[i].wr_id & ((1ull << 40) - 1);
@@ -327,10 +342,11 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
     }
     if (got != 0 || moved) {
       stall.progress();
-      if (got != 0) t_last = clk::now();
+      idle_since = clk::now();
+      if (got != 0) t_last = idle_since;
     } else {
       stall.check(credits ? "completions or receive credits from the server" : "completions");
-      relax();
+      if (!block) relax();
     }
   }
   progress_.done();
