@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 
 namespace conveyor::soft {
 
@@ -140,10 +141,23 @@ void engine::run() {
       last_activity = clk::now();
       continue;
     }
-    std::lock_guard pl(progress_mu_);
-    progress_thread_ = std::this_thread::get_id();
-    if (poll_once() > 0) last_activity = clk::now();
-    progress_thread_.store(std::thread::id{});
+    bool moved;
+    {
+      std::lock_guard pl(progress_mu_);
+      progress_thread_ = std::this_thread::get_id();
+      moved = poll_once() > 0;
+      progress_thread_.store(std::thread::id{});
+    }
+    if (moved) {
+      last_activity = clk::now();
+      continue;
+    }
+    // Nothing arrived: offer the CPU before looking again. Alone on a core the
+    // yield returns at once; on a core shared with the application it feeds
+    // (the peer's client, or our own application's poller) it lets that run
+    // instead of spinning out the whole window while it waits: a shared-core
+    // 8 B READ round trip went from 120 to 22-26 us (p50).
+    std::this_thread::yield();
   }
 }
 
