@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <string>
@@ -1042,4 +1043,38 @@ TEST(ping, failures_are_one_line_that_says_what_is_wrong) {
   r = run({"ping"}, 10s);
   EXPECT_EQ(exit_code(r), 2) << r.output;
   EXPECT_NE(r.output.find("address is missing"), std::string::npos) << r.output;
+}
+
+// Begin and ready carry where each side runs; a latency loop whose peer is
+// pinned to its own CPU yields at once instead of spinning the peer off the
+// core (one shared CPU: the WRITE ping-pong spun 2 x 5 us per round trip).
+TEST(cli, the_phase_messages_carry_the_placement_and_a_shared_cpu_skips_the_spin) {
+  using conveyor::tool::ctl_msg;
+  using conveyor::tool::placement;
+  ctl_msg m{.kind = conveyor::tool::ctl_kind::ready,
+            .size = 4096,
+            .host = 0x1122334455667788ull,
+            .cpu = 3};
+  std::array<std::byte, ctl_msg::wire_size> wire{};
+  m.encode(wire);
+  const ctl_msg d = ctl_msg::decode(wire);
+  EXPECT_EQ(d.kind, conveyor::tool::ctl_kind::ready);
+  EXPECT_EQ(d.size, 4096u);
+  EXPECT_EQ(d.host, 0x1122334455667788ull);
+  EXPECT_EQ(d.cpu, 3u);
+
+  conveyor::tool::perf_options o;
+  o.cpu = 2;
+  const placement a = placement::here(o);
+  EXPECT_NE(a.host, 0u) << "no boot id read";
+  EXPECT_EQ(a.cpu, 3u);
+  EXPECT_TRUE(a.shares_cpu_with(placement::here(o)));
+  EXPECT_FALSE(a.shares_cpu_with({a.host, 4}));          // another CPU
+  EXPECT_FALSE(a.shares_cpu_with({a.host + 1, a.cpu}));  // another machine
+  EXPECT_FALSE(a.shares_cpu_with({0, 0}));               // a peer that does not say
+  o.cpu = -1;
+  EXPECT_FALSE(placement::here(o).shares_cpu_with(placement::here(o))) << "unpinned";
+
+  EXPECT_TRUE(conveyor::tool::latency_spin(false).spins_first());
+  EXPECT_FALSE(conveyor::tool::latency_spin(false, true).spins_first());
 }

@@ -128,7 +128,8 @@ class client {
   std::vector<std::uint64_t> sent_total_;  // receive-consuming requests per QP, whole session
   std::uint32_t client_recvs_ = 0;         // receives posted on data QP 0 for echoes
   std::uint64_t client_recv_seq_ = 0;
-  std::uint64_t min_per_qp_ = 0;  // of the last bandwidth loop
+  std::uint64_t min_per_qp_ = 0;   // of the last bandwidth loop
+  bool peer_on_this_cpu_ = false;  // the server said it is pinned to our CPU
 };
 
 std::size_t client::reap_send(std::span<work_completion> wcs, bool block) {
@@ -388,7 +389,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
     std::memset(landing, 0, size);
   if (r.verified) fill_pattern({src, size}, seed, 0);
 
-  latency_spin spin(ep_.manual());
+  latency_spin spin(ep_.manual(), peer_on_this_cpu_);
   auto wait_send = [&](const char* what) {
     while (true) {
       if (reap_send(wcs) != 0) return;
@@ -541,10 +542,14 @@ perf_result client::run_size(std::uint64_t size, std::uint64_t seed, std::size_t
             .size = size,
             .count = static_cast<std::uint64_t>(o_.duration * 1000),
             .seed = seed};
+  const placement here = placement::here(o_);
+  b.host = here.host;
+  b.cpu = here.cpu;
   ep_.send_ctl(b);
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o_.timeout * 1000));
   auto ready = ep_.recv_ctl(timeout);
   if (ready.kind != ctl_kind::ready) fail("the server did not start the phase (protocol error)");
+  peer_on_this_cpu_ = here.shares_cpu_with({ready.host, ready.cpu});
 
   const std::string label = std::string(to_string(o_.test)) + " " +
                             std::string(to_string(o_.mode)) + " " + format_size(size) + " (" +

@@ -263,7 +263,8 @@ void session::phase(const ctl_msg& b) {
       for (std::uint32_t q = 0; q < hello_.qps; ++q) write_credit(q, true);
   }
   const auto c0 = cpu_times::now();
-  ep_.send_ctl({.kind = ctl_kind::ready});
+  const placement here = placement::here(ep_.opts());
+  ep_.send_ctl({.kind = ctl_kind::ready, .host = here.host, .cpu = here.cpu});
 
   // Serve until the client ends the phase. A phase with no traffic for the
   // timeout (beyond its announced duration) means the client is stuck.
@@ -275,7 +276,7 @@ void session::phase(const ctl_msg& b) {
   std::array<work_completion, 32> wcs;
   std::uint64_t expect = 1;  // write latency: the next value the client writes
   std::uint64_t spins = 0;
-  latency_spin spin(ep_.manual());
+  latency_spin spin(ep_.manual(), here.shares_cpu_with({b.host, b.cpu}));
   while (!end) {
     bool moved = false;
     if (b.mode == perf_mode::lat && b.test == perf_test::write) {

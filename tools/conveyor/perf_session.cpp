@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <new>
 
 namespace conveyor::tool {
@@ -150,6 +151,8 @@ void ctl_msg::encode(std::span<std::byte, wire_size> out) const noexcept {
   w.u(sys_us, 8);
   w.u(errors, 8);
   w.u(min_per_qp, 8);
+  w.u(host, 8);
+  w.u(cpu, 4);
   std::fill(out.begin(), out.end(), std::byte{0});
   std::copy_n(w.out.begin(), std::min(w.out.size(), wire_size), out.begin());
 }
@@ -169,6 +172,8 @@ ctl_msg ctl_msg::decode(std::span<const std::byte, wire_size> in) noexcept {
   m.sys_us = r.u(8);
   m.errors = r.u(8);
   m.min_per_qp = r.u(8);
+  m.host = r.u(8);
+  m.cpu = static_cast<std::uint32_t>(r.u(4));
   if (!std::equal(magic.begin(), magic.end(), in.begin())) m.kind = static_cast<ctl_kind>(0);
   return m;
 }
@@ -242,6 +247,19 @@ void apply_cpu_pinning(const perf_options& o) {
   CPU_SET(o.cpu, &set);
   if (::sched_setaffinity(0, sizeof set, &set) != 0)
     fail("--cpu " + std::to_string(o.cpu) + ": " + std::strerror(errno));
+}
+
+placement placement::here(const perf_options& o) {
+  placement p;
+  if (o.cpu >= 0) p.cpu = static_cast<std::uint32_t>(o.cpu) + 1;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (std::getline(in, id) && !id.empty()) {
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (unsigned char ch : id) h = (h ^ ch) * 0x100000001b3ull;
+    p.host = h != 0 ? h : 1;
+  }
+  return p;
 }
 
 cpu_times cpu_times::now() {

@@ -81,6 +81,9 @@ struct ctl_msg {
   std::uint64_t user_us = 0, sys_us = 0;  // result: the server's CPU during the phase
   std::uint64_t errors = 0;               // result: bytes/values that failed verification
   std::uint64_t min_per_qp = 0;           // end: the fewest operations any one data QP did
+  // begin and ready: where the sender runs (see placement).
+  std::uint64_t host = 0;  // a hash of the machine's boot id; 0: unknown
+  std::uint32_t cpu = 0;   // the CPU it is pinned to (--cpu) + 1; 0: not pinned
   static constexpr std::size_t wire_size = 96;
   void encode(std::span<std::byte, wire_size> out) const noexcept;
   static ctl_msg decode(std::span<const std::byte, wire_size> in) noexcept;
@@ -139,17 +142,19 @@ std::uint64_t load_remote_written(const std::byte* p) noexcept;
 // loops do) hands the core to any other runnable process until the next
 // scheduler tick (4 ms on the build VM), and a round trip almost always misses its
 // first few polls: on a loaded machine 8-byte round trips then measured
-// milliseconds. spin_for is a few shm round trips; longer would cost a client
-// and server that share one core that much per turn. Manual progress: the loop
-// is the engine and never yields.
+// milliseconds. spin_for is a few shm round trips. When the peer is pinned to
+// the same CPU (placement::shares_cpu_with) the spin only keeps it off the
+// core, so every turn yields at once. Manual progress: the loop is the engine
+// and never yields.
 class latency_spin {
  public:
   static constexpr std::chrono::microseconds spin_for{5};
-  explicit latency_spin(bool manual) : manual_(manual) {}
+  explicit latency_spin(bool manual, bool peer_on_this_cpu = false)
+      : manual_(manual), spin_(!peer_on_this_cpu) {}
   void reset() noexcept { since_ = std::chrono::steady_clock::now(); }
   void relax() noexcept {
     if (manual_) return;
-    if (std::chrono::steady_clock::now() - since_ < spin_for) {
+    if (spin_ && std::chrono::steady_clock::now() - since_ < spin_for) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif
@@ -157,9 +162,13 @@ class latency_spin {
     }
     std::this_thread::yield();
   }
+  bool spins_first() const noexcept {
+    return spin_ && !manual_;
+  }
 
  private:
   bool manual_;
+  bool spin_;
   std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
 };
 
@@ -224,6 +233,20 @@ std::string device_to_open(const perf_options& o);
 device_options device_options_for(const perf_options& o);
 // Pins the calling process to o.cpu (before the device starts its thread).
 void apply_cpu_pinning(const perf_options& o);
+
+// Where one side of a run executes: which machine (a hash of the kernel's boot
+// id, the same in every network namespace of it) and which CPU it is pinned to
+// (--cpu, + 1; 0 when not pinned). The two sides exchange it in begin/ready.
+struct placement {
+  std::uint64_t host = 0;
+  std::uint32_t cpu = 0;
+  static placement here(const perf_options& o);
+  // Both known, both pinned, the same machine and the same CPU: the two
+  // sides take turns on one core.
+  bool shares_cpu_with(const placement& peer) const noexcept {
+    return host != 0 && cpu != 0 && host == peer.host && cpu == peer.cpu;
+  }
+};
 
 // User+system CPU seconds of this process.
 struct cpu_times {
