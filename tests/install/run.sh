@@ -31,8 +31,12 @@ pc=$(find "$prefix" -name 'conveyor.pc' | head -1)
 [ -n "$pc" ] || die "no conveyor.pc installed"
 [ -f "$(dirname "$pc")/conveyor-static.pc" ] || die "no conveyor-static.pc installed"
 [ -L "$(dirname "$so")/libconveyor.so" ] || die "no libconveyor.so link (for -lconveyor) next to $so"
-if find "$prefix" -path '*/src/*' -name '*.hpp' | grep -q .; then
-  die "internal headers were installed: $(find "$prefix" -path '*/src/*' -name '*.hpp' | head -3)"
+# Pipelines here never end in `grep -q`: it exits at the first match, the
+# writer can then die of SIGPIPE, and with pipefail the check failed at random
+# (ldd's output, in a full run under load). Each output is taken whole first.
+internal_headers=$(find "$prefix" -path '*/src/*' -name '*.hpp')
+if [ -n "$internal_headers" ]; then
+  die "internal headers were installed: $(head -3 <<<"$internal_headers")"
 fi
 libdir=$(dirname "$so")
 echo "installed: ${so#$prefix/}, ${archive#$prefix/}, ${config#$prefix/}, ${pc#$prefix/}"
@@ -55,7 +59,11 @@ for want in 'conveyor::device::open(' 'conveyor::connect(' 'conveyor::build_info
 done
 echo "SONAME $soname; $count symbols exported, all public API, all CONVEYOR_0"
 
-needs() { readelf -d "$1" | grep -q "(NEEDED).*\[$2\]"; }
+needs() {
+  local dyn
+  dyn=$(readelf -d "$1")
+  grep -q "(NEEDED).*\[$2\]" <<<"$dyn"
+}
 gen=()
 [ -n "$generator" ] && gen=(-G "$generator")
 consume_cmake() {  # <name> <extra cmake args...>
@@ -110,7 +118,8 @@ echo "pkg-config --cflags --libs conveyor-static: ${pcflags[*]}"
 echo "--- installed programs run from the prefix (RUNPATH \$ORIGIN/../lib)"
 if [ -x "$prefix/bin/conveyor" ]; then
   "$prefix/bin/conveyor" --version
-  ldd "$prefix/bin/conveyor" | grep -qF "libconveyor.so.0 => $prefix/" ||
-    die "installed conveyor does not load the installed libconveyor.so.0: $(ldd "$prefix/bin/conveyor" | grep conveyor)"
+  loaded=$(ldd "$prefix/bin/conveyor")
+  grep -qF "libconveyor.so.0 => $prefix/" <<<"$loaded" ||
+    die "installed conveyor does not load the installed libconveyor.so.0: $(grep conveyor <<<"$loaded")"
 fi
 echo "PASS: installed Conveyor works shared and static, with find_package and with pkg-config"
