@@ -82,12 +82,9 @@ class server_process {
     // "conveyor perf server: listening on 127.0.0.1:40123 (...)"
     const auto deadline = std::chrono::steady_clock::now() + cvt::scaled(10s);
     while (std::chrono::steady_clock::now() < deadline) {
-      pollfd pf{fd_, POLLIN, 0};
-      if (::poll(&pf, 1, 100) <= 0) continue;
-      char buf[512];
-      ssize_t n = ::read(fd_, buf, sizeof buf);
-      if (n <= 0) break;
-      log_.append(buf, static_cast<std::size_t>(n));
+      const int got = read_some(100);
+      if (got < 0) break;
+      if (got == 0) continue;
       const std::string marker = "listening on ";
       if (auto at = log_.find(marker); at != std::string::npos) {
         const auto begin = at + marker.size();
@@ -114,24 +111,13 @@ class server_process {
   bool wait_log(const std::string& text, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (log_.find(text) == std::string::npos) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      pollfd pf{fd_, POLLIN, 0};
-      if (::poll(&pf, 1, 50) <= 0) continue;
-      char buf[512];
-      const ssize_t n = ::read(fd_, buf, sizeof buf);
-      if (n <= 0) return false;
-      log_.append(buf, static_cast<std::size_t>(n));
+      if (std::chrono::steady_clock::now() >= deadline || read_some(50) < 0) return false;
     }
     return true;
   }
   // The rest of its stderr, once it has exited (bounded wait) — for messages.
   std::string drain_log() {
-    pollfd pf{fd_, POLLIN, 0};
-    while (::poll(&pf, 1, 200) > 0) {
-      char buf[512];
-      ssize_t n = ::read(fd_, buf, sizeof buf);
-      if (n <= 0) break;
-      log_.append(buf, static_cast<std::size_t>(n));
+    while (read_some(200) > 0) {
     }
     return log_;
   }
@@ -157,6 +143,17 @@ class server_process {
   }
 
  private:
+  // Appends what its stderr has within poll_ms: 1 read something, 0 nothing
+  // yet, -1 closed or failed.
+  int read_some(int poll_ms) {
+    pollfd pf{fd_, POLLIN, 0};
+    if (::poll(&pf, 1, poll_ms) <= 0) return 0;
+    char buf[512];
+    const ssize_t n = ::read(fd_, buf, sizeof buf);
+    if (n <= 0) return -1;
+    log_.append(buf, static_cast<std::size_t>(n));
+    return 1;
+  }
   pid_t pid_ = -1;
   int fd_ = -1;
   std::string log_;

@@ -250,15 +250,18 @@ void apply_cpu_pinning(const perf_options& o) {
 }
 
 placement placement::here(const perf_options& o) {
-  placement p;
-  if (o.cpu >= 0) p.cpu = static_cast<std::uint32_t>(o.cpu) + 1;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  if (std::getline(in, id) && !id.empty()) {
+  // The boot id does not change while the process runs: read it once.
+  static const std::uint64_t host = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    if (!std::getline(in, id) || id.empty()) return std::uint64_t{0};
     std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
     for (unsigned char ch : id) h = (h ^ ch) * 0x100000001b3ull;
-    p.host = h != 0 ? h : 1;
-  }
+    return h != 0 ? h : 1;
+  }();
+  placement p;
+  p.host = host;
+  if (o.cpu >= 0) p.cpu = static_cast<std::uint32_t>(o.cpu) + 1;
   return p;
 }
 
