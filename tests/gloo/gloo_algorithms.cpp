@@ -2,6 +2,7 @@
 // per rank, rendezvous through Gloo's FileStore in a fresh temporary folder.
 //
 //   conveyor-gloo-test --ranks 3 --device shm [--large] [--fault kill|absent]
+//   conveyor-gloo-test --ranks 2 --device verbs:rxe0 --host 10.11.0.1   (tests/vm)
 //
 // Every rank fills its inputs from its rank and the element index, runs the
 // algorithm and compares with the result computed locally from the same
@@ -310,12 +311,75 @@ void recv_from_any(const ctx_ptr& ctx, std::size_t n) {
   }
 }
 
+// A receive destroyed before its data came (what a rank's collective does
+// when it unwinds): its RTR is withdrawn, so a later send on the slot goes to
+// the next receive posted there, and a WRITE already under way into it is let
+// finish, so the pair stays usable. Before, the stale RTR swallowed the next
+// message (eager: dropped; large: a WRITE into a deregistered region, which
+// broke the pair), and a destroyed buffer deregistered under a peer's WRITE.
+void cancelled_receives(const ctx_ptr& ctx, std::size_t n) {
+  if (g_rank > 1) return;
+  const std::uint64_t slot = 0x5200 + n % 251, sync = 0x5300 + n % 251;
+  int token = 0;
+  auto tk = ctx->createUnboundBuffer(&token, sizeof token);
+  std::vector<float> buf(n);
+  if (g_rank == 0) {
+    {
+      auto gone = ctx->createUnboundBuffer(buf.data(), n * sizeof(float));
+      gone->recv(1, slot);
+    }                   // destroyed unanswered
+    tk->send(1, sync);  // rank 1 sends only after this
+    tk->waitSend();
+    auto ub = ctx->createUnboundBuffer(buf.data(), n * sizeof(float));
+    ub->recv(1, slot);
+    ub->waitRecv(5000ms);
+    bool ok = true;
+    for (std::size_t i = 0; i < n && ok; ++i) ok = buf[i] == value(1, i);
+    check(ok, "a send after a destroyed receive reaches the next receive, n=" + std::to_string(n));
+    // Rank 1's send waits for a receive: this one's RTR is answered at once
+    // and the buffer is destroyed while the data is being placed.
+    tk->recv(1, sync);
+    tk->waitRecv(5000ms);
+    auto busy = ctx->createUnboundBuffer(buf.data(), n * sizeof(float));
+    busy->recv(1, slot);
+    busy.reset();
+  } else {
+    for (std::size_t i = 0; i < n; ++i) buf[i] = value(1, i);
+    auto ub = ctx->createUnboundBuffer(buf.data(), n * sizeof(float));
+    tk->recv(0, sync);
+    tk->waitRecv(5000ms);
+    ub->send(0, slot);
+    ub->waitSend(5000ms);
+    ub->send(0, slot);
+    tk->send(0, sync);
+    tk->waitSend(5000ms);
+    ub->waitSend(5000ms);  // placed, then dropped by the destroyed receive
+  }
+  // The pair still works both ways.
+  token = g_rank + 10;
+  if (g_rank == 0) {
+    tk->send(1, sync + 1);
+    tk->waitSend(5000ms);
+    tk->recv(1, sync + 2);
+    tk->waitRecv(5000ms);
+    check(token == 11, "the pair works after the cancellations, n=" + std::to_string(n));
+  } else {
+    tk->recv(0, sync + 1);
+    tk->waitRecv(5000ms);
+    check(token == 10, "the pair works after the cancellations, n=" + std::to_string(n));
+    token = 11;
+    tk->send(0, sync + 2);
+    tk->waitSend(5000ms);
+  }
+}
+
+std::string g_host = "127.0.0.1";  // --host: the address the ranks listen on
+
 ctx_ptr connect(const std::string& dir, const std::string& device,
                 std::chrono::milliseconds timeout) {
   // "tcp": Gloo's own TCP transport, the reference behaviour.
-  auto dev = device == "tcp"
-                 ? gloo::transport::tcp::CreateDevice("127.0.0.1")
-                 : conveyor_gloo::CreateDevice({.hostname = "127.0.0.1", .device = device});
+  auto dev = device == "tcp" ? gloo::transport::tcp::CreateDevice(g_host.c_str())
+                             : conveyor_gloo::CreateDevice({.hostname = g_host, .device = device});
   gloo::rendezvous::FileStore store(dir);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(g_rank, g_size);
   ctx->setTimeout(timeout);
@@ -349,7 +413,9 @@ int run_rank(const std::string& dir, const std::string& device, bool large) {
   }
   recv_from_any(ctx, 1);
   recv_from_any(ctx, 100000);
-  if (large) {  // one 64 MiB allreduce
+  cancelled_receives(ctx, 1);
+  cancelled_receives(ctx, 1 << 20);  // 4 MiB: RDMA WRITE
+  if (large) {                       // one 64 MiB allreduce
     allreduce_new<float>(ctx, (64u << 20) / sizeof(float), gloo::AllreduceOptions::Algorithm::RING,
                          "ring");
   }
@@ -437,9 +503,12 @@ int main(int argc, char** argv) {
       fault = argv[++i];
     else if (a == "--large")
       large = true;
+    else if (a == "--host" && i + 1 < argc)
+      g_host = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: %s --ranks N --device soft|shm [--large] [--fault kill|hang|absent]\n",
+                   "usage: %s --ranks N --device soft|shm|verbs[:dev] [--host IP] [--large] "
+                   "[--fault kill|hang|absent]\n",
                    argv[0]);
       return 2;
     }

@@ -47,6 +47,9 @@ using clock_type = std::chrono::steady_clock;
 constexpr std::size_t staging_size = 64 * 1024;                      // one receive / send slot
 constexpr std::size_t eager_max = staging_size - wire::header_size;  // larger: RDMA WRITE
 constexpr std::uint32_t recv_depth = 32;  // receives (= credits) per pair
+// How long destroying a buffer waits for a peer to withdraw its RTRs or for a
+// send from it to finish (Context::cancel); capped by the context's timeout.
+constexpr std::chrono::milliseconds cancel_wait_max{1000};
 constexpr std::uint32_t sq_depth = 512;
 constexpr std::size_t write_chunk = 4u << 20;  // one WRITE's length at most
 constexpr std::size_t max_peer_entries =
@@ -161,7 +164,7 @@ struct send_op {
 struct recv_op {
   std::shared_ptr<buf_state> st;
   std::byte* ptr = nullptr;
-  bool cancelled = false;  // the buffer is gone: arriving data is dropped
+  bool cancelled = false;  // the buffer is gone: arriving data is dropped, the RTR withdrawn
   std::size_t nbytes = 0;
   std::uint64_t slot = 0;
   conveyor::memory_region mr;  // large receives: the target, for this operation only
@@ -280,10 +283,9 @@ class Device final : public ::gloo::transport::Device, public std::enable_shared
     };
     if (base.empty() || base == "soft") open("soft", "soft", true);
     if (base.empty() || base == "shm") open("shm", "shm", !base.empty());
-    if (base == "verbs") {
-      auto colon = forced_.find(':');
-      open("verbs", colon == std::string::npos ? "verbs" : forced_.substr(colon + 1), true);
-    }
+    // "verbs" or "verbs:<device>", as device::open takes it (the first version
+    // passed the bare device name, which no provider answers to).
+    if (base == "verbs") open("verbs", forced_, true);
     std::ostringstream o;
     o << "conveyor-gloo(";
     for (std::size_t i = 0; i < providers_.size(); ++i) o << (i ? "," : "") << providers_[i].kind;
@@ -398,6 +400,18 @@ class Pair final : public ::gloo::transport::Pair {
   void pump();
   void fail(const std::string& why);
   int peer() const { return peer_; }
+  // Whether a large send from `st`'s memory is posted and not completed.
+  bool sending_from(const std::shared_ptr<buf_state>& st) const {
+    for (auto& m : staging_)
+      if (m.op && m.op->st == st && m.op->mr) return true;
+    return false;
+  }
+  // Revokes the source regions of `st`'s posted sends (the memory is about to
+  // be freed: a WRITE still reading it fails locally instead).
+  void drop_sends_from(const std::shared_ptr<buf_state>& st) {
+    for (auto& m : staging_)
+      if (m.op && m.op->st == st) drop(m.op->mr);
+  }
   const std::string& peer_name() const { return peer_name_; }
   conveyor::protection_domain& pd() { return prov_->pd; }
 
@@ -409,6 +423,7 @@ class Pair final : public ::gloo::transport::Pair {
   std::deque<out_item> out_;
   std::size_t parked_ = 0;  // entries the peer made us hold (RTRs, notifications)
   bool failed_ = false;
+  bool unresponsive_ = false;  // a cancellation waited for this peer in vain: never wait again
   std::string error_;
 
  private:
@@ -790,22 +805,76 @@ void Context::fail_any(int r, const std::string& msg) {
   }
 }
 
+// A buffer being destroyed (the caller frees its memory next). A large
+// receive's memory is registered for the peer to WRITE into: deregistering it
+// while the peer writes would fail that WRITE with a remote access error and
+// break a healthy pair, so that the peer's collective would name this rank
+// instead of the one that really failed. The RTR is withdrawn instead: the
+// peer answers with a cancel_ack if it had not used it, or its data is already
+// on the way and ends with the usual `done`. Likewise a large send still being
+// written from the buffer is let finish. Both are awaited for at most
+// cancel_wait_max; a peer that answers nothing in that time is marked
+// unresponsive and its regions are deregistered at once, then and from then on.
 void Context::cancel(const std::shared_ptr<buf_state>& st) {
-  std::lock_guard g(mu_);
+  std::unique_lock l(mu_);
   pending_any_.remove_if([&](const any_recv& a) { return a.st == st; });
-  for (auto& up : pairs_) {
-    if (!up) continue;
-    auto& p = *static_cast<Pair*>(up.get());
+  auto each_pair = [&](auto&& fn) {
+    for (auto& up : pairs_)
+      if (up) fn(*static_cast<Pair*>(up.get()));
+  };
+  each_pair([&](Pair& p) {
     for (auto& [slot, q] : p.pending_sends_)
       std::erase_if(q, [&](const std::shared_ptr<send_op>& o) { return o->st == st; });
-    std::erase_if(p.out_, [&](const out_item& o) { return o.op && o.op->st == st; });
-    for (auto& [tok, op] : p.recv_ops_) {
-      if (op->st == st) {
-        op->cancelled = true;  // data still on its way is dropped
-        drop(op->mr);
+    // Not posted yet: this buffer's sends, and the RTRs of its receives. A
+    // send that had taken one of the peer's RTRs gives it back unused, so
+    // the peer's withdrawal of it finds it and is answered.
+    std::erase_if(p.out_, [&](const out_item& o) {
+      if (o.op && o.op->st == st) {
+        if (o.h.type == wire::msg_type::data || o.h.type == wire::msg_type::done) {
+          p.remote_rtrs_[o.h.slot].push_front({o.h.token, o.h.nbytes, o.write_dst, o.write_rkey});
+          ++p.parked_;
+        }
+        return true;
       }
+      if (o.h.type != wire::msg_type::rtr) return false;
+      auto it = p.recv_ops_.find(o.h.token);
+      if (it == p.recv_ops_.end() || it->second->st != st) return false;
+      p.recv_ops_.erase(it);
+      return true;
+    });
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> withdraw;  // token, slot
+    for (auto& [tok, op] : p.recv_ops_) {
+      if (op->st != st || op->cancelled) continue;
+      op->cancelled = true;
+      if (p.failed_ || p.unresponsive_)
+        drop(op->mr);
+      else
+        withdraw.emplace_back(tok, op->slot);
     }
-  }
+    for (auto [tok, slot] : withdraw) {
+      out_item o;
+      o.h.type = wire::msg_type::rtr_cancel;
+      o.h.slot = slot;
+      o.h.token = tok;
+      p.enqueue(std::move(o));
+    }
+  });
+  auto busy = [&](Pair& p) {
+    if (p.failed_ || p.unresponsive_) return false;
+    for (auto& [tok, op] : p.recv_ops_)
+      if (op->st == st && op->mr) return true;
+    return p.sending_from(st);
+  };
+  auto deadline =
+      clock_type::now() + std::min<std::chrono::milliseconds>(getTimeout(), cancel_wait_max);
+  each_pair([&](Pair& p) {
+    if (!bound_cv_.wait_until(l, deadline, [&] { return !busy(p); })) p.unresponsive_ = true;
+  });
+  each_pair([&](Pair& p) {
+    for (auto& [tok, op] : p.recv_ops_)
+      if (op->st == st) drop(op->mr);  // kept, cancelled: a late done or ack is recognised
+    p.drop_sends_from(st);
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -1169,8 +1238,10 @@ void Pair::handle(const conveyor::work_completion& wc) {
       staging_[idx] = {};
       free_staging_.push_back(idx);
       if (meta.op) {
+        bool large = bool(meta.op->mr);
         drop(meta.op->mr);
         meta.op->st->send_done(peer_);
+        if (large) ctx_.bound_cv_.notify_all();  // a cancellation may wait for it
       }
       if (meta.bsend) {
         --meta.bsend->pending;
@@ -1239,7 +1310,10 @@ void Pair::handle_message(std::uint32_t idx, std::uint32_t len) {
       if (eager != (op->nbytes <= eager_max)) return bad("wrong data path");
       if (eager && len != wire::header_size + h->nbytes) return bad("payload length");
       recv_ops_.erase(it);
-      if (op->cancelled) return;
+      if (op->cancelled) {
+        ctx_.bound_cv_.notify_all();  // the cancellation waiting for it
+        return;
+      }
       if (eager && h->nbytes) std::memcpy(op->ptr, buf + wire::header_size, h->nbytes);
       drop(op->mr);
       op->st->recv_done(peer_);
@@ -1256,6 +1330,32 @@ void Pair::handle_message(std::uint32_t idx, std::uint32_t len) {
     case wire::msg_type::buf_retract:
       remote_bufs_.erase(h->slot);
       return;
+    case wire::msg_type::rtr_cancel: {
+      // Not found: it was used, and its data or done is already on the way.
+      auto it = remote_rtrs_.find(h->slot);
+      if (it == remote_rtrs_.end()) return;
+      auto& q = it->second;
+      auto r =
+          std::find_if(q.begin(), q.end(), [&](const rtr_info& x) { return x.token == h->token; });
+      if (r == q.end()) return;
+      q.erase(r);
+      --parked_;
+      if (q.empty()) remote_rtrs_.erase(it);
+      out_item o;
+      o.h.type = wire::msg_type::cancel_ack;
+      o.h.slot = h->slot;
+      o.h.token = h->token;
+      enqueue(std::move(o));
+      return;
+    }
+    case wire::msg_type::cancel_ack: {
+      auto it = recv_ops_.find(h->token);
+      if (it == recv_ops_.end() || !it->second->cancelled || it->second->slot != h->slot)
+        return bad("acknowledgement of a receive that was not cancelled");
+      recv_ops_.erase(it);
+      ctx_.bound_cv_.notify_all();
+      return;
+    }
     case wire::msg_type::buf_done: {
       auto it = bound_recvs_.find(h->slot);
       if (it == bound_recvs_.end()) return;  // the buffer was destroyed meanwhile

@@ -23,6 +23,8 @@ enum class msg_type : std::uint8_t {
   buf_announce = 6,  // bound recv buffer for `slot`: addr, nbytes, rkey
   buf_retract = 7,   // bound recv buffer for `slot` is gone
   buf_done = 8,      // bound write of nbytes at offset (in token) for `slot` placed
+  rtr_cancel = 9,    // the receive behind RTR `token` is gone: withdraw it if unused
+  cancel_ack = 10,   // RTR `token` was withdrawn: nothing will be written for it
 };
 
 inline constexpr std::uint32_t msg_magic = 0x4356474d;  // "CVGM"
@@ -75,7 +77,7 @@ inline std::optional<header> decode(const std::byte* in, std::size_t len) {
   if (len < header_size || get32(in) != msg_magic) return std::nullopt;
   header h;
   auto t = std::uint8_t(in[4]);
-  if (t < 1 || t > 8) return std::nullopt;
+  if (t < 1 || t > 10) return std::nullopt;
   h.type = msg_type(t);
   h.flags = std::uint8_t(in[5]);
   if ((h.flags & ~flag_notify) != 0) return std::nullopt;
