@@ -86,6 +86,12 @@ demo_pair() {  # demo_pair <device>: the demo's target and initiator on one devi
   grep -h "FAILED\|skipped:" "$R/demo-$dev.log" "$R/demo-$dev-target.log"
 }
 
+gloo_verbs() {  # gloo_verbs <device>: Gloo's algorithms over conveyor-gloo on the verbs provider
+  local bin="$BUILD/tests/gloo/conveyor-gloo-test"
+  [ -x "$bin" ] || { summary "SKIP gloo-$1: conveyor-gloo-test not built (no libgloo-dev)"; return; }
+  step "gloo-$1" "$bin" --ranks 2 --device "verbs:$1" --host 10.11.0.1
+}
+
 echo "guest: kernel $(uname -r), $(nproc) cpus"
 modprobe veth
 ip link add veth0 type veth peer name veth1
@@ -125,6 +131,7 @@ if [[ " $STEPS " == *" rxe "* ]]; then
   part interop && interop verbs-rxe0-pair verbs:rxe0 verbs:rxe0 1
   part perf && perf rxe0
   part demo && demo_pair rxe0
+  part gloo && gloo_verbs rxe0
   # verbs_transport_params (RNR retries and timer, path MTU; range checks) and
   # the port-down grace period (a 300 ms flap keeps the QPs, an outage fails
   # each after its own grace).
@@ -142,7 +149,8 @@ if [[ " $STEPS " == *" rxe "* ]]; then
     step removal-rxe0 "$BUILD/tests/vm/conveyor_vm_interop" --device-removal verbs:rxe0 10.11.0.1
     rdma link delete rxe1
   fi
-  rdma link show rxe0 > /dev/null 2>&1 && rdma link delete rxe0
+  # Gone already when part events removed it; otherwise it would hold 10.11.0.1.
+  rdma link delete rxe0 > /dev/null 2>&1 || true
 fi
 
 if [[ " $STEPS " == *" siw "* ]]; then
@@ -153,6 +161,7 @@ if [[ " $STEPS " == *" siw "* ]]; then
   part interop && interop verbs-siw0-pair verbs:siw0 verbs:siw0 1
   part perf && perf siw0
   part demo && demo_pair siw0
+  part gloo && gloo_verbs siw0
   part interop && for crc in 0 1; do
     # Linux 6.1 siw never asks for CRC itself (mpa_crc_required is a constant)
     # but honours a peer's request: soft asks (as initiator or in its reply)
