@@ -255,7 +255,7 @@ class client_impl final : public client {
       }
       std::array<work_completion, 32> wcs;
       auto n = cq_.wait(wcs, std::max(deadline - clock::now(), clock::duration::zero()));
-      if (!n) return fail(n.error(), "kv client: GET");
+      if (!n) return fail(n.error(), "kv client: GET" + unfinished(keys.size() - done, free_lanes));
       for (std::size_t i = 0; i < *n; ++i) {
         const auto& wc = wcs[i];
         if (wc.wr_id == rpc_send_id) continue;
@@ -325,6 +325,26 @@ class client_impl final : public client {
       }
     }
     return {};
+  }
+
+  // For a timed-out batch: how many GETs were left, how long the slowest had
+  // been running since its last (re)start, and how many rounds were repeated.
+  std::string unfinished(std::size_t left, const std::vector<std::uint32_t>& free_lanes) const {
+    int restarts = 0, slow = 0, pending = 0;
+    clock::duration oldest{};
+    const auto now = clock::now();
+    for (std::uint32_t l = 0; l < lanes_.size(); ++l) {
+      if (std::find(free_lanes.begin(), free_lanes.end(), l) != free_lanes.end()) continue;
+      const auto& ln = lanes_[l];
+      restarts += ln.restarts;
+      slow += ln.slow;
+      pending += ln.pending;
+      oldest = std::max(oldest, now - ln.start);
+    }
+    return " (" + std::to_string(left) + " of the batch unfinished; the oldest round started " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(oldest).count()) +
+           " ms ago; " + std::to_string(restarts) + " restarts, " + std::to_string(slow) +
+           " re-reads after the grace time, " + std::to_string(pending) + " bucket READs pending)";
   }
 
   // The status of the completion that failed the QP, for the error message.

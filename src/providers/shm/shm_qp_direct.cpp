@@ -78,7 +78,12 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
   // A key without remote_write/remote_atomic is mapped read-only.
   const bool writable = has(rights, access::remote_write) || has(rights, access::remote_atomic);
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, prot, true);
+  // Populated at once only up to direct_populate_max: this runs in the engine's
+  // step with the QP's lock held, and populating a multi-GiB region took
+  // seconds (32 clients mapping a 3 GiB store at once on 2 CPUs stalled each
+  // one's first requests past a 5 s timeout). Beyond it, pages are mapped on
+  // first touch (a minor fault each, once).
+  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, prot, a.map_len <= direct_populate_max);
   if (p == nullptr) return;
   if (peer_rev_[a.word].load(std::memory_order_seq_cst) != a.gen) {  // revoked meanwhile
     ::munmap(p, a.map_len);
