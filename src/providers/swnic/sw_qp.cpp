@@ -239,6 +239,7 @@ void sw_qp::complete_recv_error_locked(wc_status st) noexcept {
 
 void sw_qp::flush_rq() noexcept {
   std::lock_guard lk(rq_mu_);
+  wait_rx_placement();
   complete_recv_error_locked(wc_status::wr_flush_err);  // it was the head
   if (srq_) return;  // verbs: the SRQ's receives are not this QP's to flush
   work_completion wc;

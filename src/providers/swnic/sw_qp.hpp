@@ -92,6 +92,10 @@ class sw_qp : public detail::qp_impl {
   // counters(): what only this provider counts (the base fills bytes and
   // operations served).
   virtual void provider_counters(qp_counters&) const noexcept {}
+  // flush_rq (rq_mu_ held) waits here for a copy into a claimed receive that
+  // the provider's engine does without the lock, so that no receive buffer is
+  // written after its flush completion.
+  virtual void wait_rx_placement() const noexcept {}
 
   // ---- helpers ----
   // connect(): the QP is in INIT and the private data within limits.

@@ -50,6 +50,7 @@ bool soft_qp::sq_transmit_locked() noexcept {
 
 // ------------------------------------------------------------ error & flush ----
 void soft_qp::flush_locked(wc_status first, std::uint32_t vendor) noexcept {
+  wait_placement();  // no buffer of a request is written after it completes
   bool first_used = false;
   for (std::uint64_t i = sq_head_; i < sq_tail_; ++i) {
     swqe& w = sq_[i % caps_.max_send_wr];

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace conveyor::soft {
@@ -112,6 +113,7 @@ class soft_qp final : public swnic::sw_qp {
   bool sq_accept_locked(std::uint32_t idx) noexcept override;
   bool sq_transmit_locked() noexcept override;
   void to_error() noexcept override { enter_error(wc_status::wr_flush_err, 0); }
+  void wait_rx_placement() const noexcept override { wait_placement(); }
   void teardown_for_reset() noexcept override;
   void reset_locked() noexcept override;
   void provider_counters(qp_counters& c) const noexcept override;
@@ -206,7 +208,18 @@ class soft_qp final : public swnic::sw_qp {
   wire::fpdu_header h_{};
   std::uint32_t rx_crc_ = 0;
   detail::key_table::guard rx_guard_;  // the tagged key held during one placement step
-  std::uint64_t rx_done_ = 0;          // payload bytes of this FPDU placed
+  // A step copying payload into a posted request's buffers (a READ response's
+  // sink, a SEND's receive) runs from plan_payload to rx_release without a
+  // lock. A flush by another thread waits for it (wait_placement), so no
+  // buffer is written after the completion that hands it back to the
+  // application (modify(error) while a response streamed in: a write into the
+  // sink after its flush completion, seen by TSan as a write into freed memory).
+  std::atomic<bool> placing_{false};
+  std::atomic<std::thread::id> placer_{};
+  void begin_placement() noexcept;
+  void rx_release() noexcept;  // ends the step: the key guard and the placement
+  void wait_placement() const noexcept;
+  std::uint64_t rx_done_ = 0;  // payload bytes of this FPDU placed
   std::byte rx_trailer_[8]{};
   std::size_t rx_trailer_got_ = 0;
   bool rx_last_big_ = false;

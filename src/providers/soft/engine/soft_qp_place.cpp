@@ -209,7 +209,7 @@ bool soft_qp::rx_payload() noexcept {
         std::memcpy(v[i].iov_base, src, v[i].iov_len);
         src += v[i].iov_len;
       }
-      rx_guard_.release();
+      rx_release();
       if (cp_.crc) rx_crc_ = crc32c_update(rx_crc_, rxbuf_.get() + rx_beg_, n);
       rx_beg_ += n;
       rx_done_ += n;
@@ -232,11 +232,11 @@ bool soft_qp::rx_payload() noexcept {
     rx_beg_ = rx_end_ = 0;
     v[k + 1] = {rxbuf_.get(), header_lookahead};
     if (rx_drained_ || ++rx_reads_ > 64) {
-      rx_guard_.release();
+      rx_release();
       return false;
     }
     const ssize_t n = ::readv(fd_, v, k + 2);
-    rx_guard_.release();
+    rx_release();
     c_rx_sys_.fetch_add(1, std::memory_order_relaxed);
     if (n <= 0) {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;

@@ -39,7 +39,7 @@ void soft_qp::on_events(std::uint32_t events) noexcept {
 void soft_qp::stop_reading_locked() noexcept {
   if (rx_stopped_.load()) return;
   rx_beg_ = rx_end_ = 0;
-  rx_guard_.release();
+  rx_release();
   if (!rx_eof_.load()) {
     linger_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (linger_fd_ < 0) {
@@ -183,7 +183,9 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
         len -= take;
         moff = 0;
       }
-      return len == 0 ? n : -1;
+      if (len != 0) return -1;
+      begin_placement();  // under tx_mu_: a flush waits for the copy
+      return n;
     }
     default: {  // send: the receive its first segment claimed
       std::lock_guard lk(rq_mu_);
@@ -202,9 +204,30 @@ int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int 
         len -= take;
         moff = 0;
       }
-      return len == 0 ? n : -1;
+      if (len != 0) return -1;
+      begin_placement();  // under rq_mu_: a flush waits for the copy
+      return n;
     }
   }
+}
+
+void soft_qp::begin_placement() noexcept {
+  placer_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  placing_.store(true, std::memory_order_seq_cst);
+}
+
+void soft_qp::rx_release() noexcept {
+  rx_guard_.release();
+  if (placing_.load(std::memory_order_relaxed)) placing_.store(false, std::memory_order_seq_cst);
+}
+
+void soft_qp::wait_placement() const noexcept {
+  // The copy is one bounded non-blocking step; the placing thread takes no
+  // lock until it ends it. The engine thread flushing its own QP has ended
+  // its step first (rx_payload releases before it fails the QP).
+  while (placing_.load(std::memory_order_seq_cst) &&
+         placer_.load(std::memory_order_relaxed) != std::this_thread::get_id())
+    std::this_thread::yield();
 }
 
 void soft_qp::protocol_violation(term_layer layer, std::uint8_t etype, std::uint8_t ecode,
