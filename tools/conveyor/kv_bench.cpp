@@ -401,10 +401,7 @@ std::unique_ptr<bench_conn> open_socket(const std::string& protocol, const std::
 
 std::unique_ptr<bench_conn> open_conn(const kv_client_options& o, std::string& err) {
   if (o.protocol != "rdma") return open_socket(o.protocol, o.host, socket_port(o), err);
-  kv::client_options co;
-  co.password = o.password;
-  co.depth = std::max<std::uint32_t>(o.depth, 1);
-  auto c = kv::client::connect(o.provider, o.address, co);
+  auto c = open_kv_client(o);
   if (!c) {
     err = c.error().to_string();
     return nullptr;

@@ -6,6 +6,8 @@
 //   (bench: kv_bench.cpp)
 #include "kv_client.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -14,12 +16,24 @@
 
 namespace conveyor::tool {
 
+result<std::unique_ptr<kv::client>> open_kv_client(const kv_client_options& o) {
+  kv::client_options co;
+  co.password = o.password;
+  co.depth = std::max<std::uint32_t>(o.depth, 1);
+  co.device.progress = o.progress == "manual" ? progress_mode::manual : progress_mode::thread;
+  return kv::client::connect(o.provider, o.address, co);
+}
+
 kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
   kv_client_commands c;
   auto common = [&](CLI::App* a) {
     a->add_option("-a,--address", o.address, "the server's RDMA address (kv serve --rdma-listen)");
     a->add_option("-p,--provider", o.provider, "device: soft, shm, verbs");
     a->add_option("--password", o.password, "the server's requirepass");
+    a->add_option("--progress", o.progress,
+                  "the client device's progress: thread (an engine thread) or manual (the "
+                  "calling thread drives the engine while it waits)")
+        ->check(CLI::IsMember({"thread", "manual"}));
   };
   c.get = kv.add_subcommand("get", "GET a key by one-sided RDMA READs");
   c.get->add_option("key", o.key)->required();
@@ -66,10 +80,7 @@ kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
 namespace {
 
 std::unique_ptr<kv::client> open(const kv_client_options& o, int& rc) {
-  kv::client_options co;
-  co.password = o.password;
-  co.depth = std::max<std::uint32_t>(o.depth, 1);
-  auto c = kv::client::connect(o.provider, o.address, co);
+  auto c = open_kv_client(o);
   if (!c) {
     std::fprintf(stderr, "conveyor kv: %s\n", c.error().to_string().c_str());
     rc = 1;

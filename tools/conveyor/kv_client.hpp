@@ -1,10 +1,17 @@
 // conveyor kv get|set|del|bench: the RDMA client commands (kv_client.cpp).
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "cli_fwd.hpp"
+
+#include <conveyor/error.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+namespace conveyor::kv {
+class client;
+}  // namespace conveyor::kv
 
 namespace conveyor::tool {
 
@@ -12,6 +19,7 @@ struct kv_client_options {
   std::string address = "127.0.0.1:7380";  // the server's --rdma-listen
   std::string provider = "soft";
   std::string password;
+  std::string progress = "thread";  // the client device's progress mode: thread | manual
   std::string key, value;
   // bench
   std::uint64_t keys = 100000;
@@ -35,6 +43,8 @@ struct kv_client_commands {
 };
 
 kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o);
+// Opens the RDMA client these options describe (get, set, del and bench share it).
+result<std::unique_ptr<kv::client>> open_kv_client(const kv_client_options& o);
 // Runs whichever of the commands was given; -1 if none was.
 int run_kv_client(const kv_client_commands& c, const kv_client_options& o);
 // conveyor kv bench (kv_bench.cpp): 0, 1 on errors, 2 on bad options.

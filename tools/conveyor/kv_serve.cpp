@@ -4,6 +4,8 @@
 //   conveyor kv serve --port 6380 --appendonly yes --appendfsync always --dir /var/lib/kv
 #include "kv_serve.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <cctype>
 #include <cstdio>
 

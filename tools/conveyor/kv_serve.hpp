@@ -1,7 +1,7 @@
 // conveyor kv serve: options and entry point (kv_serve.cpp).
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "cli_fwd.hpp"
 
 #include <cstddef>
 #include <cstdint>

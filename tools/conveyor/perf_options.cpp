@@ -1,6 +1,8 @@
 // Option parsing and validation of `conveyor perf`.
 #include "perf_options.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>

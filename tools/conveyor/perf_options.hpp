@@ -1,8 +1,8 @@
 // tools/conveyor/perf_options.hpp — what `conveyor perf` is asked to do.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <conveyor/conveyor.hpp>
+#include "cli_fwd.hpp"
 
 #include <cstdint>
 #include <optional>

@@ -1,6 +1,8 @@
 // `conveyor write_bw` & co.: perftest's flags over `conveyor perf`'s runs.
 #include "perftest.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 

@@ -9,7 +9,7 @@
 // -m mode, -S size) for the scripts that use them; docs/CLI.md maps the two.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "cli_fwd.hpp"
 
 #include <cstdint>
 #include <optional>

@@ -7,6 +7,8 @@
 // A failure is one line that says what is wrong and what to try.
 #include "ping.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <array>
 #include <chrono>
 #include <csignal>

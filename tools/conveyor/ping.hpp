@@ -5,7 +5,7 @@
 //   conveyor ping HOST[:PORT]             # SEND echoed, RDMA WRITE then READ back, all verified
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "cli_fwd.hpp"
 
 #include <cstdint>
 #include <string>

@@ -66,6 +66,11 @@ def case(provider, password):
         b = kv("bench", *common, "--keys", "200", "--seconds", "0.5", "--get-ratio", "0.9", "--depth", "4",
                "--json").stdout
         assert '"schema":"conveyor-kv-bench/1"' in b and '"misses":0' in b, b
+        # The client device without an engine thread: the waiting thread drives it.
+        assert kv("set", "manual", "m1", *common, "--progress", "manual").stdout == "OK\n"
+        assert kv("get", "manual", *common, "--progress", "manual").stdout == "m1\n"
+        r = kv("get", "manual", *common, "--progress", "bogus", check=False)
+        assert r.returncode != 0 and "--progress" in r.stderr, r.stderr
         if password:
             r = kv("get", "from-resp", "-p", provider, "-a", addr, check=False)
             assert r.returncode == 1 and "NOAUTH" in r.stderr, r.stderr
