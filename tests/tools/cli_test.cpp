@@ -200,7 +200,9 @@ INSTANTIATE_TEST_SUITE_P(
         bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--size", "4"}, "at least 8"},
         bad_args_case{{"perf", "127.0.0.1:1", "--tx-depth", "4", "--batch", "8"},
                       "exceeds --tx-depth"},
-        bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--qps", "2"}, "one QP"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--mode", "lat", "--qps", "2"},
+                      "READ and atomics only"},
+        bad_args_case{{"perf", "127.0.0.1:1", "--qps", "4097"}, "qps"},
         bad_args_case{{"devices", "--color"}, "color"}));
 
 TEST(cli, help_exits_0_and_lists_the_perf_options) {
@@ -548,8 +550,20 @@ std::vector<run_case> run_cases() {
     for (const char* m : {"bw", "lat", "rate"}) out.push_back({t, m, {}});
   out.push_back({"write", "bw", {"--qps", "3", "--progress", "manual"}});
   out.push_back({"send", "bw", {"--qps", "2", "--rx-depth", "8", "--tx-depth", "32"}});
+  // Past the 128 QPs whose credit words fit before protocol 3: every QP's
+  // receives are credited at its own word.
+  out.push_back({"send", "bw", {"--qps", "200", "--rx-depth", "2", "--tx-depth", "2"}});
+  // One-sided latency over several QPs: each round trip takes the next one;
+  // the atomics' returned values and the server's sum of the QPs' words check
+  // that every request went where it was aimed.
+  out.push_back({"read", "lat", {"--qps", "5"}});
+  out.push_back({"fetch-add", "lat", {"--qps", "3"}});
+  out.push_back({"compare-swap", "lat", {"--qps", "3"}});
   out.push_back({"read", "lat", {"--progress", "manual", "--crc", "off"}});
   out.push_back({"write", "rate", {"--batch", "4", "--tx-depth", "8", "--inline", "0"}});
+  // Untimed requests first: the server's count of the phase includes them.
+  out.push_back({"send", "bw", {"--warmup", "100", "--qps", "2"}});
+  out.push_back({"fetch-add", "bw", {"--warmup", "50"}});
   return out;
 }
 
@@ -607,6 +621,8 @@ std::vector<run_case> shm_run_cases() {
     for (const char* m : {"lat", "bw"}) out.push_back({t, m, {}});
   out.push_back({"read", "lat", {"--progress", "manual"}});
   out.push_back({"write", "bw", {"--qps", "2", "--progress", "manual"}});
+  out.push_back({"send", "bw", {"--qps", "200", "--rx-depth", "2", "--tx-depth", "2"}});
+  out.push_back({"compare-swap", "lat", {"--qps", "3"}});
   return out;
 }
 

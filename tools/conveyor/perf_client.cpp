@@ -236,17 +236,25 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
   const auto duration = std::chrono::duration<double>(o_.duration);
   stall_guard stall(o_.timeout, ep_);
   const std::byte* credit_words = ep_.ctl_mr().data() + ctl_layout::credit_off;
-  const auto t0 = clk::now();
+  auto t0 = clk::now();
   auto t_last = t0;
   auto idle_since = t0;
   bool stop = false;
   std::uint32_t next_q = 0;
+  // --warmup: that many requests first, all completed before the clock starts
+  // (a first touch of each slot, and mappings made on first access, stay out).
+  const std::uint64_t warm = o_.warmup;
+  bool timing = warm == 0;
 
   while (true) {
-    if (!stop) {
+    if (!timing && completed_total == warm && posted_total == warm) {
+      timing = true;
+      t0 = t_last = idle_since = clk::now();
+    }
+    if (timing && !stop) {
       const auto now = clk::now();
-      stop = o_.iters != 0 ? posted_total >= o_.iters : now - t0 >= duration;
-      progress_.update(label, o_.iters != 0 ? static_cast<double>(completed_total) /
+      stop = o_.iters != 0 ? posted_total - warm >= o_.iters : now - t0 >= duration;
+      progress_.update(label, o_.iters != 0 ? static_cast<double>(completed_total - warm) /
                                                   static_cast<double>(o_.iters)
                                             : secs(now - t0) / o_.duration);
     }
@@ -257,7 +265,10 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
       std::uint64_t room = depth - (posted[q] - completed[q]);
       if (room < batch) continue;
       std::uint64_t n = batch;
-      if (o_.iters != 0) n = std::min<std::uint64_t>(n, o_.iters - posted_total);
+      if (!timing)
+        n = std::min<std::uint64_t>(n, warm - posted_total);
+      else if (o_.iters != 0)
+        n = std::min<std::uint64_t>(n, o_.iters - (posted_total - warm));
       if (credits) {
         const std::uint64_t credit = load_remote_written(credit_words + 8 * q);
         const std::uint64_t avail = credit > sent_total_[q] ? credit - sent_total_[q] : 0;
@@ -351,7 +362,7 @@ void client::bw_loop(perf_result& r, std::uint64_t seed, const std::string& labe
     }
   }
   progress_.done();
-  r.iterations = completed_total;
+  r.iterations = completed_total - warm;
   r.seconds = secs(t_last - t0);
   min_per_qp_ = *std::min_element(completed.begin(), completed.end());
 }
@@ -364,6 +375,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
   samples.reserve(o_.iters != 0 ? o_.iters : 1u << 20);
   std::array<work_completion, 16> wcs;
   queue_pair& qp = ep_.qps()[0];
+  std::vector<std::uint64_t> done_on(o_.qps, 0);  // one-sided round trips per QP
   std::byte* landing = local_slot(0, 0);
   std::byte* src = ep_.data_mr().data() + layout_.spare();
   const bool inl = size <= ep_.inline_size();
@@ -447,25 +459,30 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
       case perf_test::read:
       case perf_test::fetch_add:
       case perf_test::compare_swap: {
-        const sge s = ep_.data_mr().slice(layout_.offset(0, 0), is_atomic(o_.test) ? 8 : size);
+        // One-sided: each round trip takes the next QP (--qps), into that
+        // QP's first slot on both sides.
+        const std::uint32_t q = static_cast<std::uint32_t>((i - 1) % o_.qps);
+        const std::uint64_t before = done_on[q]++;  // this QP's atomic word holds it
+        const sge s = ep_.data_mr().slice(layout_.offset(q, 0), is_atomic(o_.test) ? 8 : size);
         send_wr w{.wr_id = i,
                   .sg_list = std::span(&s, 1),
-                  .remote_addr = peer_slot(0, 0, size).addr,
+                  .remote_addr = peer_slot(q, 0, size).addr,
                   .rkey = peer_.data.rkey};
         w.opcode = o_.test == perf_test::read        ? wr_opcode::rdma_read
                    : o_.test == perf_test::fetch_add ? wr_opcode::atomic_fetch_and_add
                                                      : wr_opcode::atomic_cmp_and_swp;
-        w.compare_add = o_.test == perf_test::fetch_add ? 1 : i - 1;
-        w.swap = i;
-        check(qp.post_send(w), "post request");
+        w.compare_add = o_.test == perf_test::fetch_add ? 1 : before;
+        w.swap = before + 1;
+        check(ep_.qps()[q].post_send(w), "post request on data QP " + std::to_string(q));
         wait_send("the response");
         if (r.verified) {
+          const std::byte* got = local_slot(q, 0);
           if (o_.test == perf_test::read) {
-            if (!check_pattern({landing, size}, seed, 0)) ++r.verify_errors;
+            if (!check_pattern({got, size}, seed, 0)) ++r.verify_errors;
           } else {
             std::uint64_t v;
-            std::memcpy(&v, landing, 8);
-            if (v != i - 1) ++r.verify_errors;
+            std::memcpy(&v, got, 8);
+            if (v != before) ++r.verify_errors;
           }
         }
         break;
@@ -571,7 +588,7 @@ perf_result client::run_size(std::uint64_t size, std::uint64_t seed, std::size_t
             .mode = o_.mode,
             .verify = o_.verify,
             .size = size,
-            .count = r.iterations + (o_.mode == perf_mode::lat ? o_.warmup : 0),
+            .count = r.iterations + o_.warmup,
             .seed = seed,
             .min_per_qp = o_.mode == perf_mode::lat ? r.iterations : min_per_qp_};
   ep_.send_ctl(e);
@@ -652,6 +669,7 @@ int run_perf(perf_options o) {
   }
   o.address = address;
   take_interrupts();
+  raise_fd_limit();
   return o.server ? run_perf_server(o) : run_perf_client(o);
 }
 

@@ -162,8 +162,10 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   app.add_option("--warmup", o.warmup,
                  "untimed iterations before each size (default: lat 100, bw 0)")
       ->check(whole_number(0, 1ull << 40));
-  app.add_option("-q,--qps", o.qps, "number of connected QPs (data is spread round-robin)")
-      ->check(CLI::Range(1, 64))
+  app.add_option("-q,--qps", o.qps,
+                 "number of connected QPs (bandwidth and rate: data is spread round-robin; "
+                 "READ and atomic latency: each round trip takes the next QP)")
+      ->check(CLI::Range(1u, perf_max_qps))
       ->default_val(1);
   app.add_option("--tx-depth", o.tx_depth,
                  "outstanding requests per QP (default: bw/rate 128; READ/atomics limited by ORD)")
@@ -384,7 +386,9 @@ std::string validate_perf_options(perf_options& o) {
   if (o.batch > o.tx_depth)
     return "--batch " + std::to_string(o.batch) + " exceeds --tx-depth " +
            std::to_string(o.tx_depth);
-  if (o.mode == perf_mode::lat && o.qps != 1) return "latency runs use one QP (drop --qps)";
+  if (o.mode == perf_mode::lat && o.qps != 1 && o.test != perf_test::read && !is_atomic(o.test))
+    return "latency runs over several QPs are READ and atomics only (the server answers WRITE, "
+           "SEND and WRITE_WITH_IMM on one QP): drop --qps";
   return {};
 }
 

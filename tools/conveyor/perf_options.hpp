@@ -20,6 +20,8 @@ std::string_view to_string(perf_mode m) noexcept;
 bool is_atomic(perf_test t) noexcept;
 // SEND and WRITE_WITH_IMM consume a receive at the target (flow-controlled).
 bool consumes_receive(perf_test t) noexcept;
+// The most data QPs one client may connect (--qps).
+inline constexpr std::uint32_t perf_max_qps = 4096;
 
 struct perf_options {
   bool server = false;

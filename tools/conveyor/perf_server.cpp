@@ -15,6 +15,7 @@
 #include <optional>
 #include <stop_token>
 #include <thread>
+#include <unordered_map>
 
 #include <unistd.h>
 #include <csignal>
@@ -65,6 +66,7 @@ class session {
     credit_written_.assign(h.qps, 0);
     recv_seq_.assign(h.qps, 0);
     phase_recvs_.assign(h.qps, 0);
+    for (std::uint32_t i = 0; i < ep_.qps().size(); ++i) index_of_[ep_.qps()[i].qp_num()] = i;
   }
   // Serves phases until the client says goodbye.
   void serve();
@@ -83,9 +85,9 @@ class session {
   }
   std::byte* spare() { return ep_.data_mr().data() + ep_.layout().spare(); }
   std::uint32_t qp_index(std::uint32_t qp_num) const {
-    for (std::uint32_t i = 0; i < ep_.qps().size(); ++i)
-      if (ep_.qps()[i].qp_num() == qp_num) return i;
-    fail("completion for an unknown QP " + std::to_string(qp_num));
+    const auto it = index_of_.find(qp_num);
+    if (it == index_of_.end()) fail("completion for an unknown QP " + std::to_string(qp_num));
+    return it->second;
   }
   // Grows while the client makes progress: payload received and requests
   // served (atomics move no payload bytes). Zero on verbs, which keeps no
@@ -106,6 +108,7 @@ class session {
   std::vector<std::uint64_t> credit_written_;  // last credit written to the client
   std::vector<std::uint64_t> recv_seq_;        // wr_id of the next receive per QP
   std::vector<std::uint64_t> phase_recvs_;     // receives completed per QP in this phase
+  std::unordered_map<std::uint32_t, std::uint32_t> index_of_;  // data QP number -> index
   std::uint64_t verify_errors_ = 0;
   std::uint64_t credit_signal_ = 0;
   std::uint64_t echo_seq_ = 0;
@@ -135,9 +138,9 @@ void session::top_up_recvs() {
 }
 
 void session::write_credit(std::uint32_t q, bool wait) {
-  std::byte* word = ep_.ctl_mr().data() + ctl_layout::scratch_off + 8 * q;
+  std::byte* word = ep_.ctl_mr().data() + ctl_layout::credit_off + 8 * q;
   std::memcpy(word, &posted_[q], 8);
-  const sge s = ep_.ctl_mr().slice(ctl_layout::scratch_off + 8 * q, 8);
+  const sge s = ep_.ctl_mr().slice(ctl_layout::credit_off + 8 * q, 8);
   const bool signaled = wait || ++credit_signal_ % 32 == 0;
   // Inline where the QP allows it; otherwise the NIC reads the word later, and
   // a newer credit written there meanwhile is as good (credits are cumulative).
@@ -380,7 +383,9 @@ std::string refusal(const perf_hello& h, const perf_options& o) {
   if (h.max_size > o.max_size)
     return "message size " + std::to_string(h.max_size) + " exceeds this server's --max-size " +
            std::to_string(o.max_size);
-  if (h.qps == 0 || h.qps > 64) return "QP count out of range";
+  if (h.qps == 0 || h.qps > perf_max_qps)
+    return "QP count " + std::to_string(h.qps) + " out of range (1.." +
+           std::to_string(perf_max_qps) + ")";
   const std::uint64_t need = data_layout::make(h.max_size, h.tx_depth, h.qps).bytes();
   if (need > o.max_memory)
     return "the run needs " + format_size(need) + " of server memory (" + std::to_string(h.qps) +

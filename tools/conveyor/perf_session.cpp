@@ -249,6 +249,13 @@ void apply_cpu_pinning(const perf_options& o) {
     fail("--cpu " + std::to_string(o.cpu) + ": " + std::strerror(errno));
 }
 
+void raise_fd_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= r.rlim_max) return;
+  r.rlim_cur = r.rlim_max;
+  (void)::setrlimit(RLIMIT_NOFILE, &r);  // best effort: a QP that finds no descriptor says so
+}
+
 placement placement::here(const perf_options& o) {
   // The boot id does not change while the process runs: read it once.
   static const std::uint64_t host = [] {

@@ -28,8 +28,9 @@
 namespace conveyor::tool {
 
 // 2: the hello carries the client's regions as address and rkey (50 bytes in
-// all, within the 55 an InfiniBand/RoCE connect may carry).
-inline constexpr std::uint16_t perf_protocol_version = 2;
+// all, within the 55 an InfiniBand/RoCE connect may carry). 3: up to
+// perf_max_qps data QPs, their credit words at ctl_layout::credit_off.
+inline constexpr std::uint16_t perf_protocol_version = 3;
 
 // Everything that goes wrong ends the run with one message for the user.
 struct perf_failure : std::runtime_error {
@@ -115,9 +116,10 @@ struct ctl_layout {
   static constexpr std::size_t recv_slots = 8;                              // 8 x 96 B < credit_off
   static constexpr std::size_t recv_off = 0;                                // receive buffers
   static constexpr std::size_t send_off = recv_slots * ctl_msg::wire_size;  // one send buffer
-  static constexpr std::size_t credit_off = 1024;                           // 8 bytes per data QP
-  static constexpr std::size_t scratch_off = 2048;  // atomics results, staging
-  static constexpr std::size_t bytes = 8192;
+  // 8 bytes per data QP: on the client the server's credit for that QP, on the
+  // server the word its credit WRITE is sent from.
+  static constexpr std::size_t credit_off = 4096;
+  static constexpr std::size_t bytes = credit_off + 8 * perf_max_qps;
 };
 
 // Page-aligned zeroed memory.
@@ -233,6 +235,9 @@ std::string device_to_open(const perf_options& o);
 device_options device_options_for(const perf_options& o);
 // Pins the calling process to o.cpu (before the device starts its thread).
 void apply_cpu_pinning(const perf_options& o);
+// Lifts the soft limit on open descriptors to the hard one: each connected QP
+// holds one or more (a socket on soft), and --qps goes to perf_max_qps.
+void raise_fd_limit();
 
 // Where one side of a run executes: which machine (a hash of the kernel's boot
 // id, the same in every network namespace of it) and which CPU it is pinned to

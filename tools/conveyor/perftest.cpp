@@ -130,7 +130,8 @@ std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode m
   o.iters = a.iters;
   o.duration = a.duration;
   if (a.duration < 0) return "-D: must be a number of seconds greater than 0";
-  if (a.qps < 1 || a.qps > 64) return "-q: from 1 to 64 QPs";
+  if (a.qps < 1 || a.qps > perf_max_qps)
+    return "-q: from 1 to " + std::to_string(perf_max_qps) + " QPs";
   o.qps = a.qps;
   if (a.tx_depth > 4096) return "-t: the tx depth goes up to 4096";
   o.tx_depth = a.tx_depth;
