@@ -43,6 +43,7 @@ void engine::attach(shm_qp* qp, int fd) noexcept {
   {
     std::lock_guard lk(mu_);
     live_.push_back(qp);
+    make_hot_locked(qp);
     watch_fd(EPOLL_CTL_ADD, fd, qp, EPOLLIN | EPOLLRDHUP);
   }
   // Wake a sleeping engine thread so it includes the new QP in its sleep flags.
@@ -54,12 +55,60 @@ void engine::detach(shm_qp* qp, int fd) noexcept {
   auto it = std::find(live_.begin(), live_.end(), qp);
   if (it == live_.end()) return;
   live_.erase(it);
+  if (qp->eng_hot) {
+    hot_.erase(std::find(hot_.begin(), hot_.end(), qp));
+    qp->eng_hot = false;
+  }
   if (fd >= 0) ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
 int engine::poll_all_locked() noexcept {
   int n = 0;
-  for (std::size_t i = 0; i < live_.size(); ++i) n += live_[i]->progress();
+  for (std::size_t i = 0; i < live_.size(); ++i) {
+    const int k = live_[i]->progress();
+    if (k > 0) make_hot_locked(live_[i]);
+    n += k;
+  }
+  return n;
+}
+
+void engine::make_hot_locked(shm_qp* qp) noexcept {
+  qp->eng_idle_since_ns = 0;
+  if (qp->eng_hot) return;
+  qp->eng_hot = true;
+  hot_.push_back(qp);
+}
+
+int engine::poll_step_locked() noexcept {
+  int n = 0;
+  const std::int64_t now = now_ns();
+  const std::int64_t window = std::int64_t(spin_us_) * 1000;
+  for (std::size_t i = 0; i < hot_.size();) {
+    shm_qp* qp = hot_[i];
+    if (const int k = qp->progress(); k > 0) {
+      n += k;
+      qp->eng_idle_since_ns = 0;
+    } else if (qp->eng_idle_since_ns == 0) {
+      qp->eng_idle_since_ns = now;
+    } else if (now - qp->eng_idle_since_ns >= window) {
+      qp->eng_hot = false;  // cold: looked at in turn from now on
+      hot_[i] = hot_.back();
+      hot_.pop_back();
+      continue;
+    }
+    ++i;
+  }
+  std::size_t looks = std::min(live_.size() - hot_.size(), cold_per_step);
+  for (std::size_t j = 0; looks > 0 && j < live_.size(); ++j) {
+    if (cold_cursor_ >= live_.size()) cold_cursor_ = 0;
+    shm_qp* qp = live_[cold_cursor_++];
+    if (qp->eng_hot) continue;
+    --looks;
+    if (const int k = qp->progress(); k > 0) {
+      n += k;
+      make_hot_locked(qp);
+    }
+  }
   return n;
 }
 
@@ -90,6 +139,7 @@ void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* 
       // The QP keeps its descriptor until it is destroyed.
       ::epoll_ctl(epfd_, EPOLL_CTL_DEL, qp->socket_fd(), nullptr);
     }
+    make_hot_locked(qp);  // a doorbell: the peer published work for this side
   }
 }
 
@@ -97,7 +147,7 @@ void engine::progress() noexcept {
   note_app_poll();
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return;
-  if (poll_all_locked() > 0) return;
+  if ((manual_ ? poll_all_locked() : poll_step_locked()) > 0) return;
   if (!manual_) {
     // The engine thread may be parked behind this poller: look at the sockets
     // now and then so a peer that died is noticed by a busy-polling application.
@@ -128,7 +178,7 @@ void engine::run() {
       continue;
     }
     std::unique_lock lk(mu_);
-    if (poll_all_locked() > 0) {
+    if (poll_step_locked() > 0) {
       last = clk::now();
       idle_rounds = 0;
       continue;

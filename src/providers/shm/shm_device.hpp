@@ -1,9 +1,11 @@
 // The shm provider's device, protection domain, memory region and progress
-// engine. The engine polls the shared rings of every connected QP of the
-// device: in thread mode a dedicated thread spins engine_spin_us after
-// activity, then flags itself asleep in each segment and blocks in epoll on
-// the QPs' Unix sockets (the peer rings a one-byte doorbell only while that
-// flag is set); in manual mode CQ poll/wait drive it.
+// engine. The engine polls the shared rings of the device's connected QPs: in
+// thread mode a dedicated thread spins engine_spin_us after activity, then
+// flags itself asleep in each segment and blocks in epoll on the QPs' Unix
+// sockets (the peer rings a one-byte doorbell only while that flag is set); in
+// manual mode CQ poll/wait drive it. While it spins, a step looks at the *hot*
+// QPs (those that moved within engine_spin_us) and at a few cold ones in turn,
+// so a step costs what the active QPs cost, not one look per connected QP.
 #pragma once
 
 #include "providers/shm/shm_segment.hpp"
@@ -40,14 +42,21 @@ class engine final : public swnic::sw_engine {
  private:
   void run() override;
   int poll_all_locked() noexcept;  // ring work done
+  // The hot QPs, then cold_per_step cold ones in turn; a cold QP that moves
+  // turns hot, a hot one idle for engine_spin_us turns cold. Ring work done.
+  int poll_step_locked() noexcept;
+  void make_hot_locked(shm_qp* qp) noexcept;
+  static constexpr std::size_t cold_per_step = 16;
   void sleep_flags_locked(bool on) noexcept;
   void socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* unlock,
                             bool drain) noexcept;
 
   const bool manual_;
   std::int64_t last_socket_check_ns_ = 0;  // under mu_
-  std::mutex mu_;                          // live_ and every QP's engine-side state
+  std::mutex mu_;                          // live_, hot_ and every QP's engine-side state
   std::vector<shm_qp*> live_;
+  std::vector<shm_qp*> hot_;
+  std::size_t cold_cursor_ = 0;  // the next place in live_ to look for a cold QP
 };
 
 // A region allocated through shm_pd::allocate_memory, as a peer may map it.

@@ -57,6 +57,10 @@ class shm_qp final : public swnic::sw_qp {
   void set_sleeping(bool on) noexcept;  // this side is about to block / woke up
   // Socket readiness: drains doorbells; false once the peer is gone (stop polling it).
   bool on_socket(std::uint32_t events) noexcept;
+  // The engine's view of this QP (engine::mu_): hot QPs are polled at every
+  // step, cold ones a few a step in turn (engine::poll_step_locked).
+  bool eng_hot = false;
+  std::int64_t eng_idle_since_ns = 0;  // 0: it moved at the last look
   int socket_fd() const noexcept { return sock_; }
 
   // ---- connection manager ----
