@@ -167,11 +167,17 @@ inline int tcp_connect(const std::string& addr) {
   }
 }
 
-inline void write_all(int fd, const void* p, std::size_t n, const char* what) {
+// Writes exactly n bytes (busy_poll: spins on MSG_DONTWAIT).
+inline void write_all(int fd, const void* p, std::size_t n, const char* what,
+                      bool busy_poll = false) {
   auto* c = static_cast<const char*>(p);
   while (n > 0) {
-    ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL);
+    ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL | (busy_poll ? MSG_DONTWAIT : 0));
     if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && busy_poll && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      ::sched_yield();  // lets a core-sharing receiver run
+      continue;
+    }
     if (k <= 0) fail_errno(what);
     c += k;
     n -= static_cast<std::size_t>(k);

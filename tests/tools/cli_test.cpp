@@ -262,6 +262,7 @@ TEST(cli, size_over_the_servers_max_size_is_refused_with_the_reason) {
   EXPECT_NE(r.output.find("rejected"), std::string::npos) << r.output;
 }
 
+
 TEST(cli, a_client_of_another_protocol_version_is_refused_with_the_reason) {
   server_process srv;
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
@@ -293,6 +294,7 @@ TEST(cli, hello_fits_an_ib_roce_connect_and_round_trips) {
   h.index = 63;
   h.tx_depth = 0xfffffff0u;
   h.rx_depth = 4096;
+  h.slots = 4096;
   h.max_size = 64ull << 20;
   h.data = {0x7f00'1234'5678'9000ull, 1, 0xa1b2c3d4u};
   h.ctl = {0x7f00'8765'4321'0000ull, 8192, 0x01020304u};
@@ -305,7 +307,11 @@ TEST(cli, hello_fits_an_ib_roce_connect_and_round_trips) {
   EXPECT_EQ(d->index, 63);
   EXPECT_EQ(d->tx_depth, 0xfffffff0u);
   EXPECT_EQ(d->rx_depth, 4096u);
+  EXPECT_EQ(d->slots, 4096u);
   EXPECT_EQ(d->max_size, 64ull << 20);
+  // The server sizes the client's data region from the hello: 4096 slots of
+  // 64 MiB for 64 QPs, plus the spare slot.
+  EXPECT_EQ(d->data.length, (64ull << 20) * (4096ull * 64 + 1));
   EXPECT_EQ(d->data.addr, h.data.addr);
   EXPECT_EQ(d->data.rkey, h.data.rkey);
   EXPECT_EQ(d->ctl.addr, h.ctl.addr);
@@ -441,7 +447,7 @@ void expect_perf_schema(const json& j, const std::string& test, const std::strin
                         "progress", "test", "mode"})
     EXPECT_TRUE(s.at(k).is_string()) << k;
   for (const char* k :
-       {"ird", "ord", "iters", "warmup", "qps", "tx_depth", "rx_depth", "batch", "inline"})
+       {"ird", "ord", "iters", "warmup", "qps", "tx_depth", "slots", "rx_depth", "batch", "inline"})
     EXPECT_TRUE(s.at(k).is_number_unsigned()) << k;
   for (const char* k : {"extensions", "verify"}) EXPECT_TRUE(s.at(k).is_boolean()) << k;
   // The transport's own facts: an object where the provider has them, else null.
@@ -566,6 +572,10 @@ std::vector<run_case> run_cases() {
   // Untimed requests first: the server's count of the phase includes them.
   out.push_back({"send", "bw", {"--warmup", "100", "--qps", "2"}});
   out.push_back({"fetch-add", "bw", {"--warmup", "50"}});
+  // Every request through the same buffer (--slots 1), as bench/compare's
+  // bandwidth rows run: the bytes of each still check.
+  out.push_back({"read", "bw", {"--slots", "1", "--tx-depth", "32"}});
+  out.push_back({"send", "bw", {"--slots", "1"}});
   return out;
 }
 
@@ -578,6 +588,28 @@ std::string run_case_name(const testing::TestParamInfo<run_case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(cli, perf_run, testing::ValuesIn(run_cases()), run_case_name);
+
+// --slots reaches the server in the hello: the same 8 MiB of requests in
+// flight fit its 1 MiB bound when they share one 64 KiB buffer, and every
+// request's bytes still check.
+TEST(cli, slots_bound_the_buffers_requests_rotate_through_on_both_sides) {
+  server_process srv({"--max-memory", "1M"});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto r = run({"perf", srv.address(), "--size", "64K", "--tx-depth", "128", "--slots", "1",
+                      "--iters", "300", "--verify", "--json", "--quiet"},
+                     60s);
+  ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  json j;
+  ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+  EXPECT_EQ(j.at("settings").at("slots").get<unsigned>(), 1u);
+  expect_perf_schema(j, "write", "bw", {65536});
+}
+
+TEST(cli, slots_are_for_bandwidth_and_rate_runs) {
+  const auto r = run({"perf", "127.0.0.1:1", "--mode", "lat", "--slots", "1"}, 10s);
+  EXPECT_EQ(exit_code(r), 2) << r.output;
+  EXPECT_NE(r.output.find("--slots"), std::string::npos) << r.output;
+}
 
 // The same runs over the shm provider: the server listens on an abstract Unix
 // socket name. Sizes 8 B and 4 KiB go through the shared rings, 64 KiB by

@@ -85,7 +85,7 @@ class client {
   explicit client(const perf_options& o)
       : o_(o),
         layout_(data_layout::make(*std::max_element(o.sizes.begin(), o.sizes.end()),
-                                  std::max(o.tx_depth, o.batch), o.qps)),
+                                  std::max(o.tx_depth, o.batch), o.qps, o.slots)),
         ep_(open_perf_device(o), o, layout_),
         progress_(o.quiet) {}
 
@@ -159,6 +159,7 @@ void client::connect_all() {
   h.qps = static_cast<std::uint16_t>(o_.qps);
   h.tx_depth = std::max(o_.tx_depth, o_.batch);
   h.rx_depth = o_.rx_depth;
+  h.slots = o_.slots;
   h.max_size = *std::max_element(o_.sizes.begin(), o_.sizes.end());
   h.data = ep_.data_mr().remote();
   h.ctl = ep_.ctl_mr().remote();

@@ -170,6 +170,11 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   app.add_option("--tx-depth", o.tx_depth,
                  "outstanding requests per QP (default: bw/rate 128; READ/atomics limited by ORD)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--slots", o.slots,
+                 "buffers per QP that bandwidth and rate requests rotate through (default: one "
+                 "per outstanding request, within 64 MiB a QP; 1: every request uses the same "
+                 "buffer, as ib_write_bw and most benchmarks do)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--rx-depth", o.rx_depth, "receives posted per QP for send / write-imm")
       ->check(CLI::Range(1, 8192))
       ->default_val(512);
@@ -386,6 +391,8 @@ std::string validate_perf_options(perf_options& o) {
   if (o.batch > o.tx_depth)
     return "--batch " + std::to_string(o.batch) + " exceeds --tx-depth " +
            std::to_string(o.tx_depth);
+  if (o.mode == perf_mode::lat && o.slots != 0)
+    return "--slots is for bandwidth and rate runs (a latency run uses one buffer each way)";
   if (o.mode == perf_mode::lat && o.qps != 1 && o.test != perf_test::read && !is_atomic(o.test))
     return "latency runs over several QPs are READ and atomics only (the server answers WRITE, "
            "SEND and WRITE_WITH_IMM on one QP): drop --qps";

@@ -79,8 +79,11 @@ void print_settings(std::FILE* out, const perf_settings& s) {
   std::string amount =
       o.iters != 0 ? std::to_string(o.iters) + " iterations" : format_seconds(o.duration);
   std::fprintf(
-      out, "  QPs %u, tx depth %u, signal 1 in %u, inline up to %u B, %s per size, warmup %llu%s\n",
-      o.qps, o.tx_depth, o.batch, o.inline_size, amount.c_str(),
+      out,
+      "  QPs %u, tx depth %u, %s, signal 1 in %u, inline up to %u B, %s per size, warmup %llu%s\n",
+      o.qps, o.tx_depth,
+      (o.slots != 0 ? std::to_string(o.slots) + " buffer(s) per QP" : "a buffer per request").c_str(),
+      o.batch, o.inline_size, amount.c_str(),
       static_cast<unsigned long long>(o.warmup), o.verify ? ", verifying data" : "");
 }
 
@@ -151,6 +154,7 @@ nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& r
       {"warmup", o.warmup},
       {"qps", o.qps},
       {"tx_depth", o.tx_depth},
+      {"slots", o.slots},
       {"rx_depth", o.rx_depth},
       {"batch", o.batch},
       {"inline", o.inline_size},

@@ -386,7 +386,8 @@ std::string refusal(const perf_hello& h, const perf_options& o) {
   if (h.qps == 0 || h.qps > perf_max_qps)
     return "QP count " + std::to_string(h.qps) + " out of range (1.." +
            std::to_string(perf_max_qps) + ")";
-  const std::uint64_t need = data_layout::make(h.max_size, h.tx_depth, h.qps).bytes();
+  if (h.slots > 4096) return "slot count " + std::to_string(h.slots) + " out of range (1..4096)";
+  const std::uint64_t need = data_layout::make(h.max_size, h.tx_depth, h.qps, h.slots).bytes();
   if (need > o.max_memory)
     return "the run needs " + format_size(need) + " of server memory (" + std::to_string(h.qps) +
            " QPs x depth x message size), over this server's --max-memory " +
@@ -465,7 +466,8 @@ int run_perf_server(const perf_options& o) {
       bool served = false;
       try {
         perf_endpoint ep(dev.share(), o,
-                         data_layout::make(hello->max_size, hello->tx_depth, hello->qps));
+                         data_layout::make(hello->max_size, hello->tx_depth, hello->qps,
+                                           hello->slots));
         ep.create_qps(hello->qps, hello->tx_depth, hello->rx_depth);
         ep.post_ctl_recvs();
         const auto welcome = perf_welcome{ep.data_mr().remote(), ep.ctl_mr().remote()}.encode();

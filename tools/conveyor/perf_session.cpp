@@ -73,6 +73,7 @@ std::vector<std::byte> perf_hello::encode() const {
   w.u(index, 2);
   w.u(tx_depth, 4);
   w.u(rx_depth, 4);
+  w.u(slots, 4);
   w.u(max_size, 8);
   // Regions as address and rkey only (the server knows their lengths from the
   // layout): the whole hello must fit the 55 bytes a connect may carry on
@@ -102,6 +103,7 @@ std::optional<perf_hello> perf_hello::decode(std::span<const std::byte> b, std::
   h.index = static_cast<std::uint16_t>(r.u(2));
   h.tx_depth = static_cast<std::uint32_t>(r.u(4));
   h.rx_depth = static_cast<std::uint32_t>(r.u(4));
+  h.slots = static_cast<std::uint32_t>(r.u(4));
   h.max_size = r.u(8);
   h.data.addr = r.u(8);
   h.data.rkey = static_cast<std::uint32_t>(r.u(4));
@@ -111,7 +113,8 @@ std::optional<perf_hello> perf_hello::decode(std::span<const std::byte> b, std::
     why = "malformed conveyor perf hello";
     return std::nullopt;
   }
-  h.data.length = h.qps == 0 ? 0 : data_layout::make(h.max_size, h.tx_depth, h.qps).bytes();
+  h.data.length =
+      h.qps == 0 ? 0 : data_layout::make(h.max_size, h.tx_depth, h.qps, h.slots).bytes();
   h.ctl.length = ctl_layout::bytes;
   return h;
 }
@@ -200,14 +203,16 @@ __attribute__((no_sanitize("thread"))) bool check_pattern(std::span<const std::b
   return true;
 }
 
-data_layout data_layout::make(std::uint64_t max_size, std::uint32_t depth, std::uint32_t qps) {
+data_layout data_layout::make(std::uint64_t max_size, std::uint32_t depth, std::uint32_t qps,
+                              std::uint32_t slots) {
   data_layout l;
   l.slot_size = std::max<std::uint64_t>(64, (max_size + 63) / 64 * 64);
   // Enough slots for every outstanding request, within 64 MiB per QP (requests
   // beyond that reuse slots, which a NIC does not mind).
   const std::uint64_t cap = std::max<std::uint64_t>(1, (64ull << 20) / l.slot_size);
-  l.slots =
-      static_cast<std::uint32_t>(std::max<std::uint64_t>(2, std::min<std::uint64_t>(depth, cap)));
+  l.slots = slots != 0 ? slots
+                       : static_cast<std::uint32_t>(
+                             std::max<std::uint64_t>(2, std::min<std::uint64_t>(depth, cap)));
   l.qps = qps;
   return l;
 }

@@ -29,8 +29,9 @@ namespace conveyor::tool {
 
 // 2: the hello carries the client's regions as address and rkey (50 bytes in
 // all, within the 55 an InfiniBand/RoCE connect may carry). 3: up to
-// perf_max_qps data QPs, their credit words at ctl_layout::credit_off.
-inline constexpr std::uint16_t perf_protocol_version = 3;
+// perf_max_qps data QPs, their credit words at ctl_layout::credit_off. 4: the
+// hello carries the slots per QP (--slots; 54 bytes in all).
+inline constexpr std::uint16_t perf_protocol_version = 4;
 
 // Everything that goes wrong ends the run with one message for the user.
 struct perf_failure : std::runtime_error {
@@ -52,6 +53,7 @@ struct perf_hello {
   std::uint16_t index = 0;  // 0 = control QP, 1.. = data QPs
   std::uint32_t tx_depth = 1;
   std::uint32_t rx_depth = 1;
+  std::uint32_t slots = 0;  // --slots (0: the default, one per outstanding request)
   std::uint64_t max_size = 0;
   remote_region data, ctl;  // the client's regions (lengths: from the layout)
   // At most max_encoded bytes (the private data limit of an IB/RoCE connect).
@@ -100,8 +102,10 @@ struct data_layout {
   std::uint64_t slot_size = 64;
   std::uint32_t slots = 1;
   std::uint32_t qps = 1;
-  // At least two slots (latency runs send from one and land in the other).
-  static data_layout make(std::uint64_t max_size, std::uint32_t depth, std::uint32_t qps);
+  // `slots` per QP when it is not 0; otherwise one per outstanding request
+  // (`depth`) within 64 MiB a QP, and at least two.
+  static data_layout make(std::uint64_t max_size, std::uint32_t depth, std::uint32_t qps,
+                          std::uint32_t slots = 0);
   // Plus one spare slot: the source of latency runs' requests and echoes, never
   // a receive buffer or a target.
   std::uint64_t bytes() const { return slot_size * (static_cast<std::uint64_t>(slots) * qps + 1); }

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# bench.baseline_tcp_streams: the raw-TCP stream baseline in both polling modes
+# against its own server: each prints its JSON line under its own name, and the
+# client fails unless the server counted every byte it sent.
+# Usage: baseline_tcp_test.sh <conveyor-baseline>
+set -euo pipefail
+bin=${1:?}
+port=$((20000 + RANDOM % 20000))
+"$bin" tcp-server --bind "127.0.0.1:$port" 2>/dev/null &
+srv=$!
+trap 'kill $srv 2>/dev/null || true' EXIT
+for i in $(seq 50); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.1
+done
+for poll in busy block; do
+  out=$("$bin" tcp "127.0.0.1:$port" --test stream --poll "$poll" --size 64K --duration 0.05)
+  grep -q "\"test\":\"tcp-stream-$poll\",\"mode\":\"bw\",\"size\":65536" <<<"$out" ||
+    { echo "FAIL: --poll $poll printed: $out" >&2; exit 1; }
+done
+echo "PASS"
