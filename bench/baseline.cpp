@@ -114,8 +114,8 @@ result tcp_client(const std::string& addr, const std::string& test, bool busy, s
   auto buf = make_buffer(size);
   result r;
   r.test = stream ? (busy ? "tcp-stream-busy" : "tcp-stream-block")
-                  : busy ? "tcp-pingpong-busy"
-                         : "tcp-pingpong-block";
+           : busy ? "tcp-pingpong-busy"
+                  : "tcp-pingpong-block";
   r.mode = stream ? "bw" : "lat";
   r.size = size;
   auto c0 = cpu_time::now();

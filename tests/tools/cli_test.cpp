@@ -262,7 +262,6 @@ TEST(cli, size_over_the_servers_max_size_is_refused_with_the_reason) {
   EXPECT_NE(r.output.find("rejected"), std::string::npos) << r.output;
 }
 
-
 TEST(cli, a_client_of_another_protocol_version_is_refused_with_the_reason) {
   server_process srv;
   ASSERT_FALSE(srv.address().empty()) << srv.drain_log();

@@ -36,9 +36,9 @@ struct perf_options {
   double duration = 0;               // seconds per size; 0 = use iters
   std::uint64_t warmup = 0;          // untimed iterations first
   std::uint32_t qps = 1;
-  std::uint32_t tx_depth = 0;      // outstanding requests per QP (0 = mode default)
-  std::uint32_t slots = 0;  // buffers per QP the requests rotate through (0 = one per request)
-  std::uint32_t rx_depth = 512;    // receives posted per QP for send/write-imm
+  std::uint32_t tx_depth = 0;    // outstanding requests per QP (0 = mode default)
+  std::uint32_t slots = 0;       // buffers per QP the requests rotate through (0 = one per request)
+  std::uint32_t rx_depth = 512;  // receives posted per QP for send/write-imm
   std::uint32_t inline_size = 64;  // messages up to this size go inline
   std::uint32_t batch = 0;         // signal one request in `batch` (0 = mode default)
   bool crc = true;

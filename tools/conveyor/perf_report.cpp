@@ -82,9 +82,10 @@ void print_settings(std::FILE* out, const perf_settings& s) {
       out,
       "  QPs %u, tx depth %u, %s, signal 1 in %u, inline up to %u B, %s per size, warmup %llu%s\n",
       o.qps, o.tx_depth,
-      (o.slots != 0 ? std::to_string(o.slots) + " buffer(s) per QP" : "a buffer per request").c_str(),
-      o.batch, o.inline_size, amount.c_str(),
-      static_cast<unsigned long long>(o.warmup), o.verify ? ", verifying data" : "");
+      (o.slots != 0 ? std::to_string(o.slots) + " buffer(s) per QP" : "a buffer per request")
+          .c_str(),
+      o.batch, o.inline_size, amount.c_str(), static_cast<unsigned long long>(o.warmup),
+      o.verify ? ", verifying data" : "");
 }
 
 void print_table_header(std::FILE* out, const perf_settings& s) {

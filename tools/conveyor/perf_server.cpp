@@ -465,9 +465,9 @@ int run_perf_server(const perf_options& o) {
       }
       bool served = false;
       try {
-        perf_endpoint ep(dev.share(), o,
-                         data_layout::make(hello->max_size, hello->tx_depth, hello->qps,
-                                           hello->slots));
+        perf_endpoint ep(
+            dev.share(), o,
+            data_layout::make(hello->max_size, hello->tx_depth, hello->qps, hello->slots));
         ep.create_qps(hello->qps, hello->tx_depth, hello->rx_depth);
         ep.post_ctl_recvs();
         const auto welcome = perf_welcome{ep.data_mr().remote(), ep.ctl_mr().remote()}.encode();
