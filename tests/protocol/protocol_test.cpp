@@ -337,3 +337,43 @@ TEST(terminate, wrong_msn_gets_a_terminate) {
   EXPECT_EQ(term->layer, term_layer::ddp);
   EXPECT_EQ(term->ecode, term::ddp_u_msn_range);
 }
+
+// A peer on an MTU 1500 link frames 1.4 KiB FPDUs. The target must read them
+// many per system call: a readv per FPDU straight into the region (right for
+// 64 KiB loopback FPDUs) cost five times a TCP stream's CPU per GB over veth.
+// The first FPDU arrives with most of its payload still to come, which is what
+// sent every later one down the one-readv-each path.
+TEST(placement, mss_sized_fpdus_are_read_many_per_system_call) {
+  target t(false);
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw_v2(t, false, 4, fut);
+  ASSERT_TRUE(fut.get().has_value());
+  constexpr std::size_t n = 24, plen = 1428;  // MSS 1448 less the tagged header and CRC
+  std::vector<std::byte> data(n * plen);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = std::byte(i * 131 + 7);
+  std::vector<std::byte> stream;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto f = encode_tagged(rdmap_op::write, i + 1 == n, t.mr.rkey(), addr_of(t.mr) + i * plen,
+                           std::span(data).subspan(i * plen, plen), false);
+    stream.insert(stream.end(), f.begin(), f.end());
+  }
+  const std::size_t first = 2 + ddp::tagged_hdr + 100;  // length, header, 100 payload bytes
+  ASSERT_TRUE(p.send_all(std::span(stream).first(first)));
+  auto stream_in = [&] {
+    return t.qp.counters().iwarp.value_or(iwarp_qp_counters{}).rx_stream_bytes;
+  };
+  for (int i = 0; i < 5000 && stream_in() < first; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(stream_in(), first);
+  std::this_thread::sleep_for(20ms);  // the engine waits for the rest of the first FPDU
+  ASSERT_TRUE(p.send_all(std::span(stream).subspan(first)));
+  for (int i = 0; i < 5000 && t.qp.counters().rx_bytes < data.size(); ++i)
+    std::this_thread::sleep_for(1ms);
+  const auto c = t.qp.counters();
+  ASSERT_EQ(c.rx_bytes, data.size());
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), t.mem.begin())) << "placed bytes differ";
+  ASSERT_TRUE(c.iwarp.has_value());
+  EXPECT_EQ(c.iwarp->rx_fpdus, n);
+  // Two sends, one to two reads each, plus the reads that find the socket
+  // drained; one readv per FPDU would be 24 or more.
+  EXPECT_LE(c.iwarp->rx_syscalls, 8u) << "FPDUs read one system call each";
+}

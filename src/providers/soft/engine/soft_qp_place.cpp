@@ -185,7 +185,7 @@ bool soft_qp::rx_header() noexcept {
   rx_beg_ += h_.header_len;
   rx_done_ = 0;
   rx_trailer_got_ = 0;
-  rx_last_big_ = h_.payload_len >= 4096;
+  rx_last_big_ = h_.payload_len >= direct_payload_min;
   rx_phase_ = h_.payload_len > 0 ? rx_phase::payload : rx_phase::trailer;
   return true;
 }
@@ -215,7 +215,7 @@ bool soft_qp::rx_payload() noexcept {
       rx_done_ += n;
       continue;
     }
-    if (remaining < 1024) {
+    if (remaining < 1024 || h_.payload_len < direct_payload_min) {
       if (!rx_fill(remaining + 8)) return false;
       continue;
     }
