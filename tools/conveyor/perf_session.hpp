@@ -159,7 +159,10 @@ class latency_spin {
       : manual_(manual), spin_(!peer_on_this_cpu) {}
   void reset() noexcept { since_ = std::chrono::steady_clock::now(); }
   void relax() noexcept {
-    if (manual_) return;
+    // Manual progress: this thread's polls move the bytes, so it spins, unless
+    // the peer shares its CPU: then the peer must run to answer at all (a
+    // poller that never yields held it off for a whole 8 ms time slice).
+    if (manual_ && spin_) return;
     if (spin_ && std::chrono::steady_clock::now() - since_ < spin_for) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
