@@ -370,10 +370,26 @@ TEST(placement, mss_sized_fpdus_are_read_many_per_system_call) {
     std::this_thread::sleep_for(1ms);
   const auto c = t.qp.counters();
   ASSERT_EQ(c.rx_bytes, data.size());
-  EXPECT_TRUE(std::equal(data.begin(), data.end(), t.mem.begin())) << "placed bytes differ";
   ASSERT_TRUE(c.iwarp.has_value());
   EXPECT_EQ(c.iwarp->rx_fpdus, n);
   // Two sends, one to two reads each, plus the reads that find the socket
   // drained; one readv per FPDU would be 24 or more.
   EXPECT_LE(c.iwarp->rx_syscalls, 8u) << "FPDUs read one system call each";
+  // The bytes landed where each FPDU said: READ them back (the response also
+  // orders the engine's copies before this thread's look at the region).
+  read_request rr{0x77, 0, static_cast<std::uint32_t>(data.size()), t.mr.rkey(), addr_of(t.mr)};
+  ASSERT_TRUE(p.send_all(encode_read_request(rr, 1, false)));
+  std::vector<std::byte> back;
+  for (bool last = false; !last;) {
+    auto resp = p.read_fpdu();
+    ASSERT_TRUE(resp.has_value());
+    auto h = parse_fpdu_header(*resp);
+    ASSERT_TRUE(h.has_value());
+    ASSERT_EQ(h->opcode, rdmap_op::read_response);
+    back.insert(back.end(), resp->begin() + static_cast<long>(h->header_len),
+                resp->begin() + static_cast<long>(h->header_len + h->payload_len));
+    last = h->last;
+  }
+  EXPECT_TRUE(back == data) << "placed bytes differ";
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), t.mem.begin())) << "placed bytes differ";
 }
