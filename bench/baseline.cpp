@@ -63,14 +63,8 @@ void serve_one(int fd) {
   if (h.test == 1) {
     const std::size_t n = std::max<std::size_t>(h.size, 1u << 20);
     auto buf = make_buffer(n);
-    const int flags = h.busy ? MSG_DONTWAIT : 0;
     for (;;) {
-      ssize_t k = ::recv(fd, buf.get(), n, flags);
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0 && h.busy && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        ::sched_yield();  // lets a core-sharing sender run
-        continue;
-      }
+      const ssize_t k = recv_some(fd, buf.get(), n, h.busy != 0);
       if (k < 0) fail_errno("recv");
       if (k == 0) break;
       bytes += static_cast<std::uint64_t>(k);

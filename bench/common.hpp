@@ -167,17 +167,33 @@ inline int tcp_connect(const std::string& addr) {
   }
 }
 
+// One send or recv, retried on EINTR. busy_poll: the call uses MSG_DONTWAIT and
+// is retried on EAGAIN, yielding between tries so that a peer sharing the core
+// runs. Returns what the call returned (bytes, 0 at end of stream, or -1 with
+// errno).
+template <class Call>
+ssize_t retry_io(bool busy_poll, Call call) {
+  for (;;) {
+    const ssize_t k = call(busy_poll ? MSG_DONTWAIT : 0);
+    if (k >= 0) return k;
+    if (errno == EINTR) continue;
+    if (!busy_poll || (errno != EAGAIN && errno != EWOULDBLOCK)) return k;
+    ::sched_yield();
+  }
+}
+inline ssize_t send_some(int fd, const void* p, std::size_t n, bool busy_poll) {
+  return retry_io(busy_poll, [&](int flags) { return ::send(fd, p, n, MSG_NOSIGNAL | flags); });
+}
+inline ssize_t recv_some(int fd, void* p, std::size_t n, bool busy_poll) {
+  return retry_io(busy_poll, [&](int flags) { return ::recv(fd, p, n, flags); });
+}
+
 // Writes exactly n bytes (busy_poll: spins on MSG_DONTWAIT).
 inline void write_all(int fd, const void* p, std::size_t n, const char* what,
                       bool busy_poll = false) {
   auto* c = static_cast<const char*>(p);
   while (n > 0) {
-    ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL | (busy_poll ? MSG_DONTWAIT : 0));
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && busy_poll && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      ::sched_yield();  // lets a core-sharing receiver run
-      continue;
-    }
+    const ssize_t k = send_some(fd, c, n, busy_poll);
     if (k <= 0) fail_errno(what);
     c += k;
     n -= static_cast<std::size_t>(k);
@@ -189,11 +205,7 @@ inline bool read_all(int fd, void* p, std::size_t n, const char* what, bool busy
   auto* c = static_cast<char*>(p);
   std::size_t got = 0;
   while (got < n) {
-    ssize_t k = ::recv(fd, c + got, n - got, busy_poll ? MSG_DONTWAIT : 0);
-    if (k < 0 && (errno == EINTR || (busy_poll && (errno == EAGAIN || errno == EWOULDBLOCK)))) {
-      if (busy_poll && got == 0) ::sched_yield();  // lets a core-sharing peer run
-      continue;
-    }
+    const ssize_t k = recv_some(fd, c + got, n - got, busy_poll);
     if (k < 0) fail_errno(what);
     if (k == 0) {
       if (got == 0) return false;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -602,6 +603,23 @@ TEST(cli, slots_bound_the_buffers_requests_rotate_through_on_both_sides) {
   ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
   EXPECT_EQ(j.at("settings").at("slots").get<unsigned>(), 1u);
   expect_perf_schema(j, "write", "bw", {65536});
+}
+
+// Without --slots every outstanding request gets its own buffer, and the report
+// says how many were laid out; a latency run uses one each way.
+TEST(cli, the_report_gives_the_buffers_per_qp_as_laid_out) {
+  server_process srv({"--persistent"});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  for (const auto& [mode, want] : {std::pair{"bw", 8u}, std::pair{"lat", 1u}}) {
+    const auto r =
+        run({"perf", srv.address(), "--mode", mode, "--size", "4K", "--tx-depth",
+             std::string(mode) == "bw" ? "8" : "1", "--iters", "100", "--json", "--quiet"},
+            60s);
+    ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+    json j;
+    ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+    EXPECT_EQ(j.at("settings").at("slots").get<unsigned>(), want) << mode;
+  }
 }
 
 TEST(cli, slots_are_for_bandwidth_and_rate_runs) {

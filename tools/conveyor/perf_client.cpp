@@ -208,6 +208,7 @@ void client::connect_all() {
   settings_.shm = c.shm;
   settings_.verbs = c.verbs;
   settings_.opts = o_;
+  settings_.slots = o_.mode == perf_mode::lat ? 1 : layout_.slots;
 }
 
 void client::check_supported() {

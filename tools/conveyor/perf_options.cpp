@@ -174,7 +174,7 @@ void add_perf_options(CLI::App& app, perf_options& o) {
                  "buffers per QP that bandwidth and rate requests rotate through (default: one "
                  "per outstanding request, within 64 MiB a QP; 1: every request uses the same "
                  "buffer, as ib_write_bw and most benchmarks do)")
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1u, perf_max_slots));
   app.add_option("--rx-depth", o.rx_depth, "receives posted per QP for send / write-imm")
       ->check(CLI::Range(1, 8192))
       ->default_val(512);

@@ -22,6 +22,8 @@ bool is_atomic(perf_test t) noexcept;
 bool consumes_receive(perf_test t) noexcept;
 // The most data QPs one client may connect (--qps).
 inline constexpr std::uint32_t perf_max_qps = 4096;
+// The most buffers per QP that requests may rotate through (--slots).
+inline constexpr std::uint32_t perf_max_slots = 4096;
 
 struct perf_options {
   bool server = false;

@@ -82,8 +82,7 @@ void print_settings(std::FILE* out, const perf_settings& s) {
       out,
       "  QPs %u, tx depth %u, %s, signal 1 in %u, inline up to %u B, %s per size, warmup %llu%s\n",
       o.qps, o.tx_depth,
-      (o.slots != 0 ? std::to_string(o.slots) + " buffer(s) per QP" : "a buffer per request")
-          .c_str(),
+      (std::to_string(s.slots) + (s.slots == 1 ? " buffer" : " buffers") + " per QP").c_str(),
       o.batch, o.inline_size, amount.c_str(), static_cast<unsigned long long>(o.warmup),
       o.verify ? ", verifying data" : "");
 }
@@ -155,7 +154,7 @@ nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& r
       {"warmup", o.warmup},
       {"qps", o.qps},
       {"tx_depth", o.tx_depth},
-      {"slots", o.slots},
+      {"slots", s.slots},
       {"rx_depth", o.rx_depth},
       {"batch", o.batch},
       {"inline", o.inline_size},

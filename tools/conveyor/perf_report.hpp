@@ -47,6 +47,9 @@ struct perf_settings {
   std::uint32_t ird = 0, ord = 0;
   bool extensions = false;
   std::string progress;
+  // Buffers per QP the requests rotate through, as laid out (--slots, or one
+  // per outstanding request by default; a latency run uses one).
+  std::uint32_t slots = 0;
   // The transport's own facts, as qp.connection() has them (qp.hpp).
   std::optional<iwarp_connection_attr> iwarp;
   std::optional<shm_connection_attr> shm;

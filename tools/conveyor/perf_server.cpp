@@ -386,7 +386,9 @@ std::string refusal(const perf_hello& h, const perf_options& o) {
   if (h.qps == 0 || h.qps > perf_max_qps)
     return "QP count " + std::to_string(h.qps) + " out of range (1.." +
            std::to_string(perf_max_qps) + ")";
-  if (h.slots > 4096) return "slot count " + std::to_string(h.slots) + " out of range (1..4096)";
+  if (h.slots > perf_max_slots)
+    return "slot count " + std::to_string(h.slots) + " out of range (1.." +
+           std::to_string(perf_max_slots) + ")";
   const std::uint64_t need = data_layout::make(h.max_size, h.tx_depth, h.qps, h.slots).bytes();
   if (need > o.max_memory)
     return "the run needs " + format_size(need) + " of server memory (" + std::to_string(h.qps) +
