@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "perf.hpp"
+#include "perf_clock.hpp"
 #include "perf_report.hpp"
 #include "perf_session.hpp"
 #include "perf_signals.hpp"
@@ -65,10 +67,18 @@ class stall_guard {
  public:
   stall_guard(double timeout, perf_endpoint& ep)
       : limit_(std::chrono::duration<double>(timeout)), ep_(ep) {}
-  void progress() { last_ = clk::now(); }
+  // No clock read here: it sits inside every timed round trip. The next
+  // check() that reads the clock starts the stall window from then.
+  void progress() { moved_ = true; }
   void check(const char* waiting_for) {
     if (++spins_ % 1024 != 0) return;
-    if (clk::now() - last_ > limit_)
+    const auto now = clk::now();
+    if (moved_) {
+      moved_ = false;
+      last_ = now;
+      return;
+    }
+    if (now - last_ > limit_)
       fail(std::string("no progress for ") + std::to_string(static_cast<int>(limit_.count())) +
            " s while waiting for " + waiting_for + " (" + ep_.describe() + ")");
   }
@@ -77,6 +87,7 @@ class stall_guard {
   std::chrono::duration<double> limit_;
   perf_endpoint& ep_;
   clk::time_point last_ = clk::now();
+  bool moved_ = false;
   std::uint64_t spins_ = 0;
 };
 
@@ -404,6 +415,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
   if (r.verified) fill_pattern({src, size}, seed, 0);
 
   latency_spin spin(ep_.manual(), peer_on_this_cpu_);
+  tick_clock::ns_per_tick();  // starts the counter's rate measurement
   auto wait_send = [&](const char* what) {
     while (true) {
       if (reap_send(wcs) != 0) return;
@@ -439,7 +451,7 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
                                          : secs(clk::now() - t_start) / o_.duration);
     const bool signaled = i % 64 == 0;
     spin.reset();
-    const auto t0 = clk::now();
+    const std::uint64_t t0 = tick_clock::now();
     switch (o_.test) {
       case perf_test::write: {
         std::memcpy(src + size - 8, &i, 8);
@@ -475,7 +487,8 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
                                                      : wr_opcode::atomic_cmp_and_swp;
         w.compare_add = o_.test == perf_test::fetch_add ? 1 : before;
         w.swap = before + 1;
-        check(ep_.qps()[q].post_send(w), "post request on data QP " + std::to_string(q));
+        if (const status st = ep_.qps()[q].post_send(w); st != errc::ok)
+          check(st, "post request on data QP " + std::to_string(q));
         wait_send("the response");
         if (r.verified) {
           const std::byte* got = local_slot(q, 0);
@@ -510,12 +523,15 @@ void client::lat_loop(perf_result& r, std::uint64_t seed, const std::string& lab
         break;
       }
     }
+    const std::uint64_t t1 = tick_clock::now();
     stall.progress();
-    if (i > o_.warmup) {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
-      samples.push_back(static_cast<std::uint32_t>(std::min<std::int64_t>(ns, 0xFFFFFFFF)));
-    }
+    if (i > o_.warmup)
+      samples.push_back(static_cast<std::uint32_t>(std::min<std::uint64_t>(t1 - t0, 0xFFFFFFFF)));
   }
+  // Ticks to nanoseconds, at the counter's rate measured over the run.
+  const double ns_per_tick = tick_clock::ns_per_tick();
+  for (auto& t : samples)
+    t = static_cast<std::uint32_t>(std::min(std::round(t * ns_per_tick), double(0xFFFFFFFF)));
   // Retire what is still unsignaled in the send queue: one signaled zero-length
   // WRITE completes after everything before it.
   {
