@@ -372,6 +372,62 @@ TEST_P(shm_direct, allocated_regions_are_served_by_the_initiator_without_the_tar
   EXPECT_EQ(std::memcmp(back->data(), region.data(), n), 0) << "the READ differs from the region";
 }
 
+// Every post_send carries two WRITEs: the first to plain registered memory
+// (never mapped: the target's engine executes it), the second to an allocated
+// region. So the second never finds the send queue empty. Once the mapping has
+// arrived it waits for the first to complete, then goes direct: completions
+// stay in posting order and every slot ends with its last WRITE. (The switch
+// used to need an empty send queue at post time: such a stream never made it,
+// and a bandwidth run that kept its queue full stayed on the engine path.)
+TEST_P(shm_direct, a_request_behind_one_in_flight_still_moves_to_the_mapping) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  constexpr int slots = 64, rounds = 500;
+  auto mapped = alloc_target(slots * 8, all_rights, 0x6900);
+  ASSERT_TRUE(mapped);
+  std::vector<std::byte> plain_buf(slots * 8);
+  auto plain = tgt.pd.register_memory(std::span(plain_buf), all_rights);
+  CVT_ASSERT_OK(plain);
+  ASSERT_TRUE(sync_target(op_timeout(64)));
+  auto src = make_region(init.pd, 2 * rounds * 8, access::local_write, 0);
+  CVT_ASSERT_OK(src);
+  for (std::uint64_t i = 0; i < 2 * rounds; ++i) std::memcpy(src->data() + 8 * i, &i, 8);
+  const auto d0 = init.qp.counters().shm.value().direct_ops;
+  for (int r = 0; r < rounds; ++r) {
+    const std::uint64_t i = 2 * r;
+    const conveyor::sge sg[2] = {src->sge(8 * i, 8), src->sge(8 * (i + 1), 8)};
+    const auto to_plain = plain->remote().slice(8 * (r % slots), 8);
+    const auto to_mapped = mapped.remote().slice(8 * (r % slots), 8);
+    const conveyor::send_wr wrs[2] = {{.wr_id = 0x7000 + i,
+                                       .opcode = conveyor::wr_opcode::rdma_write,
+                                       .sg_list = std::span(&sg[0], 1),
+                                       .remote_addr = to_plain.addr,
+                                       .rkey = to_plain.rkey},
+                                      {.wr_id = 0x7001 + i,
+                                       .opcode = conveyor::wr_opcode::rdma_write,
+                                       .sg_list = std::span(&sg[1], 1),
+                                       .remote_addr = to_mapped.addr,
+                                       .rkey = to_mapped.rkey}};
+    CVT_ASSERT_POST_OK(init.qp.post_send(std::span(wrs)));
+    std::vector<work_completion> wcs;
+    ASSERT_TRUE(wait(init.send_reader(), 2, op_timeout(8), wcs));
+    for (std::uint64_t k = 0; k < 2; ++k)
+      ASSERT_TRUE(ok(check_wc(wcs[k], conveyor::wc_status::success, conveyor::wc_opcode::rdma_write,
+                              0x7000 + i + k)))
+          << "round " << r << ": completion " << k << " out of order";
+  }
+  EXPECT_GT(init.qp.counters().shm.value().direct_ops - d0, 0u)
+      << "no WRITE behind one in flight used the mapping";
+  ASSERT_TRUE(sync_target(op_timeout(64)));
+  for (std::uint64_t j = 0; j < slots; ++j) {
+    const std::uint64_t last_round = (rounds - 1) - ((rounds - 1 - j) % slots);
+    std::uint64_t v = 0;
+    std::memcpy(&v, plain_buf.data() + 8 * j, 8);
+    EXPECT_EQ(v, 2 * last_round) << "plain slot " << j;
+    std::memcpy(&v, mapped.data() + 8 * j, 8);
+    EXPECT_EQ(v, 2 * last_round + 1) << "mapped slot " << j;
+  }
+}
+
 TEST_P(shm_direct, a_read_only_key_is_mapped_read_only_and_a_write_to_it_is_refused) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   auto region = alloc_target(8192, access::local_write | access::remote_read, 0x6300);

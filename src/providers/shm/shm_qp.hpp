@@ -103,6 +103,7 @@ class shm_qp final : public swnic::sw_qp {
   bool check_peer_error_locked() noexcept;
   // direct mapping (tx_mu_)
   bool try_direct_locked(swqe& w, std::uint32_t idx) noexcept;  // served it now
+  bool direct_mapped_locked(const swqe& w) const noexcept;      // its region is mapped
   void on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) noexcept;
   std::byte* map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot,
                             bool populate) noexcept;

@@ -100,6 +100,14 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
   pm.word = a.word;
 }
 
+bool shm_qp::direct_mapped_locked(const swqe& w) const noexcept {
+  if (pmaps_.empty() || w.len == 0 ||
+      !(w.op == wr_opcode::rdma_read || w.op == wr_opcode::rdma_write || is_atomic_op(w.op)))
+    return false;
+  const auto it = pmaps_.find(w.rkey);
+  return it != pmaps_.end() && it->second.state == peer_map::st::mapped;
+}
+
 bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
   const bool atomic = is_atomic_op(w.op);
   if (!(w.op == wr_opcode::rdma_read || w.op == wr_opcode::rdma_write || atomic)) return false;

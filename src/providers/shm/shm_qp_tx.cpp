@@ -193,6 +193,20 @@ bool shm_qp::tx_progress_locked() noexcept {
       if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
       break;
     }
+    // A request to a region mapped since the stream began (docs/SHM.md, direct
+    // mapping): held until everything in flight has completed, then served
+    // here. Completions stay in posting order, and a stream that never lets
+    // the send queue empty still moves to the direct path.
+    if (tx_off_ == 0 && !tx_imm_pending_ && direct_mapped_locked(w)) {
+      if (sq_head_ < sq_next_) break;
+      if (try_direct_locked(w, idx)) {
+        w.done = true;
+        push_send_wc(w);
+        ++sq_next_;
+        ++sq_head_;
+        continue;
+      }
+    }
     const bool needs_ord = w.op == wr_opcode::rdma_read || is_atomic_op(w.op);
     if (tx_off_ == 0 && !tx_imm_pending_) {
       // ORD: the READs/atomics outstanding at the peer at once, as negotiated.
