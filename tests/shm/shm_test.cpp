@@ -392,6 +392,7 @@ TEST_P(shm_direct, a_request_behind_one_in_flight_still_moves_to_the_mapping) {
   CVT_ASSERT_OK(src);
   for (std::uint64_t i = 0; i < 2 * rounds; ++i) std::memcpy(src->data() + 8 * i, &i, 8);
   const auto d0 = init.qp.counters().shm.value().direct_ops;
+  const auto tx0 = init.qp.counters().tx_bytes;
   for (int r = 0; r < rounds; ++r) {
     const std::uint64_t i = 2 * r;
     const conveyor::sge sg[2] = {src->sge(8 * i, 8), src->sge(8 * (i + 1), 8)};
@@ -417,6 +418,8 @@ TEST_P(shm_direct, a_request_behind_one_in_flight_still_moves_to_the_mapping) {
   }
   EXPECT_GT(init.qp.counters().shm.value().direct_ops - d0, 0u)
       << "no WRITE behind one in flight used the mapping";
+  EXPECT_EQ(init.qp.counters().tx_bytes - tx0, 2u * rounds * 8)
+      << "every WRITE's bytes are counted, direct or not";
   ASSERT_TRUE(sync_target(op_timeout(64)));
   for (std::uint64_t j = 0; j < slots; ++j) {
     const std::uint64_t last_round = (rounds - 1) - ((rounds - 1 - j) % slots);

@@ -138,6 +138,8 @@ void shm_qp::reset_locked() noexcept {
 }
 
 void shm_qp::provider_counters(qp_counters& c) const noexcept {
+  c.tx_bytes += c_direct_tx_.load();
+  c.rx_bytes += c_direct_rx_.load();
   c.shm = shm_qp_counters{.tx_slots = c_tx_msgs_.load(),
                           .rx_slots = c_rx_msgs_.load(),
                           .doorbells = c_bells_.load(),

@@ -196,7 +196,13 @@ class shm_qp final : public swnic::sw_qp {
   wc_status pending_local_ = wc_status::success;
 
   // counters
-  std::atomic<std::uint64_t> c_tx_msgs_{0}, c_rx_msgs_{0}, c_bells_{0}, c_direct_{0};
+  std::atomic<std::uint64_t> c_tx_msgs_{0}, c_rx_msgs_{0}, c_bells_{0};
+  // The direct path's counts, written only under tx_mu_: a plain load and
+  // store each (bump_locked), no locked read-modify-write on every operation.
+  std::atomic<std::uint64_t> c_direct_{0}, c_direct_tx_{0}, c_direct_rx_{0};
+  static void bump_locked(std::atomic<std::uint64_t>& c, std::uint64_t n) noexcept {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
 };
 
 }  // namespace conveyor::shm

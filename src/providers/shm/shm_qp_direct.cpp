@@ -134,14 +134,14 @@ bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
   const sge* sg = sq_sges(idx);
   if (w.op == wr_opcode::rdma_write) {
     gather_locked(w, idx, 0, p, w.len);
-    c_tx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
+    bump_locked(c_direct_tx_, w.len);
   } else if (w.op == wr_opcode::rdma_read) {
     std::uint64_t off = 0;
     for (std::uint32_t k = 0; k < w.nsge; ++k) {
       if (sg[k].length) std::memcpy(reinterpret_cast<void*>(sg[k].addr), p + off, sg[k].length);
       off += sg[k].length;
     }
-    c_rx_bytes_.fetch_add(w.len, std::memory_order_relaxed);
+    bump_locked(c_direct_rx_, w.len);
   } else {
     // On the shared pages: atomic against the peer's engine, its owner and
     // every other process mapping them.
@@ -149,7 +149,7 @@ bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
         detail::remote_atomic(p, w.op == wr_opcode::atomic_fetch_and_add, w.cmp_add, w.swap);
     std::memcpy(reinterpret_cast<void*>(sg[0].addr), &orig, 8);
   }
-  c_direct_.fetch_add(1, std::memory_order_relaxed);
+  bump_locked(c_direct_, 1);
   return true;
 }
 
