@@ -4,13 +4,15 @@
 //
 //   conveyor-baseline tcp-server [--bind ADDR:PORT] [--cpu N]
 //   conveyor-baseline tcp ADDR:PORT --test stream|pingpong [--poll busy|block]
-//                     --size N [--duration S] [--iters N] [--cpu N]
+//                     --size N [--duration S] [--iters N] [--warmup N] [--cpu N]
 //   conveyor-baseline memcpy --size N [--duration S] [--cpu N]
 //   conveyor-baseline shm-pingpong [--iters N] [--duration S] [--cpu N] [--peer-cpu N]
 //   conveyor-baseline cma --test read|write --size N [--duration S] [--cpu N] [--peer-cpu N]
 //
 // tcp: one TCP connection per measurement (TCP_NODELAY). "stream": the client
-// send()s buffers of --size bytes for --duration, then shuts its side down; the
+// sends --warmup messages (16) and waits until the server has them all; then
+// both clocks start and it send()s buffers of --size bytes for --duration, then
+// shuts its side down; the
 // server recv()s into a buffer of max(size, 1 MiB) until end of stream and
 // answers with the byte count and its CPU time; the clock stops when that
 // answer arrives, so every byte has been received. --poll busy: both ends spin
@@ -43,6 +45,7 @@ struct tcp_header {
   std::uint32_t test;  // 1 stream, 2 ping-pong
   std::uint32_t busy;  // spin on MSG_DONTWAIT instead of blocking
   std::uint64_t size;
+  std::uint64_t warmup;  // stream: messages received before the clocks start
 };
 struct tcp_reply {
   std::uint64_t bytes;
@@ -63,6 +66,18 @@ void serve_one(int fd) {
   if (h.test == 1) {
     const std::size_t n = std::max<std::size_t>(h.size, 1u << 20);
     auto buf = make_buffer(n);
+    if (h.warmup > 64) fail("tcp-server: bad warm-up");
+    // The warm-up messages first (every buffer's first pass), then a byte back
+    // that starts the client's clock, and this side's.
+    for (std::uint64_t left = h.warmup * h.size; left > 0;) {
+      const ssize_t k = recv_some(fd, buf.get(), std::min<std::uint64_t>(n, left), h.busy != 0);
+      if (k <= 0) fail("tcp-server: stream ended in its warm-up");
+      left -= static_cast<std::uint64_t>(k);
+    }
+    if (h.warmup > 0) {
+      write_all(fd, "W", 1, "warm-up answer");
+      c0 = cpu_time::now();
+    }
     for (;;) {
       const ssize_t k = recv_some(fd, buf.get(), n, h.busy != 0);
       if (k < 0) fail_errno("recv");
@@ -101,11 +116,17 @@ int tcp_server(const std::string& bind, int cpu) {
 }
 
 result tcp_client(const std::string& addr, const std::string& test, bool busy, std::size_t size,
-                  double duration, std::uint64_t iters) {
+                  double duration, std::uint64_t iters, std::uint64_t warmup) {
   int fd = tcp_connect(addr);
   const bool stream = test == "stream";
-  send_pod(fd, tcp_header{stream ? 1u : 2u, busy ? 1u : 0u, size});
+  if (!stream) warmup = 0;  // the ping-pong has its own
+  send_pod(fd, tcp_header{stream ? 1u : 2u, busy ? 1u : 0u, size, warmup});
   auto buf = make_buffer(size);
+  if (warmup > 0) {
+    for (std::uint64_t i = 0; i < warmup; ++i) write_all(fd, buf.get(), size, "warm-up send", busy);
+    char w = 0;
+    if (!read_all(fd, &w, 1, "warm-up answer", busy) || w != 'W') fail("no warm-up answer");
+  }
   result r;
   r.test = stream ? (busy ? "tcp-stream-busy" : "tcp-stream-block")
            : busy ? "tcp-pingpong-busy"
@@ -125,16 +146,16 @@ result tcp_client(const std::string& addr, const std::string& test, bool busy, s
     } while (clock_type::now() < deadline && n < iters);
     r.iterations = n;
   } else {
-    const std::uint64_t warmup = std::min<std::uint64_t>(100, iters / 10 + 1);
+    const std::uint64_t pp_warmup = std::min<std::uint64_t>(100, iters / 10 + 1);
     r.lat_us.reserve(iters);
-    for (std::uint64_t i = 0; i < warmup + iters; ++i) {
-      if (i == warmup) t0 = clock_type::now(), c0 = cpu_time::now(), deadline = t0 + span;
+    for (std::uint64_t i = 0; i < pp_warmup + iters; ++i) {
+      if (i == pp_warmup) t0 = clock_type::now(), c0 = cpu_time::now(), deadline = t0 + span;
       auto s = clock_type::now();
       write_all(fd, buf.get(), size, "ping-pong send");
       if (!read_all(fd, buf.get(), size, "ping-pong recv", busy))
         fail("server closed the connection");
-      if (i >= warmup) r.lat_us.push_back(seconds_since(s) * 1e6);
-      if (i >= warmup && clock_type::now() > deadline) break;
+      if (i >= pp_warmup) r.lat_us.push_back(seconds_since(s) * 1e6);
+      if (i >= pp_warmup && clock_type::now() > deadline) break;
     }
     r.iterations = r.lat_us.size();
   }
@@ -318,7 +339,7 @@ int main(int argc, char** argv) {
   std::string bind = "127.0.0.1:18515", addr, test, poll = "busy";
   std::string size_s = "8";
   double duration = 0.3;
-  std::uint64_t iters = 1000000;
+  std::uint64_t iters = 1000000, warmup = 16;
   int cpu = -1, peer_cpu = -1;
 
   auto* srv =
@@ -333,6 +354,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"stream", "pingpong"}));
   cli->add_option("--poll", poll, "busy (spin on MSG_DONTWAIT) or block")
       ->check(CLI::IsMember({"busy", "block"}))
+      ->capture_default_str();
+  cli->add_option("--warmup", warmup,
+                  "stream: messages sent and received before the clocks start (as "
+                  "conveyor-fi-bench's 16 posts): a buffer's first pass is not the stream's speed")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
 
   auto* mc = app.add_subcommand("memcpy", "single-thread memcpy bandwidth");
@@ -364,7 +390,7 @@ int main(int argc, char** argv) {
     if (*srv) return tcp_server(bind, cpu);
     pin_cpu(cpu);
     if (*cli)
-      print_json(tcp_client(addr, test, poll == "busy", size, duration, iters));
+      print_json(tcp_client(addr, test, poll == "busy", size, duration, iters, warmup));
     else if (*mc)
       print_json(memcpy_bw(size, duration));
     else if (*spp)

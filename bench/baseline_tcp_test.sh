@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench.baseline_tcp_streams: the raw-TCP stream baseline in both polling modes
+# bench.baseline_tcp_streams: the raw-TCP stream baseline in both polling modes,
+# with and without its warm-up,
 # against its own server: each prints its JSON line under its own name, and the
 # client fails unless the server counted every byte it sent.
 # Usage: baseline_tcp_test.sh <conveyor-baseline>
@@ -14,8 +15,11 @@ for i in $(seq 50); do
   sleep 0.1
 done
 for poll in busy block; do
-  out=$("$bin" tcp "127.0.0.1:$port" --test stream --poll "$poll" --size 64K --duration 0.05)
-  grep -q "\"test\":\"tcp-stream-$poll\",\"mode\":\"bw\",\"size\":65536" <<<"$out" ||
-    { echo "FAIL: --poll $poll printed: $out" >&2; exit 1; }
+  for warm in 0 16; do
+    out=$("$bin" tcp "127.0.0.1:$port" --test stream --poll "$poll" --size 64K --duration 0.05 \
+      --warmup "$warm")
+    grep -q "\"test\":\"tcp-stream-$poll\",\"mode\":\"bw\",\"size\":65536" <<<"$out" ||
+      { echo "FAIL: --poll $poll --warmup $warm printed: $out" >&2; exit 1; }
+  done
 done
 echo "PASS"
