@@ -254,6 +254,36 @@ TEST_P(shm_only, engine_fetch_add_is_atomic_against_the_owners_own_atomics) {
       << "an increment was lost";
 }
 
+// Manual progress: an application that keeps polling is not asleep, so its
+// peer has no reason to ring its doorbell (a system call per message). Every
+// empty poll used to flag the poller asleep: 2000 WRITEs, each awaited by
+// polling, made the target ring the initiator's doorbell about 2000 times.
+TEST_P(shm_only, a_busy_polling_application_is_not_woken_by_doorbells) {
+  if (!manual()) GTEST_SKIP() << "the engine thread sleeps on the doorbells in thread mode";
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto src = make_region(init.pd, 8, access::local_write, 0x6a00);
+  CVT_ASSERT_OK(src);
+  ASSERT_TRUE(sync_target(op_timeout(64)));
+  const auto bells0 = tgt.qp.counters().shm.value().doorbells;
+  constexpr int n = 2000;
+  std::array<conveyor::work_completion, 4> wcs;
+  for (int i = 0; i < n; ++i) {
+    CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, 8), peer.slice(8 * (i % 64), 8), 0x6b00 + i));
+    const auto deadline = std::chrono::steady_clock::now() + op_timeout(8);
+    std::size_t got = 0;
+    while (got == 0) {  // poll, never wait: this thread never sleeps
+      auto r = init.scq.poll(wcs);
+      ASSERT_TRUE(r.has_value());
+      got = *r;
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "WRITE " << i << " never completed";
+    }
+    ASSERT_EQ(wcs[0].status, conveyor::wc_status::success);
+  }
+  const auto bells = tgt.qp.counters().shm.value().doorbells - bells0;
+  EXPECT_LT(bells, n / 20u) << "the target rang a polling initiator's doorbell " << bells
+                            << " times for " << n << " WRITEs";
+}
+
 TEST_P(shm_only, an_idle_connection_burns_no_cpu) {
   if (manual()) GTEST_SKIP() << "manual progress has no engine thread";
   ASSERT_NO_FATAL_FAILURE(connect_pair());

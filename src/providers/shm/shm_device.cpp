@@ -147,22 +147,37 @@ void engine::progress() noexcept {
   note_app_poll();
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return;
-  if ((manual_ ? poll_all_locked() : poll_step_locked()) > 0) return;
-  if (!manual_) {
-    // The engine thread may be parked behind this poller: look at the sockets
-    // now and then so a peer that died is noticed by a busy-polling application.
-    const std::int64_t now = swnic::sw_engine::now_ns();
-    if (now - last_socket_check_ns_ > 1000000) {
-      last_socket_check_ns_ = now;
-      socket_events_locked(0, nullptr, false);
-    }
-    return;
+  if (asleep_) {
+    // Polling again after a wait: peers need not ring the doorbell (a system
+    // call for every message they publish) while this thread looks anyway.
+    sleep_flags_locked(false);
+    asleep_ = false;
   }
-  // Manual mode, nothing to do: look at the sockets (doorbells, hang-ups), then
-  // ask peers for doorbells so a CQ wait that sleeps on wait_fd() is woken.
+  if ((manual_ ? poll_all_locked() : poll_step_locked()) > 0) return;
+  // Look at the sockets now and then so that a peer that died is noticed by a
+  // busy-polling application (the engine thread may be parked behind it; in
+  // manual mode there is none). Manual mode consumes the doorbells too: only
+  // this thread sleeps on them.
+  const std::int64_t now = swnic::sw_engine::now_ns();
+  if (now - last_socket_check_ns_ > 1000000) {
+    last_socket_check_ns_ = now;
+    socket_events_locked(0, nullptr, manual_);
+  }
+}
+
+bool engine::prepare_wait() noexcept {
+  if (!manual_) return false;
+  std::lock_guard lk(mu_);
+  // Doorbells and hang-ups first, then ask peers for doorbells and look at the
+  // rings once more: what a peer published before it saw the flag is found
+  // here, what it publishes after rings wait_fd().
   socket_events_locked(0, nullptr, true);
   sleep_flags_locked(true);
-  if (poll_all_locked() > 0) sleep_flags_locked(false);
+  asleep_ = true;
+  if (poll_all_locked() == 0) return false;
+  sleep_flags_locked(false);
+  asleep_ = false;
+  return true;
 }
 
 void engine::run() {

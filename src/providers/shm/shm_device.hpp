@@ -38,6 +38,9 @@ class engine final : public swnic::sw_engine {
   // application keeps polling, until app_window passes without a poll or
   // idle() says the application is about to sleep.
   void progress() noexcept override;
+  // Manual mode: flags this side asleep in every segment (peers then ring its
+  // doorbell) and looks at the rings once more.
+  bool prepare_wait() noexcept override;
 
  private:
   void run() override;
@@ -53,6 +56,7 @@ class engine final : public swnic::sw_engine {
 
   const bool manual_;
   std::int64_t last_socket_check_ns_ = 0;  // under mu_
+  bool asleep_ = false;                    // manual: sleep flags set (under mu_)
   std::mutex mu_;                          // live_, hot_ and every QP's engine-side state
   std::vector<shm_qp*> live_;
   std::vector<shm_qp*> hot_;

@@ -117,6 +117,7 @@ std::expected<std::size_t, errc> sw_cq::wait(std::span<work_completion> out,
     r = poll(out);
     if (!r || *r > 0) return r;
     if (engine_ && !manual_) engine_->idle();  // the engine thread takes over
+    if (engine_ && manual_ && engine_->prepare_wait()) continue;
     auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
     int ms = static_cast<int>(std::min<long long>(std::max<long long>(left, 0) + 1, 1000));

@@ -19,6 +19,9 @@ class progress_source {
   virtual int wait_fd() const noexcept = 0;  // readable when progress() has work
   // The calling application thread stops polling (it is about to sleep).
   virtual void idle() noexcept {}
+  // Manual progress: the caller is about to sleep on wait_fd(). Arranges to be
+  // woken by new work; true if work turned up meanwhile (poll instead).
+  virtual bool prepare_wait() noexcept { return false; }
 };
 
 class sw_cq final : public cq_impl {
