@@ -672,6 +672,63 @@ TEST_P(shm_direct, direct_atomics_are_atomic_against_the_owner_and_the_targets_e
   EXPECT_EQ(std::atomic_ref<std::uint64_t>(*word).load(), 3u * n) << "an increment was lost";
 }
 
+// Every QP of a device that maps the same region shares one mapping of it: four
+// QPs to one peer region add one mapping to this process, not four (a thousand
+// QPs each mapping a 64 MiB region made bench/compare's many-connection rows
+// collapse to 1% of one QP's bandwidth). Each QP still makes its own checks,
+// and each serves its accesses directly.
+TEST_P(shm_direct, qps_mapping_the_same_region_share_one_mapping) {
+  if (manual()) GTEST_SKIP() << "the extra connections are driven by engine threads";
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto region = alloc_target(64 * KiB, all_rights, 0x6c00);
+  ASSERT_TRUE(region);
+  const std::size_t before = region_map_perms().size();
+  ASSERT_TRUE(map_it(region.remote()));
+  const std::size_t one = region_map_perms().size();
+  EXPECT_EQ(one, before + 1) << "the first QP's mapping";
+
+  constexpr int extra = 3;
+  const std::string addr = "@cvt-share-" + std::to_string(::getpid());
+  auto lis = conveyor::listener::bind(tgt.dev, addr);
+  CVT_ASSERT_OK(lis);
+  auto cq = init.dev.create_cq({.depth = 64});
+  CVT_ASSERT_OK(cq);
+  auto tcq = tgt.dev.create_cq({.depth = 64});
+  CVT_ASSERT_OK(tcq);
+  auto sink = make_region(init.pd, 8, access::local_write, 0);
+  CVT_ASSERT_OK(sink);
+  std::vector<conveyor::queue_pair> qps, tqps;
+  for (int k = 0; k < extra; ++k) {
+    auto qp = init.pd.create_qp({.send_cq = &*cq, .recv_cq = &*cq});
+    CVT_ASSERT_OK(qp);
+    auto tqp = tgt.pd.create_qp({.send_cq = &*tcq, .recv_cq = &*tcq});
+    CVT_ASSERT_OK(tqp);
+    std::thread acceptor([&] {
+      auto req = lis->accept(scaled(milliseconds(10000)));
+      if (req) (void)req->accept(*tqp, {});
+    });
+    auto info = conveyor::connect(*qp, addr, {.timeout = scaled(milliseconds(10000))});
+    acceptor.join();
+    CVT_ASSERT_OK(info);
+    // READs until this QP serves one through its mapping (the first asks for it).
+    bool direct = false;
+    for (int i = 0; i < 200 && !direct; ++i) {
+      CVT_ASSERT_POST_OK(qp->post_read(sink->sge(0, 8), region.remote().slice(0, 8), i));
+      conveyor::work_completion wc;
+      auto got = cq->wait(std::span(&wc, 1), op_timeout(8));
+      ASSERT_TRUE(got && *got == 1 && wc.status == conveyor::wc_status::success);
+      direct = qp->counters().shm.value().direct_ops > 0;
+      if (!direct) std::this_thread::sleep_for(milliseconds(1));
+    }
+    ASSERT_TRUE(direct) << "extra QP " << k << " never mapped the region";
+    EXPECT_TRUE(ok(check_pattern(std::span<const std::byte>(sink->data(), 8), 0x6c00)));
+    qps.push_back(std::move(*qp));
+    tqps.push_back(std::move(*tqp));
+  }
+  EXPECT_EQ(region_map_perms().size(), one)
+      << extra << " more QPs mapping the same region added mappings of it";
+}
+
 TEST_P(shm_direct, direct_mapping_off_keeps_every_access_in_the_targets_engine) {
   ::setenv("CONVEYOR_SHM_DIRECT", "off", 1);
   ASSERT_NO_FATAL_FAILURE(connect_pair());

@@ -8,6 +8,7 @@
 // so a step costs what the active QPs cost, not one look per connected QP.
 #pragma once
 
+#include "providers/shm/shm_peer_maps.hpp"
 #include "providers/shm/shm_segment.hpp"
 #include "providers/swnic/sw_device.hpp"
 #include "providers/swnic/sw_engine.hpp"
@@ -94,6 +95,8 @@ class shm_device final : public swnic::sw_device {
   result<void> publish_direct(std::uint32_t key, direct_region r);
   void revoke_direct(std::uint32_t key) noexcept;
   bool lookup_direct(std::uint32_t key, std::uint32_t pd_id, map_answer& out) noexcept;
+  // Direct mapping, mapping side: peers' files as this device's QPs map them.
+  peer_mappings& peer_maps() noexcept { return peer_maps_; }
 
  private:
   result<void> revocation_page_locked();
@@ -106,6 +109,7 @@ class shm_device final : public swnic::sw_device {
   std::uint64_t rev_ino_ = 0;
   std::atomic<std::uint64_t>* rev_ = nullptr;
   std::uint64_t next_gen_ = 1;
+  peer_mappings peer_maps_;
 };
 
 class shm_pd final : public swnic::sw_pd {

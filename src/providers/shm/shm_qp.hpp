@@ -15,6 +15,7 @@
 #pragma once
 
 #include "providers/shm/shm_attach.hpp"
+#include "providers/shm/shm_peer_maps.hpp"
 #include "providers/shm/shm_segment.hpp"
 #include "providers/swnic/sw_qp.hpp"
 
@@ -22,6 +23,7 @@
 
 #include <atomic>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -76,7 +78,8 @@ class shm_qp final : public swnic::sw_qp {
   // A peer region this side may map (direct mapping, docs/SHM.md).
   struct peer_map {
     enum class st : std::uint8_t { pending, mapped, none } state = st::pending;
-    std::byte* ptr = nullptr;
+    std::byte* ptr = nullptr;  // hold's data
+    std::shared_ptr<peer_mapping> hold;
     std::size_t map_len = 0;
     std::uint64_t base = 0, len = 0, gen = 0;
     access rights = access::none;
@@ -105,8 +108,8 @@ class shm_qp final : public swnic::sw_qp {
   bool try_direct_locked(swqe& w, std::uint32_t idx) noexcept;  // served it now
   bool direct_mapped_locked(const swqe& w) const noexcept;      // its region is mapped
   void on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) noexcept;
-  std::byte* map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot,
-                            bool populate) noexcept;
+  std::shared_ptr<peer_mapping> map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot,
+                                               bool populate) noexcept;
   void unmap_peer_locked() noexcept;
 
   // receive side (engine)
@@ -163,6 +166,7 @@ class shm_qp final : public swnic::sw_qp {
   bool direct_ok_ = false;  // we may map: our probe reached the peer, neither side opted out
   int pidfd_ = -1;
   const std::atomic<std::uint64_t>* peer_rev_ = nullptr;  // the peer's revocation page
+  std::shared_ptr<peer_mapping> peer_rev_map_;            // ... and its mapping
   std::uint64_t peer_rev_ino_ = 0;
   std::unordered_map<std::uint32_t, peer_map> pmaps_;
 

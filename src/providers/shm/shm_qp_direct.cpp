@@ -27,8 +27,8 @@ namespace conveyor::shm {
 using namespace qp_parts;
 
 // ------------------------------------------------------------ direct mapping ----
-std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot,
-                                  bool populate) noexcept {
+std::shared_ptr<peer_mapping> shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len,
+                                                     int prot, bool populate) noexcept {
   if (pidfd_ < 0) {
     pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, peer_pid_, 0));
     if (pidfd_ < 0) return nullptr;
@@ -37,14 +37,14 @@ std::byte* shm_qp::map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, in
   const int f = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd_, fd, 0));
   if (f < 0) return nullptr;
   // Only the file the peer named, sealed against shrinking and growing, and
-  // large enough: then no access inside [0, len) can fault.
-  const bool good = sealed_memfd_ok(f, len, false, ino);
-  // Populated at once (the pages exist: the owner populated them), so the
-  // data path takes no page-table faults.
-  void* p = good ? ::mmap(nullptr, len, prot, MAP_SHARED | (populate ? MAP_POPULATE : 0), f, 0)
-                 : MAP_FAILED;
+  // large enough: then no access inside [0, len) can fault. Checked by every
+  // QP for its own peer; the mapping itself is the device's, shared by every
+  // QP that maps this file (populated at once when made: the pages exist, the
+  // owner populated them, so the data path takes no page-table faults).
+  std::shared_ptr<peer_mapping> m;
+  if (sealed_memfd_ok(f, len, false, ino)) m = dev_->peer_maps().get(f, ino, len, prot, populate);
   ::close(f);
-  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  return m;
 }
 
 void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) noexcept {
@@ -58,9 +58,9 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
       a.map_len > dev_->attr().max_mr_size || a.base + a.len < a.base)
     return;
   if (peer_rev_ == nullptr) {
-    std::byte* r =
+    auto r =
         map_peer_memfd(a.rev_fd, a.rev_ino, std::size_t(revocation_words) * 8, PROT_READ, false);
-    if (r == nullptr) {
+    if (!r) {
       direct_ok_ = false;  // no permission after all: stop asking
       if (detail::log_enabled(detail::log_level::info))
         detail::log_line(detail::log_level::info,
@@ -69,7 +69,8 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
                              std::strerror(errno) + "); direct mapping off for this connection");
       return;
     }
-    peer_rev_ = reinterpret_cast<const std::atomic<std::uint64_t>*>(r);
+    peer_rev_ = reinterpret_cast<const std::atomic<std::uint64_t>*>(r->data());
+    peer_rev_map_ = std::move(r);
     peer_rev_ino_ = a.rev_ino;
   } else if (a.rev_ino != peer_rev_ino_) {
     return;
@@ -83,15 +84,15 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
   // seconds (32 clients mapping a 3 GiB store at once on 2 CPUs stalled each
   // one's first requests past a 5 s timeout). Beyond it, pages are mapped on
   // first touch (a minor fault each, once).
-  std::byte* p = map_peer_memfd(a.fd, a.ino, a.map_len, prot, a.map_len <= direct_populate_max);
-  if (p == nullptr) return;
+  auto m = map_peer_memfd(a.fd, a.ino, a.map_len, prot, a.map_len <= direct_populate_max);
+  if (!m) return;
   if (peer_rev_[a.word].load(std::memory_order_seq_cst) != a.gen) {  // revoked meanwhile
-    ::munmap(p, a.map_len);
     pmaps_.erase(it);
     return;
   }
   pm.state = peer_map::st::mapped;
-  pm.ptr = p;
+  pm.ptr = m->data();
+  pm.hold = std::move(m);
   pm.map_len = a.map_len;
   pm.base = a.base;
   pm.len = a.len;
@@ -118,7 +119,6 @@ bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
   // Revoked (deregistered, or the slot reused): forget the mapping; the request
   // goes to the peer's engine, which refuses the dead key.
   if (peer_rev_[pm.word].load(std::memory_order_seq_cst) != pm.gen) {
-    ::munmap(pm.ptr, pm.map_len);
     pmaps_.erase(it);
     return false;
   }
@@ -154,13 +154,9 @@ bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
 }
 
 void shm_qp::unmap_peer_locked() noexcept {
-  for (auto& [key, pm] : pmaps_)
-    if (pm.state == peer_map::st::mapped) ::munmap(pm.ptr, pm.map_len);
-  pmaps_.clear();
-  if (peer_rev_ != nullptr) {
-    ::munmap(const_cast<std::atomic<std::uint64_t>*>(peer_rev_), std::size_t(revocation_words) * 8);
-    peer_rev_ = nullptr;
-  }
+  pmaps_.clear();  // the last QP holding a mapping unmaps it
+  peer_rev_ = nullptr;
+  peer_rev_map_.reset();
   if (pidfd_ >= 0) {
     ::close(pidfd_);
     pidfd_ = -1;
