@@ -284,6 +284,38 @@ TEST_P(shm_only, a_busy_polling_application_is_not_woken_by_doorbells) {
                             << " times for " << n << " WRITEs";
 }
 
+// Manual progress, two application threads: one asleep in wait() on the receive
+// CQ, the other polling the send CQ of the same device. The poll must leave the
+// sleeper's flags set, so the peer's SEND rings its doorbell and wakes it (a
+// poll that cleared them left it asleep until its wait's next one-second
+// slice).
+TEST_P(shm_only, a_poll_on_one_thread_keeps_another_threads_wake_up) {
+  if (!manual()) GTEST_SKIP() << "the engine thread sleeps on the doorbells in thread mode";
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto sink = make_region(init.pd, 64, access::local_write, 0);
+  CVT_ASSERT_OK(sink);
+  CVT_ASSERT_POST_OK(init.qp.post_recv(sink->sge(0, 64), 0x6d00));
+  std::atomic<bool> woke{false};
+  conveyor::work_completion got{};
+  std::thread sleeper([&] {
+    auto r = init.rcq.wait(std::span(&got, 1), op_timeout(64) + milliseconds(5000));
+    woke = r.has_value() && *r == 1;
+  });
+  std::this_thread::sleep_for(milliseconds(100));  // well past the wait's spin
+  std::array<conveyor::work_completion, 4> wcs;
+  auto polled = init.scq.poll(wcs);  // the other thread: one poll, nothing to find
+  ASSERT_TRUE(polled.has_value());
+  EXPECT_EQ(*polled, 0u);
+  const auto bells0 = tgt.qp.counters().shm.value().doorbells;
+  CVT_ASSERT_POST_OK(tgt.qp.post_send_msg(tgt_main.sge(0, 64), 0x6d01));
+  sleeper.join();
+  ASSERT_TRUE(woke.load()) << "the sleeping thread never got the SEND";
+  EXPECT_EQ(got.status, conveyor::wc_status::success);
+  EXPECT_EQ(got.wr_id, 0x6d00u);
+  EXPECT_GE(tgt.qp.counters().shm.value().doorbells - bells0, 1u)
+      << "the SEND rang no doorbell: the poll had cleared the sleeper's flags";
+}
+
 TEST_P(shm_only, an_idle_connection_burns_no_cpu) {
   if (manual()) GTEST_SKIP() << "manual progress has no engine thread";
   ASSERT_NO_FATAL_FAILURE(connect_pair());

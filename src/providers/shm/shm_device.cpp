@@ -147,21 +147,22 @@ void engine::progress() noexcept {
   note_app_poll();
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return;
-  if (asleep_) {
+  if (asleep_ && sleepers_ == 0) {
     // Polling again after a wait: peers need not ring the doorbell (a system
     // call for every message they publish) while this thread looks anyway.
+    // Not while another thread sleeps on them: it would miss its wake-up.
     sleep_flags_locked(false);
     asleep_ = false;
   }
   if ((manual_ ? poll_all_locked() : poll_step_locked()) > 0) return;
   // Look at the sockets now and then so that a peer that died is noticed by a
   // busy-polling application (the engine thread may be parked behind it; in
-  // manual mode there is none). Manual mode consumes the doorbells too: only
-  // this thread sleeps on them.
+  // manual mode there is none). Manual mode consumes the doorbells too, unless
+  // a thread sleeps on them (the byte is its wake-up).
   const std::int64_t now = swnic::sw_engine::now_ns();
   if (now - last_socket_check_ns_ > 1000000) {
     last_socket_check_ns_ = now;
-    socket_events_locked(0, nullptr, manual_);
+    socket_events_locked(0, nullptr, manual_ && sleepers_ == 0);
   }
 }
 
@@ -174,10 +175,21 @@ bool engine::prepare_wait() noexcept {
   socket_events_locked(0, nullptr, true);
   sleep_flags_locked(true);
   asleep_ = true;
-  if (poll_all_locked() == 0) return false;
-  sleep_flags_locked(false);
-  asleep_ = false;
+  if (poll_all_locked() == 0) {
+    ++sleepers_;
+    return false;
+  }
+  if (sleepers_ == 0) {
+    sleep_flags_locked(false);
+    asleep_ = false;
+  }
   return true;
+}
+
+void engine::end_wait() noexcept {
+  if (!manual_) return;
+  std::lock_guard lk(mu_);
+  if (sleepers_ > 0) --sleepers_;
 }
 
 void engine::run() {

@@ -40,8 +40,11 @@ class engine final : public swnic::sw_engine {
   // idle() says the application is about to sleep.
   void progress() noexcept override;
   // Manual mode: flags this side asleep in every segment (peers then ring its
-  // doorbell) and looks at the rings once more.
+  // doorbell) and looks at the rings once more. The flags stay set while any
+  // thread sleeps in a wait (end_wait counts it out); a poll clears them only
+  // when none does.
   bool prepare_wait() noexcept override;
+  void end_wait() noexcept override;
 
  private:
   void run() override;
@@ -58,6 +61,7 @@ class engine final : public swnic::sw_engine {
   const bool manual_;
   std::int64_t last_socket_check_ns_ = 0;  // under mu_
   bool asleep_ = false;                    // manual: sleep flags set (under mu_)
+  std::uint32_t sleepers_ = 0;             // manual: threads between prepare_wait and end_wait
   std::mutex mu_;                          // live_, hot_ and every QP's engine-side state
   std::vector<shm_qp*> live_;
   std::vector<shm_qp*> hot_;

@@ -123,6 +123,7 @@ std::expected<std::size_t, errc> sw_cq::wait(std::span<work_completion> out,
     int ms = static_cast<int>(std::min<long long>(std::max<long long>(left, 0) + 1, 1000));
     pollfd fds[2] = {{efd_, POLLIN, 0}, {manual_ ? engine_->wait_fd() : -1, POLLIN, 0}};
     ::poll(fds, manual_ ? 2 : 1, ms);
+    if (engine_ && manual_) engine_->end_wait();
   }
 }
 

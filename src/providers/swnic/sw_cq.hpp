@@ -20,8 +20,10 @@ class progress_source {
   // The calling application thread stops polling (it is about to sleep).
   virtual void idle() noexcept {}
   // Manual progress: the caller is about to sleep on wait_fd(). Arranges to be
-  // woken by new work; true if work turned up meanwhile (poll instead).
+  // woken by new work; true if work turned up meanwhile (poll instead, and no
+  // end_wait). Otherwise end_wait() follows once the caller wakes.
   virtual bool prepare_wait() noexcept { return false; }
+  virtual void end_wait() noexcept {}
 };
 
 class sw_cq final : public cq_impl {
