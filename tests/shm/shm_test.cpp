@@ -367,6 +367,19 @@ class shm_direct : public shm_only {
     EXPECT_TRUE(sync_target(op_timeout(64)));
     return std::move(*mr);
   }
+  // Connects one more initiator QP `qp` to target QP `tqp` through `lis`
+  // (bound at `addr` on the target's device).
+  testing::AssertionResult connect_extra(conveyor::listener& lis, const std::string& addr,
+                                         conveyor::queue_pair& qp, conveyor::queue_pair& tqp) {
+    std::thread acceptor([&] {
+      auto req = lis.accept(scaled(milliseconds(10000)));
+      if (req) (void)req->accept(tqp, {});
+    });
+    auto info = conveyor::connect(qp, addr, {.timeout = scaled(milliseconds(10000))});
+    acceptor.join();
+    if (!info) return testing::AssertionFailure() << "connect: " << info.error().to_string();
+    return testing::AssertionSuccess();
+  }
   // READs 8 bytes of `r` until the initiator serves them through its mapping
   // (the first goes to the target's engine and asks for the mapping).
   testing::AssertionResult map_it(const conveyor::remote_region& r) {
@@ -658,13 +671,7 @@ TEST_P(shm_direct, direct_atomics_are_atomic_against_the_owner_and_the_targets_e
   const std::string addr = "@cvt-direct-" + std::to_string(::getpid());
   auto lis = conveyor::listener::bind(tgt.dev, addr);
   CVT_ASSERT_OK(lis);
-  std::thread acceptor([&] {
-    auto req = lis->accept(scaled(milliseconds(10000)));
-    if (req) (void)req->accept(*tqp, {});
-  });
-  auto info = conveyor::connect(*qp2, addr, {.timeout = scaled(milliseconds(10000))});
-  acceptor.join();
-  CVT_ASSERT_OK(info);
+  ASSERT_TRUE(connect_extra(*lis, addr, *qp2, *tqp));
   EXPECT_FALSE(qp2->connection()->shm.value().direct_mapping);
   auto res2 = pd2->allocate_memory(8, access::local_write);
   CVT_ASSERT_OK(res2);
@@ -735,13 +742,7 @@ TEST_P(shm_direct, qps_mapping_the_same_region_share_one_mapping) {
     CVT_ASSERT_OK(qp);
     auto tqp = tgt.pd.create_qp({.send_cq = &*tcq, .recv_cq = &*tcq});
     CVT_ASSERT_OK(tqp);
-    std::thread acceptor([&] {
-      auto req = lis->accept(scaled(milliseconds(10000)));
-      if (req) (void)req->accept(*tqp, {});
-    });
-    auto info = conveyor::connect(*qp, addr, {.timeout = scaled(milliseconds(10000))});
-    acceptor.join();
-    CVT_ASSERT_OK(info);
+    ASSERT_TRUE(connect_extra(*lis, addr, *qp, *tqp));
     // READs until this QP serves one through its mapping (the first asks for it).
     bool direct = false;
     for (int i = 0; i < 200 && !direct; ++i) {

@@ -58,10 +58,6 @@ class peer_mappings {
     }
     return m;
   }
-  std::size_t size() noexcept {
-    std::lock_guard lk(mu_);
-    return maps_.size();
-  }
 
  private:
   using key = std::tuple<std::uint64_t, std::size_t, int>;
