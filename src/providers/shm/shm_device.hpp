@@ -51,7 +51,7 @@ class engine final : public swnic::sw_engine {
   int poll_all_locked() noexcept;  // ring work done
   // The hot QPs, then cold_per_step cold ones in turn; a cold QP that moves
   // turns hot, a hot one idle for engine_spin_us turns cold. Ring work done.
-  int poll_step_locked() noexcept;
+  int poll_step_locked(std::int64_t now) noexcept;
   void make_hot_locked(shm_qp* qp) noexcept;
   static constexpr std::size_t cold_per_step = 16;
   void sleep_flags_locked(bool on) noexcept;

@@ -130,7 +130,7 @@ void shm_qp::disconnect() noexcept {
 }
 
 void shm_qp::reset_locked() noexcept {
-  tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
+  tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = rsp_shown_ = 0;
   reset_rx();
   irq_ends_.clear();
   rsp_bad_ = false;
@@ -162,7 +162,7 @@ void shm_qp::start(conn_setup&& s) {
     direct_ok_ = cma_rx_ && dev_->direct_enabled();
     attr_ = std::move(s.attr);
     attr_.shm.value().direct_mapping = direct_ok_;
-    tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = 0;
+    tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = rsp_shown_ = 0;
     connected_ = true;
     state_.store(qp_state::rts, std::memory_order_seq_cst);
   }

@@ -140,6 +140,14 @@ class shm_qp final : public swnic::sw_qp {
   ring_ctl& req_out() const noexcept { return seg_.hdr->req[seg_.side]; }
   ring_ctl& req_in() const noexcept { return seg_.hdr->req[1 - seg_.side]; }
   ring_ctl& resp_out() const noexcept { return seg_.hdr->resp[seg_.side]; }
+  // Stores our response ring's head only when it moved: the peer polls that
+  // word, so each store of an unchanged value would still pull its cache line
+  // away from the peer (two cross-core misses per request that has no response).
+  void publish_resp_head() noexcept {
+    if (rsp_head_ == rsp_shown_) return;
+    rsp_shown_ = rsp_head_;
+    resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+  }
   ring_ctl& resp_in() const noexcept { return seg_.hdr->resp[1 - seg_.side]; }
 
   shm_device* dev_;
@@ -171,9 +179,10 @@ class shm_qp final : public swnic::sw_qp {
   std::unordered_map<std::uint32_t, peer_map> pmaps_;
 
   // receive side (engine only)
-  std::uint64_t rx_tail_ = 0;   // the peer's request ring: next to execute
-  std::uint64_t rsp_tail_ = 0;  // the peer's response ring: next to consume
-  std::uint64_t rsp_head_ = 0;  // our response ring: next to fill
+  std::uint64_t rx_tail_ = 0;    // the peer's request ring: next to execute
+  std::uint64_t rsp_tail_ = 0;   // the peer's response ring: next to consume
+  std::uint64_t rsp_head_ = 0;   // our response ring: next to fill
+  std::uint64_t rsp_shown_ = 0;  // ... as last stored in the ring's head word
   // Every field the peer writes is copied out of the segment once, validated
   // once, and only that copy is used until its request retires:
   //  - a request that blocks (response ring full) is resumed from rx_req_, never

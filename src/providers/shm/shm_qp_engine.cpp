@@ -158,11 +158,11 @@ int shm_qp::rx_requests() noexcept {
     ++rx_tail_;
     // The response first: the initiator completes a READ or atomic only when it
     // has both the response and the tail past the request.
-    resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+    publish_resp_head();
     in.tail.store(rx_tail_, std::memory_order_seq_cst);
     c_rx_msgs_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (n > 0) resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+  if (n > 0) publish_resp_head();
   return n;
 }
 

@@ -303,7 +303,7 @@ shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noex
   const int ring = ring_resp(seg_.side);
   do {
     if (!resp_space(1)) {
-      resp_out().head.store(rsp_head_, std::memory_order_seq_cst);
+      publish_resp_head();
       dirty_.store(true, std::memory_order_relaxed);
       return exec::blocked;
     }

@@ -46,6 +46,9 @@ class sw_engine : public detail::progress_source {
   void note_app_poll() noexcept {
     if (park_ && threaded()) app_poll_ns_.store(now_ns(), std::memory_order_relaxed);
   }
+  void note_app_poll(std::int64_t now) noexcept {  // the caller read the clock already
+    if (park_ && threaded()) app_poll_ns_.store(now, std::memory_order_relaxed);
+  }
   // run(): if an application polled within app_window, park until the window
   // passes or idle() wakes us, and return true (the loop goes round again).
   bool park_while_app_polls() noexcept;
