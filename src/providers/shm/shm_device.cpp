@@ -143,9 +143,10 @@ void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* 
 }
 
 void engine::progress() noexcept {
-  // One clock read per poll (this VM's clock costs ~25 ns a read; an empty
-  // poll used to read it three times).
-  const std::int64_t now = swnic::sw_engine::now_ns();
+  // At most one clock read per poll (this VM's clock costs ~25 ns a read; an
+  // empty poll used to read it three times); manual mode reads it only when
+  // the rings had nothing.
+  std::int64_t now = manual_ ? 0 : swnic::sw_engine::now_ns();
   note_app_poll(now);
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return;
@@ -161,6 +162,7 @@ void engine::progress() noexcept {
   // busy-polling application (the engine thread may be parked behind it; in
   // manual mode there is none). Manual mode consumes the doorbells too, unless
   // a thread sleeps on them (the byte is its wake-up).
+  if (now == 0) now = swnic::sw_engine::now_ns();
   if (now - last_socket_check_ns_ > 1000000) {
     last_socket_check_ns_ = now;
     socket_events_locked(0, nullptr, manual_ && sleepers_ == 0);

@@ -43,11 +43,10 @@ class sw_engine : public detail::progress_source {
   bool stopping() const noexcept { return stop_.load(std::memory_order_relaxed); }
 
   // progress(): an application thread polls now (parks the engine thread).
-  void note_app_poll() noexcept {
-    if (park_ && threaded()) app_poll_ns_.store(now_ns(), std::memory_order_relaxed);
-  }
-  void note_app_poll(std::int64_t now) noexcept {  // the caller read the clock already
-    if (park_ && threaded()) app_poll_ns_.store(now, std::memory_order_relaxed);
+  // now: the caller's clock reading, or 0 to read the clock here if needed.
+  void note_app_poll(std::int64_t now = 0) noexcept {
+    if (park_ && threaded())
+      app_poll_ns_.store(now != 0 ? now : now_ns(), std::memory_order_relaxed);
   }
   // run(): if an application polled within app_window, park until the window
   // passes or idle() wakes us, and return true (the loop goes round again).
