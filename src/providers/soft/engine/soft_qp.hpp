@@ -143,6 +143,11 @@ class soft_qp final : public swnic::sw_qp {
   bool rx_trailer() noexcept;
   bool rx_message_done() noexcept;
   bool rx_fill(std::size_t want) noexcept;  // read more into staging; false on EAGAIN/EOF
+  // What the receive side queued for the send side (READ and atomic responses,
+  // requests waiting for the ORD a response freed) leaves in one sendmsg before
+  // the next socket read and when the round ends, not one per message parsed:
+  // a batch of READ requests read at once gets its responses in one call.
+  void send_kicked() noexcept;
   // In ERROR the QP reads no more (a peer cannot make it accept and discard
   // bytes forever): the socket leaves epoll's read set, and the socket is
   // closed once the peer hangs up or linger_time has passed, time for our
@@ -225,6 +230,7 @@ class soft_qp final : public swnic::sw_qp {
   bool rx_last_big_ = false;
   bool rx_drained_ = false;              // a read this round came back short
   int rx_reads_ = 0;                     // socket reads this round
+  bool tx_kicked_ = false;               // send_kicked has something to send
   std::atomic<bool> rx_eof_{false};      // the peer closed or the socket failed
   std::atomic<bool> rx_stopped_{false};  // ERROR: not reading, lingering
   int linger_fd_ = -1;                   // timerfd of the linger deadline (rx_mu_)

@@ -235,6 +235,7 @@ bool soft_qp::rx_payload() noexcept {
       rx_release();
       return false;
     }
+    send_kicked();
     const ssize_t n = ::readv(fd_, v, k + 2);
     rx_release();
     c_rx_sys_.fetch_add(1, std::memory_order_relaxed);
@@ -330,7 +331,7 @@ bool soft_qp::rx_message_done() noexcept {
       out_reads_.pop_front();
       --ord_used_;
       retire_locked();
-      tx_progress_locked();
+      tx_kicked_ = true;
       return true;
     }
     case rdmap_op::send:
@@ -417,7 +418,7 @@ bool soft_qp::rx_message_done() noexcept {
       w.byte_len = 8;
       complete_send_locked(w, wc_status::success);
       retire_locked();
-      tx_progress_locked();
+      tx_kicked_ = true;
       return true;
     }
     default:

@@ -67,7 +67,7 @@ void soft_qp::handle_read_request(const read_request& rr) noexcept {
   std::lock_guard lk(tx_mu_);
   irq_.push_back(
       {response::read, rr.sink_stag, rr.sink_to, rr.size, 0, rr.src_stag, rr.src_to, 0, 0});
-  tx_progress_locked();
+  tx_kicked_ = true;
 }
 
 void soft_qp::handle_atomic_request(const atomic_request& a) noexcept {
@@ -109,7 +109,7 @@ void soft_qp::handle_atomic_request(const atomic_request& a) noexcept {
   c_atomics_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lk(tx_mu_);
   irq_.push_back({response::atomic, 0, 0, 0, 0, 0, 0, a.request_id, orig});
-  tx_progress_locked();
+  tx_kicked_ = true;
 }
 
 void soft_qp::handle_terminate(const terminate_msg& t) noexcept {

@@ -100,6 +100,7 @@ bool soft_qp::rx_fill(std::size_t want) noexcept {
   }
   std::size_t room = rxbuf_size - rx_end_;
   if (rx_last_big_) room = std::min(room, std::max(want, header_lookahead));
+  send_kicked();
   const ssize_t n = ::recv(fd_, rxbuf_.get() + rx_end_, room, MSG_DONTWAIT);
   c_rx_sys_.fetch_add(1, std::memory_order_relaxed);
   if (n > 0) {
@@ -117,9 +118,20 @@ bool soft_qp::rx_fill(std::size_t want) noexcept {
   return false;
 }
 
+void soft_qp::send_kicked() noexcept {
+  if (!tx_kicked_) return;
+  tx_kicked_ = false;
+  std::lock_guard lk(tx_mu_);
+  tx_progress_locked();
+}
+
 void soft_qp::rx_progress() noexcept {
   std::lock_guard lk(rx_mu_);
   if (fd_ < 0 || !attached_.load() || rx_eof_.load()) return;
+  struct at_end {
+    soft_qp* q;
+    ~at_end() { q->send_kicked(); }
+  } flush{this};
   rx_drained_ = false;
   // No step budget: parsing what is buffered is bounded by the buffer, and
   // socket reads per call are capped in rx_fill (fairness between QPs); a cap
