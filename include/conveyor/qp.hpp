@@ -219,6 +219,11 @@ struct iwarp_qp_counters {
   std::uint64_t tx_stream_bytes = 0, rx_stream_bytes = 0;
   std::uint64_t tx_syscalls = 0, rx_syscalls = 0;  // sendmsg / recv and readv calls on the socket
   std::uint64_t terminates_sent = 0, terminates_received = 0;  // RDMAP Terminate messages
+  // Payload bytes read from the socket straight into their destination (a
+  // region, a posted receive, a READ's sink); the rest of rx_stream_bytes came
+  // through the staging buffer and a copy (headers, small FPDUs, payload that
+  // arrived with its header).
+  std::uint64_t rx_direct_bytes = 0;
 };
 
 // Per-QP counters of `shm`'s rings (qp_counters::shm).

@@ -367,6 +367,7 @@ class IwarpQpCounters:
     rx_syscalls: int
     terminates_sent: int
     terminates_received: int
+    rx_direct_bytes: int
 
 class ShmQpCounters:
     tx_slots: int

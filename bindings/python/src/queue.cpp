@@ -351,7 +351,8 @@ void bind_queue(py::module_& m) {
       .def_readonly("tx_syscalls", &iwarp_qp_counters::tx_syscalls)
       .def_readonly("rx_syscalls", &iwarp_qp_counters::rx_syscalls)
       .def_readonly("terminates_sent", &iwarp_qp_counters::terminates_sent)
-      .def_readonly("terminates_received", &iwarp_qp_counters::terminates_received);
+      .def_readonly("terminates_received", &iwarp_qp_counters::terminates_received)
+      .def_readonly("rx_direct_bytes", &iwarp_qp_counters::rx_direct_bytes);
 
   py::class_<shm_qp_counters>(m, "ShmQpCounters", "Counters of shm's rings.")
       .def_readonly("tx_slots", &shm_qp_counters::tx_slots)

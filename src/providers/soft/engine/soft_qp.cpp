@@ -130,7 +130,8 @@ void soft_qp::provider_counters(qp_counters& c) const noexcept {
                               .tx_syscalls = c_tx_sys_.load(),
                               .rx_syscalls = c_rx_sys_.load(),
                               .terminates_sent = c_term_tx_.load(),
-                              .terminates_received = c_term_rx_.load()};
+                              .terminates_received = c_term_rx_.load(),
+                              .rx_direct_bytes = c_rx_direct_.load()};
 }
 
 void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr,

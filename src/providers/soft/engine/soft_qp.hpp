@@ -227,7 +227,16 @@ class soft_qp final : public swnic::sw_qp {
   std::uint64_t rx_done_ = 0;  // payload bytes of this FPDU placed
   std::byte rx_trailer_[8]{};
   std::size_t rx_trailer_got_ = 0;
+  // The last FPDU with payload had a bulk payload: the next header is read
+  // alone (with a small look-ahead), so that a bulk payload behind it goes
+  // straight into its region. Control FPDUs (READ requests, the zero-length
+  // READ confirming a signaled WRITE) and the short last FPDU of a bulk
+  // message keep it for a few FPDUs: a 64 KiB WRITE ends in a 76-byte FPDU on
+  // loopback, which sent the next 64 KiB WRITE through staging and a copy. A
+  // run of them ends it (a burst of READ requests is read in large batches).
   bool rx_last_big_ = false;
+  bool rx_bulk_open_ = false;            // the last FPDU was bulk and not its message's last
+  std::uint32_t rx_ctl_run_ = 0;         // such FPDUs since the last bulk one
   bool rx_drained_ = false;              // a read this round came back short
   int rx_reads_ = 0;                     // socket reads this round
   bool tx_kicked_ = false;               // send_kicked has something to send
@@ -245,7 +254,7 @@ class soft_qp final : public swnic::sw_qp {
   // counters
   // (the base counts payload bytes; c_*_stream_ are the socket's bytes)
   std::atomic<std::uint64_t> c_tx_fpdus_{0}, c_rx_fpdus_{0}, c_tx_sys_{0}, c_rx_sys_{0},
-      c_term_tx_{0}, c_term_rx_{0}, c_tx_stream_{0}, c_rx_stream_{0};
+      c_term_tx_{0}, c_term_rx_{0}, c_tx_stream_{0}, c_rx_stream_{0}, c_rx_direct_{0};
 };
 
 }  // namespace conveyor::soft

@@ -32,6 +32,9 @@ inline constexpr std::size_t header_lookahead = 128;  // read-ahead after bulk p
 // buffer and copied: a system call per 1.4 KiB cost five times the CPU per GB
 // of a TCP stream.
 inline constexpr std::size_t direct_payload_min = 16 * 1024;
+// Control FPDUs (and bulk messages' short tails) after a bulk payload before
+// headers are read in large batches again.
+inline constexpr std::uint32_t bulk_ctl_run = 4;
 inline constexpr std::size_t max_fpdu_size = 65536;  // ULPDU_Length is 16 bits
 inline constexpr std::uint64_t mss_check_interval = 1u << 20;
 

@@ -185,7 +185,20 @@ bool soft_qp::rx_header() noexcept {
   rx_beg_ += h_.header_len;
   rx_done_ = 0;
   rx_trailer_got_ = 0;
-  rx_last_big_ = h_.payload_len >= direct_payload_min;
+  // Bulk payloads keep the next header read small; a short FPDU ends that,
+  // unless it carries no payload or is the tail of a message whose earlier
+  // FPDU was bulk (64 KiB is one full FPDU and a 76-byte one on loopback).
+  const bool bulk = h_.payload_len >= direct_payload_min;
+  const bool tail_of_bulk = rx_bulk_open_;
+  rx_bulk_open_ = bulk && !h_.last;
+  if (bulk) {
+    rx_last_big_ = true;
+    rx_ctl_run_ = 0;
+  } else if (h_.payload_len == 0 || tail_of_bulk) {
+    if (++rx_ctl_run_ > bulk_ctl_run) rx_last_big_ = false;
+  } else {
+    rx_last_big_ = false;
+  }
   rx_phase_ = h_.payload_len > 0 ? rx_phase::payload : rx_phase::trailer;
   return true;
 }
@@ -253,6 +266,7 @@ bool soft_qp::rx_payload() noexcept {
       if (cp_.crc) rx_crc_ = crc32c_update(rx_crc_, v[i].iov_base, t);
       rx_done_ += t;
       got -= t;
+      c_rx_direct_.fetch_add(t, std::memory_order_relaxed);
     }
     const std::size_t t = std::min(got, tl);
     rx_trailer_got_ = t;
