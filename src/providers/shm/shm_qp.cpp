@@ -150,6 +150,7 @@ void shm_qp::start(conn_setup&& s) {
   {
     std::lock_guard lk(tx_mu_);
     sock_ = s.sock;
+    seg_ = seg_view{};  // nothing of the rings mapped through this mapping yet
     seg_.hdr = static_cast<seg_header*>(s.map);
     seg_.base = static_cast<std::byte*>(s.map);
     seg_.side = s.side;
