@@ -4,7 +4,7 @@
 //
 //   conveyor-baseline tcp-server [--bind ADDR:PORT] [--cpu N]
 //   conveyor-baseline tcp ADDR:PORT --test stream|pingpong [--poll busy|block]
-//                     --size N [--duration S] [--iters N] [--warmup N] [--cpu N]
+//                     --size N [--duration S] [--iters N] [--warmup N] [--conns N] [--cpu N]
 //   conveyor-baseline memcpy --size N [--duration S] [--cpu N]
 //   conveyor-baseline shm-pingpong [--iters N] [--duration S] [--cpu N] [--peer-cpu N]
 //   conveyor-baseline cma --test read|write --size N [--duration S] [--cpu N] [--peer-cpu N]
@@ -19,7 +19,10 @@
 // on send/recv(MSG_DONTWAIT), as a polled RDMA provider's progress does;
 // --poll block: blocking send/recv (the kernel wakes each side). "pingpong":
 // --size bytes back and forth, busy-polling recv(MSG_DONTWAIT) or blocking in
-// recv likewise; a sample per round trip. CPU: getrusage of
+// recv likewise; a sample per round trip. "pingpong --conns N": N connections,
+// each round trip on the next one (as `conveyor perf --qps N` takes the next
+// QP), the server answering whichever is readable through epoll (busy: spinning
+// on epoll_wait(0)), as a server of many clients does. CPU: getrusage of
 // both processes over the measurement.
 // shm-pingpong: two processes (fork) bounce an 8-byte counter through one
 // shared page, both spinning on it. cma: two processes (fork); the parent
@@ -29,6 +32,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -46,7 +50,9 @@ struct tcp_header {
   std::uint32_t busy;  // spin on MSG_DONTWAIT instead of blocking
   std::uint64_t size;
   std::uint64_t warmup;  // stream: messages received before the clocks start
+  std::uint64_t conns;   // ping-pong: connections (this one first; the others send a header too)
 };
+constexpr std::uint64_t max_conns = 4096;
 struct tcp_reply {
   std::uint64_t bytes;
   double user, sys;
@@ -58,9 +64,63 @@ std::unique_ptr<char[]> make_buffer(std::size_t n) {
   return p;
 }
 
-void serve_one(int fd) {
+// A ping-pong over h.conns connections: fd is the first; the rest are accepted
+// from lfd. Each readable connection gets its message back; the reply goes on
+// the first once every connection has ended.
+std::uint64_t serve_many(int lfd, int fd, const tcp_header& h) {
+  std::vector<int> fds{fd};
+  struct closer {
+    std::vector<int>& v;
+    ~closer() {
+      for (std::size_t i = 1; i < v.size(); ++i) ::close(v[i]);
+    }
+  } close_rest{fds};
+  while (fds.size() < h.conns) {
+    const int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EINTR) continue;
+      fail_errno("accept");
+    }
+    fds.push_back(c);
+    set_nodelay(c);
+    const auto m = recv_pod<tcp_header>(c);
+    if (m.test != 2 || m.size != h.size || m.conns != 0) fail("tcp-server: bad member header");
+  }
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) fail_errno("epoll_create1");
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = i;
+    if (::epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &e) < 0) fail_errno("epoll_ctl");
+  }
+  auto buf = make_buffer(h.size);
+  std::uint64_t bytes = 0;
+  std::size_t open = fds.size();
+  epoll_event evs[64];
+  while (open > 0) {
+    const int n = ::epoll_wait(ep, evs, 64, h.busy ? 0 : -1);
+    if (n < 0 && errno != EINTR) fail_errno("epoll_wait");
+    for (int k = 0; k < n; ++k) {
+      const int c = fds[evs[k].data.u64];
+      if (!read_all(c, buf.get(), h.size, "ping-pong recv", h.busy != 0)) {
+        ::epoll_ctl(ep, EPOLL_CTL_DEL, c, nullptr);
+        --open;
+        continue;
+      }
+      write_all(c, buf.get(), h.size, "ping-pong send");
+      bytes += h.size;
+    }
+    if (n == 0) ::sched_yield();
+  }
+  ::close(ep);
+  return bytes;
+}
+
+void serve_one(int lfd, int fd) {
   auto h = recv_pod<tcp_header>(fd);
   if (h.size == 0 || h.size > (64u << 20)) fail("tcp-server: bad size");
+  if (h.conns > max_conns || (h.conns > 1 && h.test != 2)) fail("tcp-server: bad connection count");
   auto c0 = cpu_time::now();
   std::uint64_t bytes = 0;
   if (h.test == 1) {
@@ -84,6 +144,8 @@ void serve_one(int fd) {
       if (k == 0) break;
       bytes += static_cast<std::uint64_t>(k);
     }
+  } else if (h.conns > 1) {
+    bytes = serve_many(lfd, fd, h);
   } else {
     auto buf = make_buffer(h.size);
     while (read_all(fd, buf.get(), h.size, "ping-pong recv", h.busy != 0)) {
@@ -107,7 +169,7 @@ int tcp_server(const std::string& bind, int cpu) {
     }
     set_nodelay(fd);
     try {
-      serve_one(fd);
+      serve_one(lfd, fd);
     } catch (const failure& e) {
       std::fprintf(stderr, "conveyor-baseline tcp-server: %s\n", e.what());
     }
@@ -116,11 +178,17 @@ int tcp_server(const std::string& bind, int cpu) {
 }
 
 result tcp_client(const std::string& addr, const std::string& test, bool busy, std::size_t size,
-                  double duration, std::uint64_t iters, std::uint64_t warmup) {
+                  double duration, std::uint64_t iters, std::uint64_t warmup, std::uint64_t conns) {
   int fd = tcp_connect(addr);
   const bool stream = test == "stream";
   if (!stream) warmup = 0;  // the ping-pong has its own
-  send_pod(fd, tcp_header{stream ? 1u : 2u, busy ? 1u : 0u, size, warmup});
+  send_pod(fd, tcp_header{stream ? 1u : 2u, busy ? 1u : 0u, size, warmup, conns});
+  // The ping-pong's other connections (each round trip takes the next).
+  std::vector<int> fds{fd};
+  for (std::uint64_t i = 1; i < conns; ++i) {
+    fds.push_back(tcp_connect(addr));
+    send_pod(fds.back(), tcp_header{2u, busy ? 1u : 0u, size, 0, 0});
+  }
   auto buf = make_buffer(size);
   if (warmup > 0) {
     for (std::uint64_t i = 0; i < warmup; ++i) write_all(fd, buf.get(), size, "warm-up send", busy);
@@ -146,18 +214,24 @@ result tcp_client(const std::string& addr, const std::string& test, bool busy, s
     } while (clock_type::now() < deadline && n < iters);
     r.iterations = n;
   } else {
-    const std::uint64_t pp_warmup = std::min<std::uint64_t>(100, iters / 10 + 1);
+    // Every connection once before the clock starts.
+    const std::uint64_t pp_warmup = std::min<std::uint64_t>(100, iters / 10 + 1) + conns - 1;
     r.lat_us.reserve(iters);
     for (std::uint64_t i = 0; i < pp_warmup + iters; ++i) {
       if (i == pp_warmup) t0 = clock_type::now(), c0 = cpu_time::now(), deadline = t0 + span;
       auto s = clock_type::now();
-      write_all(fd, buf.get(), size, "ping-pong send");
-      if (!read_all(fd, buf.get(), size, "ping-pong recv", busy))
+      const int c = fds[i % fds.size()];
+      write_all(c, buf.get(), size, "ping-pong send");
+      if (!read_all(c, buf.get(), size, "ping-pong recv", busy))
         fail("server closed the connection");
       if (i >= pp_warmup) r.lat_us.push_back(seconds_since(s) * 1e6);
       if (i >= pp_warmup && clock_type::now() > deadline) break;
     }
     r.iterations = r.lat_us.size();
+  }
+  for (std::size_t i = fds.size(); i-- > 1;) {
+    ::shutdown(fds[i], SHUT_WR);
+    ::close(fds[i]);
   }
   ::shutdown(fd, SHUT_WR);
   auto reply = recv_pod<tcp_reply>(fd);
@@ -339,7 +413,7 @@ int main(int argc, char** argv) {
   std::string bind = "127.0.0.1:18515", addr, test, poll = "busy";
   std::string size_s = "8";
   double duration = 0.3;
-  std::uint64_t iters = 1000000, warmup = 16;
+  std::uint64_t iters = 1000000, warmup = 16, conns = 1;
   int cpu = -1, peer_cpu = -1;
 
   auto* srv =
@@ -359,6 +433,11 @@ int main(int argc, char** argv) {
                   "stream: messages sent and received before the clocks start (as "
                   "conveyor-fi-bench's 16 posts): a buffer's first pass is not the stream's speed")
       ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cli->add_option("--conns", conns,
+                  "pingpong: connections, each round trip on the next (the server answers "
+                  "through epoll)")
+      ->check(CLI::Range(std::uint64_t{1}, max_conns))
       ->capture_default_str();
 
   auto* mc = app.add_subcommand("memcpy", "single-thread memcpy bandwidth");
@@ -389,9 +468,10 @@ int main(int argc, char** argv) {
     const std::size_t size = sizes[0];
     if (*srv) return tcp_server(bind, cpu);
     pin_cpu(cpu);
-    if (*cli)
-      print_json(tcp_client(addr, test, poll == "busy", size, duration, iters, warmup));
-    else if (*mc)
+    if (*cli) {
+      if (conns > 1 && test != "pingpong") fail("--conns is for --test pingpong");
+      print_json(tcp_client(addr, test, poll == "busy", size, duration, iters, warmup, conns));
+    } else if (*mc)
       print_json(memcpy_bw(size, duration));
     else if (*spp)
       print_json(shm_pingpong(iters, duration, cpu, peer_cpu));

@@ -141,7 +141,7 @@ inline int tcp_listen(const std::string& bind_addr) {
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) fail_errno("bind " + bind_addr);
-  if (::listen(fd, 16) < 0) fail_errno("listen");
+  if (::listen(fd, 1024) < 0) fail_errno("listen");
   return fd;
 }
 

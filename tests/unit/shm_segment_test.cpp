@@ -36,7 +36,8 @@ class ring_mapping : public testing::Test {
   // Pages of slots [from, to) of ring r that exist.
   std::size_t resident(int r, std::uint32_t from, std::uint32_t to) const {
     const long pg = ::sysconf(_SC_PAGESIZE);
-    std::byte* a = map_ + seg_data_off + std::size_t(r) * ring_bytes + std::size_t(from) * slot_size;
+    std::byte* a =
+        map_ + seg_data_off + std::size_t(r) * ring_bytes + std::size_t(from) * slot_size;
     const std::size_t len = std::size_t(to - from) * slot_size;
     std::vector<unsigned char> vec(len / std::size_t(pg));
     EXPECT_EQ(::mincore(a, len, vec.data()), 0);
@@ -72,7 +73,8 @@ TEST_F(ring_mapping, the_first_use_of_a_ring_maps_a_few_slots_ahead_and_no_more)
 TEST_F(ring_mapping, a_whole_lap_maps_the_ring_once_and_changes_no_byte) {
   // The peer's bytes already in the ring stay as they are.
   std::byte* ring = map_ + seg_data_off + ring_bytes;
-  for (std::uint32_t i = 0; i < ring_slots; i += 37) std::memset(ring + std::size_t(i) * slot_size, 0x5a, 64);
+  for (std::uint32_t i = 0; i < ring_slots; i += 37)
+    std::memset(ring + std::size_t(i) * slot_size, 0x5a, 64);
   for (std::uint64_t pos = 0; pos < ring_slots; ++pos)
     EXPECT_EQ(v_.slot(1, pos), ring + std::size_t(pos) * slot_size);
   EXPECT_EQ(resident(1, 0, ring_slots), pages(ring_slots));
