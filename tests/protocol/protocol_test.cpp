@@ -72,6 +72,30 @@ std::uint64_t addr_of(const memory_region& mr) {
   return mr.addr();
 }
 
+// READs [0, len) of the target's region through the raw peer (into its sink
+// STag 0x77) and gathers the responses' payloads into out. The response also
+// orders the engine's placement before the caller's look at the region.
+testing::AssertionResult read_back(raw_peer& p, const target& t, std::uint32_t len,
+                                   std::uint32_t msn, std::vector<std::byte>& out) {
+  read_request rr{0x77, 0, len, t.mr.rkey(), addr_of(t.mr)};
+  if (!p.send_all(encode_read_request(rr, msn, false)))
+    return testing::AssertionFailure() << "the READ request was not sent";
+  out.clear();
+  for (bool last = false; !last;) {
+    auto resp = p.read_fpdu();
+    if (!resp.has_value()) return testing::AssertionFailure() << "no READ response";
+    auto h = parse_fpdu_header(*resp);
+    if (!h.has_value()) return testing::AssertionFailure() << "a response that does not parse";
+    if (h->opcode != rdmap_op::read_response)
+      return testing::AssertionFailure()
+             << "opcode " << static_cast<int>(h->opcode) << " instead of a READ response";
+    out.insert(out.end(), resp->begin() + static_cast<long>(h->header_len),
+               resp->begin() + static_cast<long>(h->header_len + h->payload_len));
+    last = h->last;
+  }
+  return testing::AssertionSuccess();
+}
+
 }  // namespace
 
 TEST(mpa, revision_1_initiator_gets_a_revision_1_reply_and_its_frames_are_served) {
@@ -375,21 +399,9 @@ TEST(placement, mss_sized_fpdus_are_read_many_per_system_call) {
   // Two sends, one to two reads each, plus the reads that find the socket
   // drained; one readv per FPDU would be 24 or more.
   EXPECT_LE(c.iwarp->rx_syscalls, 8u) << "FPDUs read one system call each";
-  // The bytes landed where each FPDU said: READ them back (the response also
-  // orders the engine's copies before this thread's look at the region).
-  read_request rr{0x77, 0, static_cast<std::uint32_t>(data.size()), t.mr.rkey(), addr_of(t.mr)};
-  ASSERT_TRUE(p.send_all(encode_read_request(rr, 1, false)));
+  // The bytes landed where each FPDU said: READ them back.
   std::vector<std::byte> back;
-  for (bool last = false; !last;) {
-    auto resp = p.read_fpdu();
-    ASSERT_TRUE(resp.has_value());
-    auto h = parse_fpdu_header(*resp);
-    ASSERT_TRUE(h.has_value());
-    ASSERT_EQ(h->opcode, rdmap_op::read_response);
-    back.insert(back.end(), resp->begin() + static_cast<long>(h->header_len),
-                resp->begin() + static_cast<long>(h->header_len + h->payload_len));
-    last = h->last;
-  }
+  ASSERT_TRUE(read_back(p, t, static_cast<std::uint32_t>(data.size()), 1, back));
   EXPECT_TRUE(back == data) << "placed bytes differ";
   EXPECT_TRUE(std::equal(data.begin(), data.end(), t.mem.begin())) << "placed bytes differ";
 }
@@ -481,21 +493,9 @@ TEST(placement, a_bulk_message_after_one_with_a_short_tail_is_placed_directly) {
       EXPECT_GE(after.iwarp->rx_direct_bytes - before.iwarp->rx_direct_bytes, bulk - 128)
           << "the bulk payload went through the staging buffer";
     }
-    // READ it back: the bytes are where the FPDUs said (and the response
-    // orders the engine's copies before this thread's look at the region).
-    read_request rr{0x77, 0, static_cast<std::uint32_t>(len), t.mr.rkey(), addr_of(t.mr)};
-    ASSERT_TRUE(p.send_all(encode_read_request(rr, k, false)));
+    // READ it back: the bytes are where the FPDUs said.
     std::vector<std::byte> back;
-    for (bool last = false; !last;) {
-      auto resp = p.read_fpdu();
-      ASSERT_TRUE(resp.has_value());
-      auto h = parse_fpdu_header(*resp);
-      ASSERT_TRUE(h.has_value());
-      ASSERT_EQ(h->opcode, rdmap_op::read_response);
-      back.insert(back.end(), resp->begin() + static_cast<long>(h->header_len),
-                  resp->begin() + static_cast<long>(h->header_len + h->payload_len));
-      last = h->last;
-    }
+    ASSERT_TRUE(read_back(p, t, static_cast<std::uint32_t>(len), k, back));
     EXPECT_TRUE(back == data) << "placed bytes differ";
   }
 }
