@@ -233,6 +233,9 @@ struct shm_qp_counters {
   std::uint64_t tx_slots = 0, rx_slots = 0;
   std::uint64_t doorbells = 0;   // wake-ups sent to a sleeping peer engine (one syscall each)
   std::uint64_t direct_ops = 0;  // READ/WRITE/atomics served by this side through a direct mapping
+  // Hints this side set for a cold peer QP in the peer device's hint page (no
+  // system call: the peer's engine finds the QP without looking at every one).
+  std::uint64_t hints = 0;
 };
 
 // Per-QP counters (read with qp.counters(); they only grow). The common ones

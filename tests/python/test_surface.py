@@ -72,7 +72,7 @@ def test_connection_attr_caps_counters_and_request(provider):
         assert isinstance(part, conveyor.IwarpQpCounters if c.iwarp is not None else conveyor.ShmQpCounters)
         fields = (("tx_fpdus", "rx_fpdus", "tx_stream_bytes", "rx_stream_bytes", "tx_syscalls", "rx_syscalls",
                    "terminates_sent", "terminates_received", "rx_direct_bytes") if c.iwarp is not None
-                  else ("tx_slots", "rx_slots", "doorbells", "direct_ops"))
+                  else ("tx_slots", "rx_slots", "doorbells", "direct_ops", "hints"))
         for f in fields:
             assert isinstance(getattr(part, f), int) and getattr(part, f) >= 0, f
     # A 4096-byte READ: its payload, counted the same on every provider.

@@ -62,6 +62,19 @@ class shm_only : public pair_test {
     EXPECT_TRUE(ok(check_pattern(tgt_main.bytes().subspan(7, n), 0x5100)));
     EXPECT_TRUE(ok(check_pattern(back->bytes(), 0x5100)));
   }
+  // Connects one more initiator QP `qp` to target QP `tqp` through `lis`
+  // (bound at `addr` on the target's device).
+  testing::AssertionResult connect_extra(conveyor::listener& lis, const std::string& addr,
+                                         conveyor::queue_pair& qp, conveyor::queue_pair& tqp) {
+    std::thread acceptor([&] {
+      auto req = lis.accept(scaled(milliseconds(10000)));
+      if (req) (void)req->accept(tqp, {});
+    });
+    auto info = conveyor::connect(qp, addr, {.timeout = scaled(milliseconds(10000))});
+    acceptor.join();
+    if (!info) return testing::AssertionFailure() << "connect: " << info.error().to_string();
+    return testing::AssertionSuccess();
+  }
 };
 
 // Descriptors of this process that point at a Conveyor shm segment.
@@ -331,6 +344,66 @@ TEST_P(shm_only, an_idle_connection_burns_no_cpu) {
   ASSERT_TRUE(sync_target(op_timeout(64)));
 }
 
+// A QP idle past engine_spin_us turns cold: its engine stops looking at it
+// at every step and asks the peer for a hint (its bit in the device's hint
+// page) instead, so a step costs what the active QPs cost. Rounds of READs
+// over 24 QPs, each round after every QP of both sides went cold: each READ
+// is found by the target through its hint and each response by the initiator
+// through its own. In manual mode nothing else can find them: the initiator
+// only polls (no wait, so its peer rings no doorbell) and a hinted QP is never
+// looked at in turn, so a lost hint is a READ that never completes.
+TEST_P(shm_only, cold_qps_are_found_through_their_hints) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  constexpr int nqp = 24, rounds = 5;
+  const std::string addr = "@cvt-hints-" + std::to_string(::getpid());
+  auto lis = conveyor::listener::bind(tgt.dev, addr);
+  CVT_ASSERT_OK(lis);
+  auto cq = init.dev.create_cq({.depth = 64});
+  CVT_ASSERT_OK(cq);
+  auto tcq = tgt.dev.create_cq({.depth = 64});
+  CVT_ASSERT_OK(tcq);
+  auto sink = make_region(init.pd, 8 * nqp, access::local_write, 0);
+  CVT_ASSERT_OK(sink);
+  std::vector<conveyor::queue_pair> qps, tqps;
+  for (int k = 0; k < nqp; ++k) {
+    auto qp = init.pd.create_qp({.send_cq = &*cq, .recv_cq = &*cq});
+    CVT_ASSERT_OK(qp);
+    auto tqp = tgt.pd.create_qp({.send_cq = &*tcq, .recv_cq = &*tcq});
+    CVT_ASSERT_OK(tqp);
+    ASSERT_TRUE(connect_extra(*lis, addr, *qp, *tqp)) << "QP " << k;
+    qps.push_back(std::move(*qp));
+    tqps.push_back(std::move(*tqp));
+  }
+  for (int r = 0; r < rounds; ++r) {
+    // Far longer than engine_spin_us (50 us): every QP goes cold.
+    std::this_thread::sleep_for(milliseconds(3));
+    for (int k = 0; k < nqp; ++k) {
+      const std::size_t off = 8 * std::size_t(r * nqp + k);
+      CVT_ASSERT_POST_OK(qps[k].post_read(sink->sge(8 * k, 8), tgt_main.remote(off, 8), k));
+      conveyor::work_completion wc{};
+      std::size_t got = 0;
+      const auto deadline = std::chrono::steady_clock::now() + op_timeout(8);
+      while (got == 0 && std::chrono::steady_clock::now() < deadline) {
+        auto p = cq->poll(std::span(&wc, 1));
+        ASSERT_TRUE(p.has_value());
+        got = *p;
+      }
+      ASSERT_EQ(got, 1u) << "round " << r << ", QP " << k << ": the READ never completed";
+      ASSERT_EQ(wc.status, conveyor::wc_status::success) << describe(wc);
+      ASSERT_EQ(wc.wr_id, std::uint64_t(k));
+      EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(8 * k, 8), opts_.tgt_region_seed, off)))
+          << "round " << r << ", QP " << k;
+    }
+  }
+  std::uint64_t hints = 0;
+  for (auto& q : tqps) hints += q.counters().shm.value().hints;
+  // In thread mode the initiator's engine thread may be asleep instead (then a
+  // doorbell wakes it); in manual mode it never is.
+  if (manual()) {
+    EXPECT_GT(hints, 0u) << "no response went to a cold initiator QP through a hint";
+  }
+}
+
 // ---- direct mapping (docs/SHM.md): regions from allocate_memory ----
 
 // Mappings of this process backed by an allocated region, with their permissions.
@@ -366,19 +439,6 @@ class shm_direct : public shm_only {
     // the target's receive queue lock carries it).
     EXPECT_TRUE(sync_target(op_timeout(64)));
     return std::move(*mr);
-  }
-  // Connects one more initiator QP `qp` to target QP `tqp` through `lis`
-  // (bound at `addr` on the target's device).
-  testing::AssertionResult connect_extra(conveyor::listener& lis, const std::string& addr,
-                                         conveyor::queue_pair& qp, conveyor::queue_pair& tqp) {
-    std::thread acceptor([&] {
-      auto req = lis.accept(scaled(milliseconds(10000)));
-      if (req) (void)req->accept(tqp, {});
-    });
-    auto info = conveyor::connect(qp, addr, {.timeout = scaled(milliseconds(10000))});
-    acceptor.join();
-    if (!info) return testing::AssertionFailure() << "connect: " << info.error().to_string();
-    return testing::AssertionSuccess();
   }
   // READs 8 bytes of `r` until the initiator serves them through its mapping
   // (the first goes to the target's engine and asks for the mapping).

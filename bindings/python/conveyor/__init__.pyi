@@ -374,6 +374,7 @@ class ShmQpCounters:
     rx_slots: int
     doorbells: int
     direct_ops: int
+    hints: int
 
 class QpCounters:
     """Payload bytes and requests served (soft, shm; zeros on verbs), plus a transport's part."""

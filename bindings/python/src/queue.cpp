@@ -358,7 +358,8 @@ void bind_queue(py::module_& m) {
       .def_readonly("tx_slots", &shm_qp_counters::tx_slots)
       .def_readonly("rx_slots", &shm_qp_counters::rx_slots)
       .def_readonly("doorbells", &shm_qp_counters::doorbells)
-      .def_readonly("direct_ops", &shm_qp_counters::direct_ops);
+      .def_readonly("direct_ops", &shm_qp_counters::direct_ops)
+      .def_readonly("hints", &shm_qp_counters::hints);
 
   py::class_<qp_counters>(m, "QpCounters")
       .def_readonly("tx_bytes", &qp_counters::tx_bytes)

@@ -2,10 +2,14 @@
 // "@name" or a filesystem path) carries a three-message handshake.
 //
 //   initiator -> target  request: private data, IRD/ORD, a probe word's address
-//                        and value, and the segment's memfd (SCM_RIGHTS)
+//                        and value, the segment's memfd and the initiator
+//                        device's hint page (SCM_RIGHTS) with its QP's bit
 //   target -> initiator  accept (private data, IRD/ORD, its probe word, whether
-//                        it can reach the initiator's memory) or reject (reason)
-//   initiator -> target  ready: whether it can reach the target's memory
+//                        it can reach the initiator's memory, whether it mapped
+//                        the initiator's hint page; its own hint page and bit)
+//                        or reject (reason)
+//   initiator -> target  ready: whether it can reach the target's memory and
+//                        whether it mapped the target's hint page
 //
 // Each side probes the other's memory with process_vm_readv on the peer's
 // probe word: a side whose peer can reach it sends bulk requests as
@@ -83,26 +87,31 @@ int ms_left(clk::time_point deadline) {
   return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
 }
 
-// Sends one handshake message (and a descriptor with it).
+// Sends one handshake message (and up to two descriptors with it: the ones
+// that are not -1, in order).
 result<void> send_msg(int fd, const hs_msg& m, int pass_fd, clk::time_point deadline,
-                      const std::string& what) {
+                      const std::string& what, int pass_fd2 = -1) {
   const auto* p = reinterpret_cast<const char*>(&m);
   std::size_t off = 0;
-  bool fd_sent = pass_fd < 0;
+  int fds[2];
+  std::size_t nfds = 0;
+  for (const int f : {pass_fd, pass_fd2})
+    if (f >= 0) fds[nfds++] = f;
+  bool fd_sent = nfds == 0;
   while (off < sizeof m) {
     iovec iov{const_cast<char*>(p + off), sizeof m - off};
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))]{};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof fds)]{};
     if (!fd_sent) {
       mh.msg_control = ctl;
-      mh.msg_controllen = sizeof ctl;
+      mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
       cmsghdr* c = CMSG_FIRSTHDR(&mh);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+      c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+      std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
     }
     const ssize_t r = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r > 0) {
@@ -123,12 +132,32 @@ result<void> send_msg(int fd, const hs_msg& m, int pass_fd, clk::time_point dead
   return {};
 }
 
+// Keeps the descriptors a message passed in fds[0..n) (those still -1, in
+// order) and closes any others: a peer cannot make us hold more.
+void take_fds(msghdr& mh, int* fds, std::size_t n) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < k; ++i) {
+      int pfd;
+      std::memcpy(&pfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      int* slot = std::find(fds, fds + n, -1);
+      if (slot != fds + n)
+        *slot = pfd;
+      else
+        ::close(pfd);  // unexpected extra descriptors are not kept
+    }
+  }
+}
+
 // Receives one handshake message; *got_fd receives a passed descriptor (or -1).
 result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
                       std::chrono::milliseconds t, const std::string& what) {
   auto* p = reinterpret_cast<char*>(&m);
   std::size_t off = 0;
-  if (got_fd) *got_fd = -1;
+  int spare = -1;  // where a descriptor nobody asked for lands (then closed)
+  if (got_fd == nullptr) got_fd = &spare;
+  *got_fd = -1;
   while (off < sizeof m) {
     iovec iov{p + off, sizeof m - off};
     msghdr mh{};
@@ -139,18 +168,8 @@ result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
     mh.msg_controllen = sizeof ctl;
     const ssize_t r = ::recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (r > 0) {
-      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (std::size_t i = 0; i < n; ++i) {
-          int pfd;
-          std::memcpy(&pfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          if (got_fd && *got_fd < 0)
-            *got_fd = pfd;
-          else
-            ::close(pfd);  // unexpected extra descriptors are not kept
-        }
-      }
+      take_fds(mh, got_fd, 1);
+      if (spare >= 0) ::close(std::exchange(spare, -1));
       off += static_cast<std::size_t>(r);
       continue;
     }
@@ -166,7 +185,7 @@ result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
     return make_error(errno == ECONNRESET ? errc::connection_reset : errc::io_error, what, errno);
   }
   if (m.magic != hs_magic || m.version != seg_version || m.pd_len > max_private_data) {
-    if (got_fd && *got_fd >= 0) {
+    if (*got_fd >= 0) {
       ::close(*got_fd);
       *got_fd = -1;
     }
@@ -174,6 +193,25 @@ result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
                       what + ": not a Conveyor shm handshake (or another version)");
   }
   return {};
+}
+
+// The peer device's hint page as its handshake message passed it, mapped
+// (one mapping per file for the whole device) when it is what a hint page is:
+// a sealed memfd of exactly hint_page_bytes, with the peer QP's bit inside.
+// Null otherwise: then this side does not hint that QP, and the peer looks at
+// it in turn instead.
+std::shared_ptr<peer_mapping> map_hint_page(shm_device& dev, int fd, std::uint32_t bit) {
+  struct stat st {};
+  if (fd < 0 || bit >= hint_bits || !sealed_memfd_ok(fd, hint_page_bytes, true, 0) ||
+      ::fstat(fd, &st) != 0)
+    return nullptr;
+  return dev.peer_maps().get(fd, static_cast<std::uint64_t>(st.st_ino), hint_page_bytes,
+                             PROT_READ | PROT_WRITE, false);
+}
+
+// Our QP's hint page descriptor for its handshake message (-1: no bit).
+int hint_fd_of(shm_device& dev, const shm_qp& qp) {
+  return qp.hint_bit() == no_hint ? -1 : dev.eng().hint_fd();
 }
 
 pid_t peer_pid_of(int fd) {
@@ -243,10 +281,10 @@ class shm_listener final : public detail::listener_impl {
   result<std::unique_ptr<detail::conn_request_impl>> accept(
       std::chrono::milliseconds timeout) override;
   // The listener thread's second half of a handshake: `req` has arrived whole
-  // on `conn` (with the segment descriptor `memfd`, or -1): check it and map
-  // the segment.
+  // on `conn` (with the segment descriptor `memfd` and the hint page's
+  // `hintfd`, or -1): check it and map the segment (and the hint page).
   result<std::unique_ptr<detail::conn_request_impl>> finish(fd_holder conn, const hs_msg& req,
-                                                            int memfd, pid_t pid);
+                                                            int memfd, int hintfd, pid_t pid);
 
  private:
   std::shared_ptr<shm_device> dev_;
@@ -261,7 +299,8 @@ class shm_request_reader final : public detail::pending_handshake {
  public:
   shm_request_reader(shm_listener& lis, int fd) : lis_(lis), fd_(fd), pid_(peer_pid_of(fd)) {}
   ~shm_request_reader() override {
-    if (memfd_ >= 0) ::close(memfd_);
+    for (const int f : fds_)
+      if (f >= 0) ::close(f);
   }
   int fd() const noexcept override { return fd_.get(); }
   step on_readable(std::string& why) override {
@@ -281,18 +320,7 @@ class shm_request_reader final : public detail::pending_handshake {
         why = "shm handshake with pid " + std::to_string(pid_) + ": the peer closed the connection";
         return step::failed;
       }
-      for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (std::size_t i = 0; i < n; ++i) {
-          int pfd;
-          std::memcpy(&pfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          if (memfd_ < 0)
-            memfd_ = pfd;
-          else
-            ::close(pfd);  // unexpected extra descriptors are not kept
-        }
-      }
+      take_fds(mh, fds_, 2);
       off_ += static_cast<std::size_t>(r);
     }
     if (msg_.magic != hs_magic || msg_.version != seg_version || msg_.pd_len > max_private_data) {
@@ -300,7 +328,8 @@ class shm_request_reader final : public detail::pending_handshake {
             ": not a Conveyor shm handshake (or another version)";
       return step::failed;
     }
-    auto r = lis_.finish(std::move(fd_), msg_, std::exchange(memfd_, -1), pid_);
+    auto r = lis_.finish(std::move(fd_), msg_, std::exchange(fds_[0], -1),
+                         std::exchange(fds_[1], -1), pid_);
     if (!r) {
       why = r.error().context;
       return step::failed;
@@ -320,7 +349,7 @@ class shm_request_reader final : public detail::pending_handshake {
   pid_t pid_;
   hs_msg msg_{};
   std::size_t off_ = 0;
-  int memfd_ = -1;
+  int fds_[2] = {-1, -1};  // the segment's memfd, the initiator's hint page
   std::unique_ptr<detail::conn_request_impl> req_;
 };
 
@@ -338,11 +367,12 @@ shm_listener::shm_listener(std::shared_ptr<shm_device> dev, fd_holder fd, std::s
 
 class shm_conn_request final : public detail::conn_request_impl {
  public:
-  shm_conn_request(std::shared_ptr<shm_device> dev, fd_holder fd, mapping map, hs_msg req,
-                   pid_t pid, std::string local)
+  shm_conn_request(std::shared_ptr<shm_device> dev, fd_holder fd, mapping map,
+                   std::shared_ptr<peer_mapping> hints, hs_msg req, pid_t pid, std::string local)
       : dev_(std::move(dev)),
         fd_(std::move(fd)),
         map_(std::move(map)),
+        hints_(std::move(hints)),
         req_(req),
         pid_(pid),
         local_(std::move(local)),
@@ -361,6 +391,7 @@ class shm_conn_request final : public detail::conn_request_impl {
   std::shared_ptr<shm_device> dev_;
   fd_holder fd_;
   mapping map_;
+  std::shared_ptr<peer_mapping> hints_;  // the initiator's hint page (null: we do not hint it)
   hs_msg req_;
   pid_t pid_;
   std::string local_;
@@ -374,9 +405,11 @@ result<std::unique_ptr<detail::conn_request_impl>> shm_listener::accept(
 
 result<std::unique_ptr<detail::conn_request_impl>> shm_listener::finish(fd_holder conn,
                                                                         const hs_msg& req,
-                                                                        int memfd, pid_t pid) {
+                                                                        int memfd, int hintfd,
+                                                                        pid_t pid) {
   const std::string who = "shm handshake with pid " + std::to_string(pid) + " on " + addr_;
   fd_holder seg_fd(memfd);
+  fd_holder hint_fd(hintfd);
   if (req.kind != hs_kind::request || !seg_fd)
     return make_error(errc::protocol_error,
                       who + ": expected a request with the segment descriptor");
@@ -394,8 +427,9 @@ result<std::unique_ptr<detail::conn_request_impl>> shm_listener::finish(fd_holde
   if (h->magic != seg_magic || h->version != seg_version || h->slots != ring_slots ||
       h->slot_bytes != slot_size)
     return make_error(errc::protocol_error, who + ": segment layout mismatch");
+  auto hints = map_hint_page(*dev_, hint_fd.get(), req.hint_bit);
   return std::unique_ptr<detail::conn_request_impl>(
-      new shm_conn_request(dev_, std::move(conn), std::move(m), req, pid, addr_));
+      new shm_conn_request(dev_, std::move(conn), std::move(m), std::move(hints), req, pid, addr_));
 }
 
 result<void> shm_conn_request::reject(std::span<const std::byte> reason) {
@@ -408,6 +442,7 @@ result<void> shm_conn_request::reject(std::span<const std::byte> reason) {
       send_msg(fd_.get(), rep, -1, clk::now() + std::chrono::seconds(1), "shm reject to " + peer_);
   fd_.reset();
   map_.reset();
+  hints_.reset();
   return r;
 }
 
@@ -436,9 +471,11 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   rep.probe_addr = reinterpret_cast<std::uint64_t>(&probe_word());
   rep.probe_value = probe_word();
   rep.cma_ok = reach ? 1 : 0;
+  rep.hint_bit = sq->hint_bit();
+  rep.hints_peer = hints_ ? 1 : 0;
   rep.pd_len = static_cast<std::uint32_t>(pd.size());
   if (!pd.empty()) std::memcpy(rep.pd, pd.data(), pd.size());
-  auto w = send_msg(fd_.get(), rep, -1, deadline, "shm accept to " + peer_);
+  auto w = send_msg(fd_.get(), rep, hint_fd_of(*dev_, *sq), deadline, "shm accept to " + peer_);
   if (!w) return std::unexpected(w.error());
   hs_msg ready;
   auto r =
@@ -462,6 +499,9 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
   s.attr.ird = ird;
   s.attr.ord = ord;
   s.attr.extensions = true;
+  s.peer_hints = std::move(hints_);
+  s.peer_hint_bit = req_.hint_bit;
+  s.hinted = ready.hints_peer != 0;
   s.attr.shm = shm_connection_attr{.data_path = s.cma_tx ? "cma" : "staged",
                                    .slot_payload = slot_payload};  // start() sets direct_mapping
   s.sock = fd_.release();
@@ -544,15 +584,19 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   req.ord = want_ord_;
   req.probe_addr = reinterpret_cast<std::uint64_t>(&probe_word());
   req.probe_value = probe_word();
+  req.hint_bit = hint_bit_;
   req.pd_len = static_cast<std::uint32_t>(opts.private_data.size());
   if (!opts.private_data.empty())
     std::memcpy(req.pd, opts.private_data.data(), opts.private_data.size());
-  auto w = send_msg(s.get(), req, mfd.get(), deadline, where + " (request)");
+  auto w =
+      send_msg(s.get(), req, mfd.get(), deadline, where + " (request)", hint_fd_of(*dev_, *this));
   if (!w) return std::unexpected(w.error());
   mfd.reset();  // the mapping keeps the segment; the peer has its own descriptor
   hs_msg rep;
-  auto r = recv_msg(s.get(), rep, nullptr, deadline, opts.timeout, "shm handshake with " + peer);
+  int rep_fd = -1;
+  auto r = recv_msg(s.get(), rep, &rep_fd, deadline, opts.timeout, "shm handshake with " + peer);
   if (!r) return std::unexpected(r.error());
+  fd_holder hint_fd(rep_fd);
   if (rep.kind == hs_kind::reject) {
     const std::string why = printable(rep.pd, rep.pd_len);
     return make_error(errc::rejected, "peer " + peer + " rejected: " +
@@ -568,6 +612,9 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   ready.kind = hs_kind::ready;
   ready.qpn = qpn_;
   ready.cma_ok = reach ? 1 : 0;
+  auto hints = map_hint_page(*dev_, hint_fd.get(), rep.hint_bit);
+  hint_fd.reset();
+  ready.hints_peer = hints ? 1 : 0;
   w = send_msg(s.get(), ready, -1, deadline, where + " (ready)");
   if (!w) return std::unexpected(w.error());
   if (!reach && dev_->cma_enabled() && detail::log_enabled(detail::log_level::warn))
@@ -588,6 +635,9 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   cs.attr.extensions = true;
   cs.attr.shm = shm_connection_attr{.data_path = cs.cma_tx ? "cma" : "staged",
                                     .slot_payload = slot_payload};  // start() sets direct_mapping
+  cs.peer_hints = std::move(hints);
+  cs.peer_hint_bit = rep.hint_bit;
+  cs.hinted = rep.hints_peer != 0;
   cs.sock = s.release();
   cs.map = m.release();
   const auto rep_pd = std::as_bytes(std::span(rep.pd, rep.pd_len));

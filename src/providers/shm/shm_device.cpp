@@ -32,17 +32,58 @@ inline void cpu_relax() noexcept {
 // ------------------------------------------------------------------ engine ----
 engine::engine(bool own_thread, std::uint32_t spin_us, bool park)
     : sw_engine(spin_us, park), manual_(!own_thread) {
+  // Best effort: without a hint page every QP is looked at in turn when cold.
+  const int fd = sealed_memfd("conveyor-hints", hint_page_bytes, nullptr);
+  void* p = fd < 0 ? MAP_FAILED
+                   : ::mmap(nullptr, hint_page_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) {
+    hint_fd_ = fd;
+    hints_ = static_cast<std::atomic<std::uint64_t>*>(p);
+  } else if (fd >= 0) {
+    ::close(fd);
+  }
   if (own_thread) start_thread("cv-shm-engine");
 }
 
 engine::~engine() {
   stop_thread();
+  if (hints_ != nullptr) ::munmap(hints_, hint_page_bytes);
+  if (hint_fd_ >= 0) ::close(hint_fd_);
+}
+
+std::uint32_t engine::take_hint_bit() noexcept {
+  std::lock_guard lk(mu_);
+  if (hints_ == nullptr) return no_hint;
+  if (!free_bits_.empty()) {
+    const std::uint32_t b = free_bits_.back();
+    free_bits_.pop_back();
+    return b;
+  }
+  if (next_bit_ >= hint_bits) return no_hint;
+  try {
+    by_hint_.resize(std::size_t(next_bit_) + 1, nullptr);
+    free_bits_.reserve(std::size_t(next_bit_) + 1);  // give_hint_bit never allocates
+  } catch (...) {
+    return no_hint;
+  }
+  return next_bit_++;
+}
+
+void engine::give_hint_bit(std::uint32_t bit) noexcept {
+  if (bit == no_hint) return;
+  std::lock_guard lk(mu_);
+  by_hint_[bit] = nullptr;
+  free_bits_.push_back(bit);
 }
 
 void engine::attach(shm_qp* qp, int fd) noexcept {
   {
     std::lock_guard lk(mu_);
     live_.push_back(qp);
+    if (qp->hinted())
+      by_hint_[qp->hint_bit()] = qp;
+    else
+      unhinted_.push_back(qp);
     make_hot_locked(qp);
     watch_fd(EPOLL_CTL_ADD, fd, qp, EPOLLIN | EPOLLRDHUP);
   }
@@ -55,6 +96,10 @@ void engine::detach(shm_qp* qp, int fd) noexcept {
   auto it = std::find(live_.begin(), live_.end(), qp);
   if (it == live_.end()) return;
   live_.erase(it);
+  if (qp->hinted())
+    by_hint_[qp->hint_bit()] = nullptr;
+  else if (auto u = std::find(unhinted_.begin(), unhinted_.end(), qp); u != unhinted_.end())
+    unhinted_.erase(u);
   if (qp->eng_hot) {
     hot_.erase(std::find(hot_.begin(), hot_.end(), qp));
     qp->eng_hot = false;
@@ -76,11 +121,31 @@ void engine::make_hot_locked(shm_qp* qp) noexcept {
   qp->eng_idle_since_ns = 0;
   if (qp->eng_hot) return;
   qp->eng_hot = true;
+  qp->set_cold(false);
   hot_.push_back(qp);
 }
 
-int engine::poll_step_locked(std::int64_t now) noexcept {
+int engine::take_hints_locked() noexcept {
   int n = 0;
+  const std::size_t words = (by_hint_.size() + 63) / 64;
+  for (std::size_t w = 0; w < words; ++w) {
+    if (hints_[w].load(std::memory_order_relaxed) == 0) continue;
+    // seq_cst: what the peer published before setting the bit is seen below.
+    std::uint64_t bits = hints_[w].exchange(0, std::memory_order_seq_cst);
+    while (bits != 0) {
+      const std::size_t b = w * 64 + std::size_t(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      shm_qp* qp = b < by_hint_.size() ? by_hint_[b] : nullptr;
+      if (qp == nullptr || qp->eng_hot) continue;  // a stale or spurious bit
+      make_hot_locked(qp);
+      n += qp->progress();
+    }
+  }
+  return n;
+}
+
+int engine::poll_step_locked(std::int64_t now) noexcept {
+  int n = hints_ != nullptr ? take_hints_locked() : 0;
   const std::int64_t window = std::int64_t(spin_us_) * 1000;
   for (std::size_t i = 0; i < hot_.size();) {
     shm_qp* qp = hot_[i];
@@ -90,17 +155,30 @@ int engine::poll_step_locked(std::int64_t now) noexcept {
     } else if (qp->eng_idle_since_ns == 0) {
       qp->eng_idle_since_ns = now;
     } else if (now - qp->eng_idle_since_ns >= window) {
-      qp->eng_hot = false;  // cold: looked at in turn from now on
+      // Cold from now on: hinted by its peer, or looked at in turn. A peer
+      // that published before it saw the flag is found by one more look
+      // (every ring index and the flag are seq_cst: it saw one or we see it).
+      if (qp->hinted()) {
+        qp->set_cold(true);
+        if (const int again = qp->progress(); again > 0) {
+          n += again;
+          qp->set_cold(false);
+          qp->eng_idle_since_ns = 0;
+          ++i;
+          continue;
+        }
+      }
+      qp->eng_hot = false;
       hot_[i] = hot_.back();
       hot_.pop_back();
       continue;
     }
     ++i;
   }
-  std::size_t looks = std::min(live_.size() - hot_.size(), cold_per_step);
-  for (std::size_t j = 0; looks > 0 && j < live_.size(); ++j) {
-    if (cold_cursor_ >= live_.size()) cold_cursor_ = 0;
-    shm_qp* qp = live_[cold_cursor_++];
+  std::size_t looks = std::min(unhinted_.size(), cold_per_step);
+  for (std::size_t j = 0; looks > 0 && j < unhinted_.size(); ++j) {
+    if (cold_cursor_ >= unhinted_.size()) cold_cursor_ = 0;
+    shm_qp* qp = unhinted_[cold_cursor_++];
     if (qp->eng_hot) continue;
     --looks;
     if (const int k = qp->progress(); k > 0) {
@@ -143,10 +221,9 @@ void engine::socket_events_locked(int timeout_ms, std::unique_lock<std::mutex>* 
 }
 
 void engine::progress() noexcept {
-  // At most one clock read per poll (this VM's clock costs ~25 ns a read; an
-  // empty poll used to read it three times); manual mode reads it only when
-  // the rings had nothing.
-  std::int64_t now = manual_ ? 0 : swnic::sw_engine::now_ns();
+  // One clock read per poll (this VM's clock costs ~25 ns a read; an empty
+  // poll used to read it three times).
+  const std::int64_t now = swnic::sw_engine::now_ns();
   note_app_poll(now);
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return;
@@ -157,12 +234,11 @@ void engine::progress() noexcept {
     sleep_flags_locked(false);
     asleep_ = false;
   }
-  if ((manual_ ? poll_all_locked() : poll_step_locked(now)) > 0) return;
+  if (poll_step_locked(now) > 0) return;
   // Look at the sockets now and then so that a peer that died is noticed by a
   // busy-polling application (the engine thread may be parked behind it; in
   // manual mode there is none). Manual mode consumes the doorbells too, unless
   // a thread sleeps on them (the byte is its wake-up).
-  if (now == 0) now = swnic::sw_engine::now_ns();
   if (now - last_socket_check_ns_ > 1000000) {
     last_socket_check_ns_ = now;
     socket_events_locked(0, nullptr, manual_ && sleepers_ == 0);

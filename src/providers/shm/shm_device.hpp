@@ -3,9 +3,13 @@
 // thread mode a dedicated thread spins engine_spin_us after activity, then
 // flags itself asleep in each segment and blocks in epoll on the QPs' Unix
 // sockets (the peer rings a one-byte doorbell only while that flag is set); in
-// manual mode CQ poll/wait drive it. While it spins, a step looks at the *hot*
-// QPs (those that moved within engine_spin_us) and at a few cold ones in turn,
-// so a step costs what the active QPs cost, not one look per connected QP.
+// manual mode CQ poll/wait drive it. Each step (a spin of the thread, or an
+// application's poll) looks at the *hot* QPs (those that moved within
+// engine_spin_us) and at the cold ones whose bit
+// a peer set in the device's hint page (shm_segment.hpp, hint_page), so a step
+// costs what the active QPs cost, not one look per connected QP. The few cold
+// QPs that have no hint (no bit left, or a peer that could not map the page)
+// are looked at a few a step in turn.
 #pragma once
 
 #include "providers/shm/shm_peer_maps.hpp"
@@ -30,6 +34,12 @@ class engine final : public swnic::sw_engine {
   engine(bool own_thread, std::uint32_t spin_us, bool park);
   ~engine() override;
 
+  // The device's hint page (-1: none, then QPs get no bit) and its bits, one
+  // per QP for the QP's life: take_hint_bit answers no_hint when none is left.
+  int hint_fd() const noexcept { return hint_fd_; }
+  std::uint32_t take_hint_bit() noexcept;
+  void give_hint_bit(std::uint32_t bit) noexcept;
+
   void attach(shm_qp* qp, int fd) noexcept;
   // On return the engine no longer touches qp.
   void detach(shm_qp* qp, int fd) noexcept;
@@ -49,9 +59,11 @@ class engine final : public swnic::sw_engine {
  private:
   void run() override;
   int poll_all_locked() noexcept;  // ring work done
-  // The hot QPs, then cold_per_step cold ones in turn; a cold QP that moves
-  // turns hot, a hot one idle for engine_spin_us turns cold. Ring work done.
+  // The hinted QPs, the hot ones, then cold_per_step unhinted cold ones in
+  // turn; a cold QP that moves turns hot, a hot one idle for engine_spin_us
+  // turns cold (asking its peer for a hint first). Ring work done.
   int poll_step_locked(std::int64_t now) noexcept;
+  int take_hints_locked() noexcept;  // the QPs whose bits peers set: made hot, looked at
   void make_hot_locked(shm_qp* qp) noexcept;
   static constexpr std::size_t cold_per_step = 16;
   void sleep_flags_locked(bool on) noexcept;
@@ -65,7 +77,14 @@ class engine final : public swnic::sw_engine {
   std::mutex mu_;                          // live_, hot_ and every QP's engine-side state
   std::vector<shm_qp*> live_;
   std::vector<shm_qp*> hot_;
-  std::size_t cold_cursor_ = 0;  // the next place in live_ to look for a cold QP
+  std::vector<shm_qp*> unhinted_;  // live QPs no peer hints: the cold ones are looked at in turn
+  std::size_t cold_cursor_ = 0;    // the next place in unhinted_ to look for a cold QP
+  // The hint page (ours, written by peers: every bit only a reason to look).
+  int hint_fd_ = -1;
+  std::atomic<std::uint64_t>* hints_ = nullptr;
+  std::vector<shm_qp*> by_hint_;  // bit -> the attached, hinted QP holding it (or null)
+  std::vector<std::uint32_t> free_bits_;
+  std::uint32_t next_bit_ = 0;  // bits [0, next_bit_) were handed out at some point
 };
 
 // A region allocated through shm_pd::allocate_memory, as a peer may map it.

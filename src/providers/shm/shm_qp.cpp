@@ -28,12 +28,16 @@ namespace conveyor::shm {
 
 using namespace qp_parts;
 
-shm_qp::shm_qp(swnic::qp_args&& a) : sw_qp(std::move(a)), dev_(&static_cast<shm_pd&>(pd()).dev()) {
+shm_qp::shm_qp(swnic::qp_args&& a)
+    : sw_qp(std::move(a)),
+      dev_(&static_cast<shm_pd&>(pd()).dev()),
+      hint_bit_(dev_->eng().take_hint_bit()) {
   sq_.resize(caps_.max_send_wr);
 }
 
 shm_qp::~shm_qp() {
   disconnect();
+  dev_->eng().give_hint_bit(hint_bit_);
 }
 
 // ------------------------------------------------------------------ posting ----
@@ -103,11 +107,24 @@ void shm_qp::notify_peer() noexcept {
     [[maybe_unused]] auto r = ::send(sock_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     c_bells_.fetch_add(1, std::memory_order_relaxed);
   }
+  // The same with the peer's cold flag and its hint bit (no system call).
+  if (peer_hint_word_ != nullptr) {
+    auto& c = seg_.cold(1 - seg_.side);
+    if (c.load(std::memory_order_seq_cst) != 0 && c.exchange(0, std::memory_order_seq_cst) != 0) {
+      peer_hint_word_->fetch_or(peer_hint_mask_, std::memory_order_seq_cst);
+      c_hints_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
 }
 
 void shm_qp::set_sleeping(bool on) noexcept {
   if (seg_.hdr == nullptr) return;
   seg_.sleeping(seg_.side).store(on ? 1 : 0, std::memory_order_seq_cst);
+}
+
+void shm_qp::set_cold(bool on) noexcept {
+  if (seg_.hdr == nullptr || !hinted_) return;
+  seg_.cold(seg_.side).store(on ? 1 : 0, std::memory_order_seq_cst);
 }
 
 // ------------------------------------------------------------ teardown ----
@@ -125,6 +142,10 @@ void shm_qp::disconnect() noexcept {
     ::munmap(seg_.base, seg_size);
     seg_ = seg_view{};
   }
+  hinted_ = false;
+  peer_hint_word_ = nullptr;
+  peer_hint_mask_ = 0;
+  peer_hint_map_.reset();
   release_peer_attach(std::exchange(attach_pid_, 0));
   connected_ = false;
 }
@@ -143,7 +164,8 @@ void shm_qp::provider_counters(qp_counters& c) const noexcept {
   c.shm = shm_qp_counters{.tx_slots = c_tx_msgs_.load(),
                           .rx_slots = c_rx_msgs_.load(),
                           .doorbells = c_bells_.load(),
-                          .direct_ops = c_direct_.load()};
+                          .direct_ops = c_direct_.load(),
+                          .hints = c_hints_.load()};
 }
 
 void shm_qp::start(conn_setup&& s) {
@@ -163,6 +185,13 @@ void shm_qp::start(conn_setup&& s) {
     direct_ok_ = cma_rx_ && dev_->direct_enabled();
     attr_ = std::move(s.attr);
     attr_.shm.value().direct_mapping = direct_ok_;
+    hinted_ = s.hinted && hint_bit_ != no_hint;
+    if (s.peer_hints && s.peer_hint_bit < hint_bits) {
+      peer_hint_map_ = std::move(s.peer_hints);
+      peer_hint_word_ = reinterpret_cast<std::atomic<std::uint64_t>*>(peer_hint_map_->data()) +
+                        s.peer_hint_bit / 64;
+      peer_hint_mask_ = std::uint64_t(1) << (s.peer_hint_bit % 64);
+    }
     tx_head_ = seen_tail_ = rx_tail_ = rsp_tail_ = rsp_head_ = rsp_shown_ = 0;
     connected_ = true;
     state_.store(qp_state::rts, std::memory_order_seq_cst);

@@ -44,6 +44,12 @@ struct conn_setup {
   bool cma_tx = false;   // the peer serves our bulk requests by cross-memory attach
   bool cma_rx = false;   // we serve the peer's by cross-memory attach
   qp_connection_attr attr;
+  // Hints (shm_segment.hpp, hint_page): the peer device's page as mapped here
+  // and the peer QP's bit in it (null / no_hint: we do not hint the peer), and
+  // whether the peer hints us.
+  std::shared_ptr<peer_mapping> peer_hints;
+  std::uint32_t peer_hint_bit = no_hint;
+  bool hinted = false;
 };
 
 class shm_qp final : public swnic::sw_qp {
@@ -57,6 +63,11 @@ class shm_qp final : public swnic::sw_qp {
   // ---- engine (under the engine's lock) ----
   int progress() noexcept;              // work done
   void set_sleeping(bool on) noexcept;  // this side is about to block / woke up
+  // Hints: our bit in the device's hint page (no_hint: none), whether the peer
+  // sets it (fixed from start() to disconnect()), and the cold flag asking it to.
+  std::uint32_t hint_bit() const noexcept { return hint_bit_; }
+  bool hinted() const noexcept { return hinted_; }
+  void set_cold(bool on) noexcept;
   // Socket readiness: drains doorbells; false once the peer is gone (stop polling it).
   bool on_socket(std::uint32_t events) noexcept;
   // The engine's view of this QP (engine::mu_): hot QPs are polled at every
@@ -151,6 +162,7 @@ class shm_qp final : public swnic::sw_qp {
   ring_ctl& resp_in() const noexcept { return seg_.hdr->resp[1 - seg_.side]; }
 
   shm_device* dev_;
+  const std::uint32_t hint_bit_;
 
   // connection
   int sock_ = -1;
@@ -161,6 +173,11 @@ class shm_qp final : public swnic::sw_qp {
   std::atomic<bool> attached_{false};
   std::atomic<bool> peer_gone_{false};
   bool connected_ = false;
+  bool hinted_ = false;
+  // The word of the peer's hint page that holds the peer QP's bit, and the bit.
+  std::atomic<std::uint64_t>* peer_hint_word_ = nullptr;
+  std::uint64_t peer_hint_mask_ = 0;
+  std::shared_ptr<peer_mapping> peer_hint_map_;
 
   // SQ (tx_mu_; the base's sq_head_/sq_next_/sq_tail_: retire / transmit / post)
   std::vector<swqe> sq_;
@@ -209,7 +226,7 @@ class shm_qp final : public swnic::sw_qp {
   wc_status pending_local_ = wc_status::success;
 
   // counters
-  std::atomic<std::uint64_t> c_tx_msgs_{0}, c_rx_msgs_{0}, c_bells_{0};
+  std::atomic<std::uint64_t> c_tx_msgs_{0}, c_rx_msgs_{0}, c_bells_{0}, c_hints_{0};
   // The direct path's counts, written only under tx_mu_: a plain load and
   // store each (bump_locked), no locked read-modify-write on every operation.
   std::atomic<std::uint64_t> c_direct_{0}, c_direct_tx_{0}, c_direct_rx_{0};

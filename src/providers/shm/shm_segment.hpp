@@ -29,7 +29,7 @@
 namespace conveyor::shm {
 
 inline constexpr std::uint32_t seg_magic = 0x43565348;  // "CVSH"
-inline constexpr std::uint32_t seg_version = 2;         // 2: map_req/map_resp
+inline constexpr std::uint32_t seg_version = 3;         // 2: map_req/map_resp, 3: hints
 inline constexpr std::uint32_t ring_slots = 256;        // per ring, power of two
 inline constexpr std::uint32_t slot_size = 8192;        // header + payload
 inline constexpr std::uint32_t slot_header = 64;
@@ -104,8 +104,14 @@ struct alignas(64) seg_header {
   std::uint32_t magic, version, slots, slot_bytes;
   // Side s is about to block and wants a doorbell (one byte on the socket) on
   // any change; the peer clears it when ringing, so one byte per sleep.
+  // cold<s>: side s's engine stopped looking at this connection at every step
+  // and wants a hint (its bit set in side s's hint page, see hint_page) on any
+  // change; the peer clears it when hinting, so one hint per cold spell. Each
+  // pair shares a cache line: the peer reads both after every publish.
   alignas(64) std::atomic<std::uint32_t> sleeping0{0};
+  std::atomic<std::uint32_t> cold0{0};
   alignas(64) std::atomic<std::uint32_t> sleeping1{0};
+  std::atomic<std::uint32_t> cold1{0};
   ring_ctl req[2];
   ring_ctl resp[2];
 };
@@ -139,6 +145,9 @@ struct seg_view {
   std::atomic<std::uint32_t>& sleeping(int s) const noexcept {
     return s == 0 ? hdr->sleeping0 : hdr->sleeping1;
   }
+  std::atomic<std::uint32_t>& cold(int s) const noexcept {
+    return s == 0 ? hdr->cold0 : hdr->cold1;
+  }
   // ring index: req[0]=0, req[1]=1, resp[0]=2, resp[1]=3
   std::byte* slot(int ring, std::uint64_t pos) const noexcept {
     std::byte* r = base + seg_data_off + std::size_t(ring) * ring_bytes;
@@ -160,6 +169,18 @@ struct seg_view {
   }
 };
 
+// A device's hint page (a sealed memfd, one per device, mapped by every peer
+// that connects to it): one bit per QP of the device. A peer that publishes
+// work on a connection whose consumer flagged itself cold (seg_header::cold)
+// sets that QP's bit, so the device's engine finds the few connections that
+// moved without looking at every idle one. Every peer of the device can write
+// every bit: a bit is only ever a reason to look at a QP (which validates
+// whatever it finds), never a fact, and a QP that is not hinted is looked at
+// in turn as before.
+inline constexpr std::uint32_t hint_bits = 32768;  // QPs of a device that get a bit
+inline constexpr std::size_t hint_page_bytes = hint_bits / 8;
+inline constexpr std::uint32_t no_hint = ~std::uint32_t(0);
+
 // The handshake on the Unix socket (shm_cm.cpp): request (with the segment's
 // memfd), accept or reject, ready.
 inline constexpr std::uint32_t hs_magic = 0x43564853;  // "CVHS"
@@ -173,6 +194,12 @@ struct hs_msg {
   std::uint32_t ird = 0, ord = 0;
   std::uint64_t probe_addr = 0, probe_value = 0;
   std::uint32_t cma_ok = 0;
+  // The sender's bit in its hint page (no_hint: none), whose descriptor comes
+  // with the request (after the segment's) and with the accept.
+  std::uint32_t hint_bit = no_hint;
+  // accept and ready: the sender mapped the receiver's hint page and will set
+  // its bit (else the receiver looks at that QP in turn).
+  std::uint32_t hints_peer = 0;
   std::uint32_t pd_len = 0;
   std::uint8_t pd[256]{};
 };
