@@ -270,9 +270,23 @@ TEST_P(peer_process, peer_killed_mid_transfer_fails_every_unfinished_request_wit
   // Kernel iWARP completes WRITEs locally, ahead of earlier READs (see check_aborted).
   std::function<bool(std::size_t)> is_read;
   if (!completion_means_placed(dev->attr())) is_read = [](std::size_t i) { return i % 2 == 0; };
-  EXPECT_TRUE(ok(check_aborted(wcs, 60000, &good, is_read)));
-  std::cout << "[   INFO   ] the first " << good << " succeeded\n";
-  for (std::size_t i = 0; i < good; i += 2) {
+  const auto c = qp->counters();
+  if (c.shm && c.shm->direct_ops > 0 &&
+      std::all_of(wcs.begin(), wcs.end(),
+                  [](const work_completion& w) { return w.status == wc_status::success; })) {
+    // Direct mapping (shm, allocated regions): a request served through the
+    // mapping of the target's memory completes once its bytes are placed,
+    // which the owner's death does not undo, and the QP serves what is queued
+    // until it sees the peer's socket close. Every one was served before that:
+    // nothing was left to abort (the QP must still end in ERROR, below).
+    good = n;
+    std::cout << "[   INFO   ] all " << n << " served through the mapping of the target's memory\n";
+  } else {
+    EXPECT_TRUE(ok(check_aborted(wcs, 60000, &good, is_read)));
+    std::cout << "[   INFO   ] the first " << good << " succeeded\n";
+  }
+  // (The first 16 READs cover every offset.)
+  for (std::size_t i = 0; i < good && i < 16; i += 2) {
     const std::size_t off = ((i / 2) % 8) * MiB;
     EXPECT_TRUE(ok(check_pattern(sink->bytes().subspan(off, MiB), s.region_seed, off)))
         << "READ " << i;

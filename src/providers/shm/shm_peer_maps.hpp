@@ -8,6 +8,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -48,9 +49,14 @@ class peer_mappings {
     std::shared_ptr<peer_mapping> m;
     try {
       m = std::make_shared<peer_mapping>(static_cast<std::byte*>(p), len);
-      // Forget mappings no QP holds any more before adding one.
-      for (auto it = maps_.begin(); it != maps_.end();)
-        it = it->second.expired() ? maps_.erase(it) : std::next(it);
+      // Forget the mappings no QP holds any more once the table has doubled
+      // since the last sweep: amortized O(1) an addition, not a walk over
+      // every mapping each time.
+      if (maps_.size() >= sweep_at_) {
+        for (auto it = maps_.begin(); it != maps_.end();)
+          it = it->second.expired() ? maps_.erase(it) : std::next(it);
+        sweep_at_ = std::max<std::size_t>(16, 2 * maps_.size());
+      }
       maps_[k] = m;
     } catch (...) {
       if (!m) ::munmap(p, len);
@@ -63,6 +69,7 @@ class peer_mappings {
   using key = std::tuple<std::uint64_t, std::size_t, int>;
   std::mutex mu_;
   std::map<key, std::weak_ptr<peer_mapping>> maps_;
+  std::size_t sweep_at_ = 16;  // sweep expired entries when the table reaches this size
 };
 
 }  // namespace conveyor::shm

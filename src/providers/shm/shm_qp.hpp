@@ -117,7 +117,8 @@ class shm_qp final : public swnic::sw_qp {
   bool check_peer_error_locked() noexcept;
   // direct mapping (tx_mu_)
   bool try_direct_locked(swqe& w, std::uint32_t idx) noexcept;  // served it now
-  bool direct_mapped_locked(const swqe& w) const noexcept;      // its region is mapped
+  // The mapping a READ, WRITE or atomic of w would be served through (null: none).
+  const peer_map* direct_map_locked(const swqe& w) const noexcept;
   void on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) noexcept;
   std::shared_ptr<peer_mapping> map_peer_memfd(int fd, std::uint64_t ino, std::size_t len, int prot,
                                                bool populate) noexcept;
@@ -162,7 +163,6 @@ class shm_qp final : public swnic::sw_qp {
   ring_ctl& resp_in() const noexcept { return seg_.hdr->resp[1 - seg_.side]; }
 
   shm_device* dev_;
-  const std::uint32_t hint_bit_;
 
   // connection
   int sock_ = -1;
@@ -173,11 +173,6 @@ class shm_qp final : public swnic::sw_qp {
   std::atomic<bool> attached_{false};
   std::atomic<bool> peer_gone_{false};
   bool connected_ = false;
-  bool hinted_ = false;
-  // The word of the peer's hint page that holds the peer QP's bit, and the bit.
-  std::atomic<std::uint64_t>* peer_hint_word_ = nullptr;
-  std::uint64_t peer_hint_mask_ = 0;
-  std::shared_ptr<peer_mapping> peer_hint_map_;
 
   // SQ (tx_mu_; the base's sq_head_/sq_next_/sq_tail_: retire / transmit / post)
   std::vector<swqe> sq_;
@@ -233,6 +228,15 @@ class shm_qp final : public swnic::sw_qp {
   static void bump_locked(std::atomic<std::uint64_t>& c, std::uint64_t n) noexcept {
     c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
+
+  // Hints (kept after everything the data path touches, whose layout they
+  // would otherwise spread over more cache lines): our bit, whether the peer
+  // sets it, and the word of the peer's hint page that holds the peer QP's bit.
+  const std::uint32_t hint_bit_;
+  bool hinted_ = false;
+  std::atomic<std::uint64_t>* peer_hint_word_ = nullptr;
+  std::uint64_t peer_hint_mask_ = 0;
+  std::shared_ptr<peer_mapping> peer_hint_map_;
 };
 
 }  // namespace conveyor::shm

@@ -101,27 +101,25 @@ void shm_qp::on_map_answer_locked(std::uint32_t rkey, const std::byte* payload) 
   pm.word = a.word;
 }
 
-bool shm_qp::direct_mapped_locked(const swqe& w) const noexcept {
-  if (pmaps_.empty() || w.len == 0 ||
+const shm_qp::peer_map* shm_qp::direct_map_locked(const swqe& w) const noexcept {
+  if (pmaps_.empty() || w.len == 0 ||  // zero-length requests keep the engine's semantics
       !(w.op == wr_opcode::rdma_read || w.op == wr_opcode::rdma_write || is_atomic_op(w.op)))
-    return false;
+    return nullptr;
   const auto it = pmaps_.find(w.rkey);
-  return it != pmaps_.end() && it->second.state == peer_map::st::mapped;
+  return it != pmaps_.end() && it->second.state == peer_map::st::mapped ? &it->second : nullptr;
 }
 
 bool shm_qp::try_direct_locked(swqe& w, std::uint32_t idx) noexcept {
-  const bool atomic = is_atomic_op(w.op);
-  if (!(w.op == wr_opcode::rdma_read || w.op == wr_opcode::rdma_write || atomic)) return false;
-  if (w.len == 0) return false;  // zero-length requests keep the engine's semantics
-  auto it = pmaps_.find(w.rkey);
-  if (it == pmaps_.end() || it->second.state != peer_map::st::mapped) return false;
-  peer_map& pm = it->second;
+  const peer_map* found = direct_map_locked(w);
+  if (found == nullptr) return false;
+  const peer_map& pm = *found;
   // Revoked (deregistered, or the slot reused): forget the mapping; the request
   // goes to the peer's engine, which refuses the dead key.
   if (peer_rev_[pm.word].load(std::memory_order_seq_cst) != pm.gen) {
-    pmaps_.erase(it);
+    pmaps_.erase(w.rkey);
     return false;
   }
+  const bool atomic = is_atomic_op(w.op);
   const access need = w.op == wr_opcode::rdma_read    ? access::remote_read
                       : w.op == wr_opcode::rdma_write ? access::remote_write
                                                       : access::remote_atomic;

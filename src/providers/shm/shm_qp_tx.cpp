@@ -197,7 +197,7 @@ bool shm_qp::tx_progress_locked() noexcept {
     // mapping): held until everything in flight has completed, then served
     // here. Completions stay in posting order, and a stream that never lets
     // the send queue empty still moves to the direct path.
-    if (tx_off_ == 0 && !tx_imm_pending_ && direct_mapped_locked(w)) {
+    if (tx_off_ == 0 && !tx_imm_pending_ && direct_map_locked(w) != nullptr) {
       if (sq_head_ < sq_next_) break;
       if (try_direct_locked(w, idx)) {
         w.done = true;
