@@ -1,9 +1,10 @@
 // Direct mapping and hints (docs/SHM.md): the mappings of peers' sealed
 // memfds (regions, revocation pages, hint pages), one per file and protection
-// per device, shared by every QP of the device that maps it. Each QP still checks for itself that its peer holds the file (the
-// descriptor it fetched with pidfd_getfd is that inode, sealed, large enough):
-// only the mmap is shared, so that a thousand QPs to one region cost one set
-// of page tables, not a thousand.
+// per device, shared by every QP of the device that maps it. Each QP still
+// checks for itself that its peer holds the file (the descriptor it fetched
+// with pidfd_getfd is that inode, sealed, large enough): only the mmap is
+// shared, so that a thousand QPs to one region cost one set of page tables,
+// not a thousand.
 #pragma once
 
 #include <sys/mman.h>
