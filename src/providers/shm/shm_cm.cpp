@@ -108,6 +108,8 @@ result<void> send_msg(int fd, const hs_msg& m, int pass_fd, clk::time_point dead
       mh.msg_control = ctl;
       mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
       cmsghdr* c = CMSG_FIRSTHDR(&mh);
+      if (c == nullptr)
+        return make_error(errc::resource_exhausted, what + ": no room for the descriptors");
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
       c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
