@@ -62,7 +62,10 @@ std::uint32_t engine::take_hint_bit() noexcept {
   if (next_bit_ >= hint_bits) return no_hint;
   try {
     by_hint_.resize(std::size_t(next_bit_) + 1, nullptr);
-    free_bits_.reserve(std::size_t(next_bit_) + 1);  // give_hint_bit never allocates
+    // give_hint_bit never allocates. Grown by doubling: a reserve to the exact
+    // size reallocated and copied the list at every QP's creation (quadratic
+    // in the QPs of a device).
+    if (free_bits_.capacity() < by_hint_.size()) free_bits_.reserve(2 * by_hint_.size());
   } catch (...) {
     return no_hint;
   }
