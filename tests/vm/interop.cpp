@@ -16,7 +16,8 @@
 // SEND, SEND_WITH_INV, and where both ends have them WRITE/SEND_WITH_IMM and
 // atomics; the server checks every received message and its region and
 // answers with a SEND carrying its own checksum. (2) a WRITE with a bad rkey
-// and (3) a READ out of bounds: the initiator's request fails (or, where the
+// and (3) a READ out of bounds, each after one valid READ (see run_client): the
+// initiator's request fails (or, where the
 // initiator is kernel iWARP and WRITEs complete locally, the next request
 // flushes) and the target's QP goes to ERROR, flushing its receives: the
 // Terminate was understood. Exit status 0 only if everything held.
@@ -308,6 +309,24 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr,
     return wc;
   };
   if (sc == scenario::bad_rkey || sc == scenario::read_oob) {
+    // A valid READ first, so the violation is never among the first frames the
+    // target processes. Linux siw (6.1, and every version since its merge) as
+    // the MPA responder with an RTR offered (soft offers one) announces the
+    // connection only after the first batch of frames it reads after the RTR
+    // was processed without error; if the violation is in that batch (the RTR
+    // and the violation arrive together, or the RTR came before siw_accept
+    // switched to its RTR reader), it drops the connection without ever
+    // announcing it and iw_cm's cm_close_handler hits BUG() (state CONN_RECV):
+    // the guest kernel dies. Seen once in CI. A completed READ means the
+    // target processed the RTR and announced the connection, whatever follows.
+    std::array<cvy::sge, 1> g0{s.smr.slice(16384, 8)};
+    auto w0 = one({.wr_id = 3,
+                   .opcode = cvy::wr_opcode::rdma_read,
+                   .sg_list = g0,
+                   .remote_addr = peer.addr,
+                   .rkey = peer.rkey},
+                  "READ before violation");
+    if (!w0 || w0->status != cvy::wc_status::success) return;
     std::array<cvy::sge, 1> g{s.smr.slice(0, 4096)};
     std::array<cvy::sge, 1> g2{s.smr.slice(8192, 4096)};
     std::array<cvy::send_wr, 2> wrs{};
