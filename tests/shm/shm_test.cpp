@@ -75,6 +75,22 @@ class shm_only : public pair_test {
     if (!info) return testing::AssertionFailure() << "connect: " << info.error().to_string();
     return testing::AssertionSuccess();
   }
+  // Creates an initiator QP on `cq` and a target QP on `tcq`, connects them
+  // through `lis` (bound at `addr`) and appends them to `qps` and `tqps`.
+  testing::AssertionResult add_extra_pair(conveyor::listener& lis, const std::string& addr,
+                                          conveyor::completion_queue& cq,
+                                          conveyor::completion_queue& tcq,
+                                          std::vector<conveyor::queue_pair>& qps,
+                                          std::vector<conveyor::queue_pair>& tqps) {
+    auto qp = init.pd.create_qp({.send_cq = &cq, .recv_cq = &cq});
+    if (!qp) return testing::AssertionFailure() << "initiator QP: " << qp.error().to_string();
+    auto tqp = tgt.pd.create_qp({.send_cq = &tcq, .recv_cq = &tcq});
+    if (!tqp) return testing::AssertionFailure() << "target QP: " << tqp.error().to_string();
+    if (auto r = connect_extra(lis, addr, *qp, *tqp); !r) return r;
+    qps.push_back(std::move(*qp));
+    tqps.push_back(std::move(*tqp));
+    return testing::AssertionSuccess();
+  }
 };
 
 // Descriptors of this process that point at a Conveyor shm segment.
@@ -365,15 +381,8 @@ TEST_P(shm_only, cold_qps_are_found_through_their_hints) {
   auto sink = make_region(init.pd, 8 * nqp, access::local_write, 0);
   CVT_ASSERT_OK(sink);
   std::vector<conveyor::queue_pair> qps, tqps;
-  for (int k = 0; k < nqp; ++k) {
-    auto qp = init.pd.create_qp({.send_cq = &*cq, .recv_cq = &*cq});
-    CVT_ASSERT_OK(qp);
-    auto tqp = tgt.pd.create_qp({.send_cq = &*tcq, .recv_cq = &*tcq});
-    CVT_ASSERT_OK(tqp);
-    ASSERT_TRUE(connect_extra(*lis, addr, *qp, *tqp)) << "QP " << k;
-    qps.push_back(std::move(*qp));
-    tqps.push_back(std::move(*tqp));
-  }
+  for (int k = 0; k < nqp; ++k)
+    ASSERT_TRUE(add_extra_pair(*lis, addr, *cq, *tcq, qps, tqps)) << "QP " << k;
   for (int r = 0; r < rounds; ++r) {
     // Far longer than engine_spin_us (50 us): every QP goes cold.
     std::this_thread::sleep_for(milliseconds(3));
@@ -798,11 +807,8 @@ TEST_P(shm_direct, qps_mapping_the_same_region_share_one_mapping) {
   CVT_ASSERT_OK(sink);
   std::vector<conveyor::queue_pair> qps, tqps;
   for (int k = 0; k < extra; ++k) {
-    auto qp = init.pd.create_qp({.send_cq = &*cq, .recv_cq = &*cq});
-    CVT_ASSERT_OK(qp);
-    auto tqp = tgt.pd.create_qp({.send_cq = &*tcq, .recv_cq = &*tcq});
-    CVT_ASSERT_OK(tqp);
-    ASSERT_TRUE(connect_extra(*lis, addr, *qp, *tqp));
+    ASSERT_TRUE(add_extra_pair(*lis, addr, *cq, *tcq, qps, tqps)) << "extra QP " << k;
+    auto* qp = &qps.back();
     // READs until this QP serves one through its mapping (the first asks for it).
     bool direct = false;
     for (int i = 0; i < 200 && !direct; ++i) {
@@ -815,8 +821,6 @@ TEST_P(shm_direct, qps_mapping_the_same_region_share_one_mapping) {
     }
     ASSERT_TRUE(direct) << "extra QP " << k << " never mapped the region";
     EXPECT_TRUE(ok(check_pattern(std::span<const std::byte>(sink->data(), 8), 0x6c00)));
-    qps.push_back(std::move(*qp));
-    tqps.push_back(std::move(*tqp));
   }
   EXPECT_EQ(region_map_perms().size(), one)
       << extra << " more QPs mapping the same region added mappings of it";
