@@ -7,7 +7,12 @@
 #include <conveyor/conveyor.hpp>
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <future>
 #include <thread>
@@ -411,6 +416,75 @@ TEST(placement, mss_sized_fpdus_are_read_many_per_system_call) {
 // 4 KiB READ, which held small READs to 0.1-0.2 of what the socket carries
 // (bench/compare's READ 4 KiB row). Every response still carries the bytes
 // its request named, in order.
+namespace {
+// Rewrites [m, m + len) without pause until killed (a forked child: no locks,
+// no allocation; TSan does not see another process's stores, nor need to).
+[[noreturn]] __attribute__((no_sanitize("thread"))) void rewrite_forever(void* m, std::size_t len) {
+  auto* w = static_cast<volatile std::uint64_t*>(m);
+  for (std::uint64_t v = 1;; ++v)
+    for (std::size_t i = 0; i < len / 8; ++i) w[i] = v * 0x0101010101010101ull;
+}
+}  // namespace
+
+// A READ response's CRC covers the bytes it carries even while the region's
+// owner rewrites them (RDMA allows that: the reader gets whichever bytes).
+// soft summed the region and then let sendmsg copy it again, so a store in
+// between sent an FPDU whose CRC did not match its bytes, which a reader must
+// treat as corruption (LLP CRC Terminate: conveyor-kv's readers lost their
+// connections with CRC on). Here another process rewrites the region without
+// pause while the peer READs it.
+TEST(crc, read_responses_of_a_region_being_rewritten_carry_matching_crcs) {
+  target t(true);
+  constexpr std::size_t len = 64 * 1024;
+  struct mapping {
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ~mapping() {
+      if (p != MAP_FAILED) ::munmap(p, len);
+    }
+  } m;
+  ASSERT_NE(m.p, MAP_FAILED);
+  auto mr = t.pd.register_memory(std::span(static_cast<std::byte*>(m.p), len),
+                                 access::local_write | access::remote_read);
+  ASSERT_TRUE(mr.has_value()) << mr.error().to_string();
+  struct writer {
+    pid_t pid = -1;
+    ~writer() {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  } w;
+  w.pid = ::fork();
+  ASSERT_GE(w.pid, 0);
+  if (w.pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::alarm(120);
+    rewrite_forever(m.p, len);
+  }
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw_v2(t, true, 1, fut);
+  ASSERT_GE(p.fd(), 0);
+  ASSERT_TRUE(fut.get().has_value());
+  ASSERT_TRUE(p.crc()) << "CRC was not negotiated";
+  std::size_t fpdus = 0, bad = 0;
+  for (std::uint32_t i = 0; i < 200; ++i) {
+    read_request rr{0x77, 0, len, mr->rkey(), mr->addr()};
+    ASSERT_TRUE(p.send_all(encode_read_request(rr, 1 + i, true)));
+    for (bool last = false; !last;) {
+      auto f = p.read_fpdu();
+      ASSERT_TRUE(f.has_value()) << "READ " << i << ": the connection ended";
+      auto h = parse_fpdu_header(*f);
+      ASSERT_TRUE(h.has_value());
+      ASSERT_EQ(h->opcode, rdmap_op::read_response) << "READ " << i;
+      ++fpdus;
+      if (!check_fpdu_crc(*f)) ++bad;
+      last = h->last;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "READ response FPDUs whose CRC does not match their bytes, of " << fpdus;
+}
+
 TEST(placement, a_burst_of_read_requests_is_answered_in_few_system_calls) {
   target t(false);
   std::future<result<connection_info>> fut;

@@ -140,6 +140,7 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
     std::lock_guard lk(tx_mu_);
     fd_ = fd.release();
     cp_ = p;
+    if (p.crc && !stage_) stage_.reset(new std::byte[stage_size]);
     auto& iw = attr.iwarp.value();  // soft_cm fills the MPA facts, the socket the rest
     iw.mss = net::tcp_mss(fd_);
     max_fpdu_ = std::min<std::size_t>(iw.mss, max_fpdu_size) & ~std::size_t(7);

@@ -94,6 +94,8 @@ class soft_qp final : public swnic::sw_qp {
   // One sendmsg batch.
   static constexpr int max_iov = 512;
   static constexpr std::size_t arena_size = 32 * 1024;
+  // At least one FPDU's payload (max_fpdu_size): a batch always makes progress.
+  static constexpr std::size_t stage_size = 256 * 1024;
   // READ-response chunks one batch may carry; tx_progress_locked holds a
   // guard on every one of them across sendmsg.
   static constexpr std::size_t max_batch_keys = 64;
@@ -201,6 +203,11 @@ class soft_qp final : public swnic::sw_qp {
   std::size_t batch_bytes_ = 0, batch_sent_ = 0;
   std::unique_ptr<std::byte[]> arena_;
   std::size_t arena_used_ = 0;
+  // READ response payloads copied before they are summed (CRC on only): the
+  // CRC covers the bytes sent even while the region's owner rewrites them.
+  // Allocated when a connection with CRC starts; reused from each batch's start.
+  std::unique_ptr<std::byte[]> stage_;
+  std::size_t stage_used_ = 0;
   std::vector<mark> marks_;
   std::vector<batch_key> batch_keys_;
   bool want_write_ = false;

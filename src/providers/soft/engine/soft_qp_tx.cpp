@@ -3,6 +3,7 @@
 // confirmation and retirement of completed requests.
 #include "providers/soft/engine/soft_qp_internal.hpp"
 
+#include "core/dma_copy.hpp"
 #include "providers/soft/soft_device.hpp"
 
 #include <sys/socket.h>
@@ -216,10 +217,12 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
   }
   refresh_fpdu_size_locked(r.len - r.sent);
   const std::size_t max_t = (max_fpdu_ - tagged_header_size - crc_size) & ~std::size_t(3);
+  static_assert(stage_size >= max_fpdu_size, "a batch's first FPDU must fit the stage");
   do {
     const std::uint64_t chunk = std::min<std::uint64_t>(r.len - r.sent, max_t);
     iovec v{};
     std::size_t nv = 0;
+    bool staged = false;
     if (chunk > 0) {
       detail::key_table::guard g;
       std::byte* p = nullptr;
@@ -233,6 +236,21 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
         return false;
       }
       if (batch_keys_.size() >= max_batch_keys) return false;
+      // With CRC, sum a copy and send that copy: the region's owner may rewrite
+      // it meanwhile (RDMA allows it; the reader gets whichever bytes), and a
+      // CRC over the region followed by sendmsg's own copy of it sent FPDUs
+      // whose CRC did not match their bytes, which the reader must treat as
+      // corruption (LLP CRC Terminate, the connection lost). A NIC sums what
+      // it reads into its own buffer, as here. Small payloads are copied
+      // next to their header anyway (add_data_fpdu_locked).
+      staged = cp_.crc && chunk > small_inline_copy;
+      if (staged) {
+        if (!stage_ || stage_used_ + chunk > stage_size) return false;
+        std::byte* s = stage_.get() + stage_used_;
+        detail::dma_copy(s, p, chunk);
+        stage_used_ += chunk;
+        p = s;
+      }
       v = {p, chunk};
       nv = 1;
       batch_keys_.push_back({r.src_stag, r.src_to + r.sent, chunk, 0});
@@ -241,6 +259,7 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
     if (!add_data_fpdu_locked(true, rdmap_op::read_response, last, r.sink_stag, r.sink_to + r.sent,
                               0, 0, 0, 0, std::span(&v, nv), chunk)) {
       if (nv) batch_keys_.pop_back();
+      if (staged) stage_used_ -= chunk;
       return false;
     }
     if (nv) batch_keys_.back().end = batch_bytes_;
@@ -252,7 +271,7 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
 bool soft_qp::build_batch_locked() noexcept {
   niov_ = iov_pos_ = 0;
   batch_bytes_ = batch_sent_ = 0;
-  arena_used_ = 0;
+  arena_used_ = stage_used_ = 0;
   marks_.clear();
   batch_keys_.clear();
   const bool in_error = state() == qp_state::error;
