@@ -69,9 +69,8 @@ struct server {
     static std::atomic<int> n{0};
     if (provider == "shm")  // name check: address syntax (shm listens on "@name")
       ro.address = "@cvkv-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-    conveyor::device_options dopts;
-    dopts.request_crc = std::getenv("KV_TEST_CRC") != nullptr;
-    dopts.engine_park = false;  // as kv serve: the loop polls, then sleeps in epoll
+    conveyor::device_options dopts;  // MPA CRC requested (the default), as kv serve
+    dopts.engine_park = false;       // as kv serve: the loop polls, then sleeps in epoll
     dev = must(conveyor::device::open(provider + ":kvs", dopts));
     pd = must(dev.alloc_pd());
     st = must(kv::store::create(pd, so));
@@ -127,12 +126,10 @@ class kv_rdma : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<kv::client> connect(server& s, const std::string& password = {},
                                       std::uint32_t depth = 16) {
+    // MPA CRC on (the default): the readers_never_see_a_mixed_value tests READ
+    // items while they are rewritten, and soft's READ responses must still
+    // carry CRCs that match their bytes.
     kv::client_options o{.password = password, .depth = depth};
-    // MPA CRC off by default here: soft computes a READ response's CRC over
-    // the source memory and sends the same memory later, so an item rewritten
-    // in between fails the connection with a CRC error (docs/KV.md, "soft").
-    // KV_TEST_CRC=1 shows it.
-    o.device.request_crc = std::getenv("KV_TEST_CRC") != nullptr;
     auto c = kv::client::connect(GetParam() + ":kvc", s.rdma->address(), o);
     EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().to_string());
     return c ? std::move(*c) : nullptr;

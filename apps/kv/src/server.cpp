@@ -28,11 +28,7 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &mask, nullptr);
-  // MPA CRC not requested: soft computes a READ response's CRC over the item's
-  // memory and sends that memory afterwards, so an item rewritten in between
-  // would fail a reader's connection; items carry their own checksum (docs/KV.md).
   device_options dopts;
-  dopts.request_crc = false;
   // The loop drains its CQs with poll() and sleeps in epoll: soft's engine must
   // not take those polls for a busy poller and park (shm's parks too; arm()
   // now wakes it, core/sw_cq.cpp).
