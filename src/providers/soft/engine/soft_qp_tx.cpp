@@ -217,7 +217,7 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
   }
   refresh_fpdu_size_locked(r.len - r.sent);
   const std::size_t max_t = (max_fpdu_ - tagged_header_size - crc_size) & ~std::size_t(3);
-  static_assert(stage_size >= max_fpdu_size, "a batch's first FPDU must fit the stage");
+  static_assert(stage_size >= max_batch_bytes, "the stage holds a whole batch");
   do {
     const std::uint64_t chunk = std::min<std::uint64_t>(r.len - r.sent, max_t);
     iovec v{};
