@@ -16,10 +16,11 @@
 // SEND, SEND_WITH_INV, and where both ends have them WRITE/SEND_WITH_IMM and
 // atomics; the server checks every received message and its region and
 // answers with a SEND carrying its own checksum. (2) a WRITE with a bad rkey
-// and (3) a READ out of bounds, each after one valid READ (see run_client):
-// the initiator's request fails (or, where the initiator is kernel iWARP and
-// WRITEs complete locally, the next request flushes) and the target's QP goes to ERROR, flushing
-// its receives: the Terminate was understood. Exit status 0 only if everything held.
+// and (3) a READ out of bounds, each after one valid READ (see run_client): the
+// initiator's request fails (or, where the
+// initiator is kernel iWARP and WRITEs complete locally, the next request
+// flushes) and the target's QP goes to ERROR, flushing its receives: the
+// Terminate was understood. Exit status 0 only if everything held.
 // --port-events takes the device's netdev down and up again (`ip link`) and
 // checks that device_options::on_event reported port_down, then port_active,
 // for the device's port.

@@ -245,7 +245,7 @@ bool soft_qp::frame_response_locked(response& r) noexcept {
       // next to their header anyway (add_data_fpdu_locked).
       staged = cp_.crc && chunk > small_inline_copy;
       if (staged) {
-        if (stage_used_ + chunk > stage_size) return false;  // start() reserved stage_ (CRC)
+        if (!stage_ || stage_used_ + chunk > stage_size) return false;
         std::byte* s = stage_.get() + stage_used_;
         detail::dma_copy(s, p, chunk);
         stage_used_ += chunk;
