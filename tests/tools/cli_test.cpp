@@ -24,6 +24,7 @@
 #include "common/env.hpp"
 #include "common/process.hpp"
 #include "common/raw_tcp.hpp"
+#include "perf_report.hpp"
 #include "perf_session.hpp"
 #include "perftest.hpp"
 
@@ -822,6 +823,103 @@ TEST(perftest, flags_that_do_not_apply_say_why) {
             std::string::npos);
   EXPECT_NE(parse_perftest({"write_lat", "-s", "4", "h"}).error.find("at least 8"),
             std::string::npos);
+  // perftest flags Conveyor does not offer are refused naming the flag and what to do.
+  auto e = parse_perftest({"write_bw", "-e", "h"}).error;
+  EXPECT_EQ(e.rfind("-e:", 0), 0u) << e;
+  EXPECT_NE(e.find("polls"), std::string::npos) << e;
+  e = parse_perftest({"write_bw", "--run_infinitely", "h"}).error;
+  EXPECT_EQ(e.rfind("--run_infinitely:", 0), 0u) << e;
+  EXPECT_NE(e.find("-D"), std::string::npos) << e;
+  e = parse_perftest({"write_lat", "--output", "bandwidth", "h"}).error;
+  EXPECT_NE(e.find("--output latency"), std::string::npos) << e;
+}
+
+TEST(perftest, port_peak_and_output_flags_are_taken) {
+  auto p = parse_perftest({"write_bw", "-i", "1", "-N", "--output=bandwidth", "h"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_TRUE(p.o.perftest_report);
+  EXPECT_TRUE(p.o.perftest_no_peak);
+  EXPECT_EQ(p.o.perftest_output, "bandwidth");
+  p = parse_perftest({"send_lat", "--output", "latency", "h"});
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.o.perftest_output, "latency");
+}
+
+namespace {
+// What print_table_header + print_table_row write for one result.
+std::string perftest_report(conveyor::tool::perf_options o, const conveyor::tool::perf_result& r) {
+  conveyor::tool::perf_settings s;
+  s.opts = std::move(o);
+  char* buf = nullptr;
+  std::size_t len = 0;
+  std::FILE* f = ::open_memstream(&buf, &len);
+  conveyor::tool::print_table_header(f, s);
+  conveyor::tool::print_table_row(f, s, r);
+  std::fclose(f);
+  std::string out(buf, len);
+  std::free(buf);
+  // Scripts split perftest's output on white space: compare it that way.
+  std::string words;
+  for (char c : out)
+    if (c != ' ' || (!words.empty() && words.back() != ' ' && words.back() != '\n')) words += c;
+  for (std::size_t i; (i = words.find(" \n")) != std::string::npos;) words.erase(i, 1);
+  return words;
+}
+}  // namespace
+
+TEST(perftest, reports_in_perftests_columns_and_units) {
+  using conveyor::tool::perf_mode;
+  using conveyor::tool::perf_test;
+  // A latency run whose round trips are 10 us (min 8, max 30, p99 20, p99.9 30).
+  conveyor::tool::perf_result r;
+  r.mode = perf_mode::lat;
+  r.size = 8;
+  r.iterations = 1000;
+  r.lat = conveyor::tool::latency_stats{
+      .min = 8, .mean = 11, .p50 = 10, .p99 = 20, .p999 = 30, .max = 30, .stdev = 2};
+  conveyor::tool::perf_options o;
+  o.perftest_report = true;
+  o.mode = perf_mode::lat;
+  for (auto t : {perf_test::write, perf_test::send}) {
+    o.test = r.test = t;
+    const auto out = perftest_report(o, r);
+    EXPECT_NE(out.find("#bytes #iterations t_min[usec] t_max[usec] t_typical[usec] t_avg[usec] "
+                       "t_stdev[usec] 99% percentile[usec] 99.9% percentile[usec]"),
+              std::string::npos)
+        << out;
+    // ib_write_lat / ib_send_lat: half the round trip.
+    EXPECT_NE(out.find("\n8 1000 4.00 15.00 5.00 5.50 1.00 10.00 15.00\n"), std::string::npos)
+        << out;
+  }
+  o.test = r.test = perf_test::read;
+  auto out = perftest_report(o, r);
+  EXPECT_NE(out.find("\n8 1000 8.00 30.00 10.00 11.00 2.00 20.00 30.00\n"), std::string::npos)
+      << "ib_read_lat: the round trip\n"
+      << out;
+  o.test = r.test = perf_test::write;
+  o.perftest_output = "latency";
+  EXPECT_EQ(perftest_report(o, r), "5.00\n");
+
+  // Bandwidth: MB/sec = 2^20 bytes/s; 1048.576 MB/s (10^6) is 1000 perftest MB/sec.
+  conveyor::tool::perf_result b;
+  b.test = perf_test::write;
+  b.mode = perf_mode::bw;
+  b.size = 65536;
+  b.iterations = 5000;
+  b.mb_per_s = 1048.576;
+  b.mops = 0.016;
+  o = {};
+  o.perftest_report = true;
+  out = perftest_report(o, b);
+  EXPECT_NE(out.find("#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("\n65536 5000 1000.00 1000.00 0.016000\n"), std::string::npos) << out;
+  o.perftest_no_peak = true;
+  out = perftest_report(o, b);
+  EXPECT_NE(out.find("\n65536 5000 0.00 1000.00 0.016000\n"), std::string::npos) << out;
+  o.perftest_output = "bandwidth";
+  EXPECT_EQ(perftest_report(o, b), "1000.00\n");
 }
 
 TEST(perftest, write_bw_server_without_host_and_client_with_bare_host) {
@@ -835,7 +933,7 @@ TEST(perftest, write_bw_server_without_host_and_client_with_bare_host) {
                       "--report_gbits", "-F", "--verify", "localhost"},
                      60s);
   ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
-  EXPECT_NE(r.output.find("BW[Gb/s]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("BW average[Gb/sec]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("10^9 bits/s"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("127.0.0.1:" + std::to_string(port)), std::string::npos)
       << "localhost, a bare host, is port " << port << ":\n"

@@ -57,6 +57,12 @@ struct perf_options {
   // server: the most memory one client may make it allocate for its data
   // region (QPs x slots x slot size), so a hello cannot ask for gigabytes.
   std::uint64_t max_memory = 1ull << 30;
+  // `conveyor write_bw` & co. report as perftest does (perf_report.hpp):
+  // perftest's columns, MB/sec = 2^20 bytes/s, and WRITE/SEND latency as half
+  // the round trip (ib_write_lat, ib_send_lat); READ and atomics keep the round trip.
+  bool perftest_report = false;
+  bool perftest_no_peak = false;  // -N: the peak column reads 0, as perftest's
+  std::string perftest_output;    // --output: "bandwidth" or "latency": that number alone
 
   // The size options as typed (turned into `sizes` / `max_size` after parsing).
   struct typed {

@@ -21,6 +21,12 @@ latency_stats latency_stats::from_ns(std::vector<std::uint32_t>& ns) {
   s.p50 = at(0.50);
   s.p99 = at(0.99);
   s.p999 = at(0.999);
+  double sq = 0;
+  for (auto v : ns) {
+    const double d = static_cast<double>(v) / 1000.0 - s.mean;
+    sq += d * d;
+  }
+  s.stdev = std::sqrt(sq / static_cast<double>(ns.size()));
   return s;
 }
 
@@ -53,12 +59,20 @@ std::string describe_data_path(const shm_connection_attr& s) {
 }
 }  // namespace
 
+double perftest_latency_factor(perf_test test) {
+  return test == perf_test::write || test == perf_test::send ? 0.5 : 1.0;
+}
+
 void print_settings(std::FILE* out, const perf_settings& s) {
   const auto& o = s.opts;
+  if (!o.perftest_output.empty()) return;  // --output: the number alone
+  const bool half = o.perftest_report && perftest_latency_factor(o.test) != 1.0;
   std::fprintf(out, "conveyor perf: %s %s\n", std::string(to_string(o.test)).c_str(),
-               o.mode == perf_mode::bw    ? "bandwidth"
-               : o.mode == perf_mode::lat ? "latency (round trip)"
-                                          : "message rate");
+               o.mode == perf_mode::bw ? "bandwidth"
+               : o.mode == perf_mode::lat
+                   ? (half ? "latency (half the round trip, as perftest reports it)"
+                           : "latency (round trip)")
+                   : "message rate");
   std::fprintf(out, "  provider %s, device %s (%s), progress %s%s\n", s.provider.c_str(),
                s.device.c_str(), s.transport.c_str(), s.progress.c_str(),
                o.cpu >= 0 ? (", pinned to CPU " + std::to_string(o.cpu)).c_str() : "");
@@ -87,7 +101,63 @@ void print_settings(std::FILE* out, const perf_settings& s) {
       o.verify ? ", verifying data" : "");
 }
 
+namespace {
+// perftest's layout (ib_write_bw, ib_write_lat & co.).
+void print_perftest_header(std::FILE* out, const perf_settings& s) {
+  if (s.opts.mode == perf_mode::lat) {
+    std::fprintf(out, " %-7s %-10s %-7s %-7s %-10s %-7s %-10s %-16s %s\n", "#bytes", "#iterations",
+                 "t_min[usec]", "t_max[usec]", "t_typical[usec]", "t_avg[usec]", "t_stdev[usec]",
+                 "99% percentile[usec]", "99.9% percentile[usec]");
+    return;
+  }
+  std::fprintf(out, "  BW: %s%s\n",
+               s.opts.report_gbits ? "Gb/sec = 10^9 bits/s" : "MB/sec = 2^20 bytes/s, as perftest",
+               s.opts.perftest_no_peak
+                   ? "; -N: no peak"
+                   : "; BW peak is the run's average: no per-completion peak is sampled (-N: 0)");
+  std::fprintf(out, " %-10s %-13s %-18s %-20s %s\n", "#bytes", "#iterations",
+               s.opts.report_gbits ? "BW peak[Gb/sec]" : "BW peak[MB/sec]",
+               s.opts.report_gbits ? "BW average[Gb/sec]" : "BW average[MB/sec]", "MsgRate[Mpps]");
+}
+
+double perftest_bw(const perf_settings& s, const perf_result& r) {
+  // mb_per_s is 10^6 bytes/s; perftest's MB/sec is 2^20 bytes/s, its Gb/sec 10^9 bits/s.
+  return s.opts.report_gbits ? r.mb_per_s * 8e-3 : r.mb_per_s * 1e6 / 1048576.0;
+}
+
+void print_perftest_row(std::FILE* out, const perf_settings& s, const perf_result& r) {
+  const auto& o = s.opts;
+  const double f = perftest_latency_factor(o.test);
+  if (!o.perftest_output.empty()) {
+    if (o.perftest_output == "latency" && r.lat)
+      std::fprintf(out, "%.2f\n", r.lat->p50 * f);
+    else if (o.perftest_output == "bandwidth" && !r.lat)
+      std::fprintf(out, "%.2f\n", perftest_bw(s, r));
+    std::fflush(out);
+    return;
+  }
+  if (o.mode == perf_mode::lat && r.lat) {
+    const auto& l = *r.lat;
+    std::fprintf(out, " %-7llu %-10llu %-11.2f %-11.2f %-15.2f %-11.2f %-13.2f %-20.2f %.2f\n",
+                 static_cast<unsigned long long>(r.size),
+                 static_cast<unsigned long long>(r.iterations), l.min * f, l.max * f, l.p50 * f,
+                 l.mean * f, l.stdev * f, l.p99 * f, l.p999 * f);
+  } else {
+    const double bw = perftest_bw(s, r);
+    std::fprintf(
+        out, " %-10llu %-13llu %-18.2f %-20.2f %.6f\n", static_cast<unsigned long long>(r.size),
+        static_cast<unsigned long long>(r.iterations), o.perftest_no_peak ? 0.0 : bw, bw, r.mops);
+  }
+  std::fflush(out);
+}
+}  // namespace
+
 void print_table_header(std::FILE* out, const perf_settings& s) {
+  if (!s.opts.perftest_output.empty()) return;
+  if (s.opts.perftest_report) {
+    print_perftest_header(out, s);
+    return;
+  }
   if (s.opts.mode == perf_mode::lat) {
     std::fprintf(out, "%12s %10s %10s %10s %10s %10s %10s %10s\n", "bytes", "iters", "min[us]",
                  "p50[us]", "p99[us]", "p999[us]", "max[us]", "mean[us]");
@@ -102,6 +172,10 @@ void print_table_header(std::FILE* out, const perf_settings& s) {
 }
 
 void print_table_row(std::FILE* out, const perf_settings& s, const perf_result& r) {
+  if (s.opts.perftest_report || !s.opts.perftest_output.empty()) {
+    print_perftest_row(out, s, r);
+    return;
+  }
   std::string mark = r.verified ? (r.verify_errors == 0 ? "  verified" : "  VERIFY FAILED") : "";
   if (s.opts.mode == perf_mode::lat && r.lat) {
     const auto& l = *r.lat;
@@ -182,8 +256,9 @@ nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& r
         {"verify_errors", r.verify_errors},
     };
     if (r.lat)
-      row["lat_us"] = {{"min", r.lat->min}, {"mean", r.lat->mean}, {"p50", r.lat->p50},
-                       {"p99", r.lat->p99}, {"p999", r.lat->p999}, {"max", r.lat->max}};
+      row["lat_us"] = {{"min", r.lat->min},    {"mean", r.lat->mean}, {"p50", r.lat->p50},
+                       {"p99", r.lat->p99},    {"p999", r.lat->p999}, {"max", r.lat->max},
+                       {"stdev", r.lat->stdev}};
     else
       row["lat_us"] = nullptr;
     rows.push_back(std::move(row));

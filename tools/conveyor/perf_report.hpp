@@ -19,6 +19,7 @@ inline constexpr const char* perf_schema = "conveyor-perf/2";
 // Round-trip latency of one size, microseconds.
 struct latency_stats {
   double min = 0, mean = 0, p50 = 0, p99 = 0, p999 = 0, max = 0;
+  double stdev = 0;  // population standard deviation
   // From per-iteration samples in nanoseconds (sorted in place).
   static latency_stats from_ns(std::vector<std::uint32_t>& ns);
 };
@@ -60,6 +61,10 @@ struct perf_settings {
 void print_settings(std::FILE* out, const perf_settings& s);
 void print_table_header(std::FILE* out, const perf_settings& s);
 void print_table_row(std::FILE* out, const perf_settings& s, const perf_result& r);
+// The factor perftest's report applies to a latency test's samples: 0.5 for
+// WRITE and SEND (ib_write_lat and ib_send_lat print half the ping-pong's round
+// trip), 1 for READ and atomics (their round trip is the operation).
+double perftest_latency_factor(perf_test test);
 nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& results);
 
 }  // namespace conveyor::tool

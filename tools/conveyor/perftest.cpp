@@ -55,6 +55,15 @@ void add_flags(CLI::App& c, perftest_args& a, bool atomic) {
       ->default_val("RC");
   c.add_option("-m,--mtu", a.mtu, "refused: the MTU is the path's (soft: TCP's MSS)");
   c.add_flag("-b,--bidirectional", a.bidirectional, "refused: run a client on each side instead");
+  c.add_option("-i,--ib-port", a.ib_port,
+               "accepted: Conveyor's connection manager uses the port the route to the peer "
+               "leaves by");
+  c.add_flag("-e,--events", a.events, "refused: the perf client polls its completion queues");
+  c.add_flag("-N,--noPeak", a.no_peak, "no peak bandwidth (its column reads 0)");
+  c.add_option("--output", a.output, "print only this number: bandwidth (bw) or latency (lat)")
+      ->check(CLI::IsMember({"bandwidth", "latency"}));
+  c.add_flag("--run_infinitely", a.run_infinitely,
+             "refused: give a long -D instead (Ctrl-C keeps the finished rows)");
   if (atomic)
     c.add_option("-A,--atomic_type", a.atomic_type, "FETCH_AND_ADD (default) or CMP_AND_SWAP")
         ->check(CLI::IsMember({"FETCH_AND_ADD", "CMP_AND_SWAP"}));
@@ -92,6 +101,16 @@ std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode m
            "uses the path's";
   if (a.bidirectional)
     return "-b: bidirectional runs are not supported: start a client on each side";
+  if (a.events)
+    return "-e: waiting on completion events is not offered: the perf client polls its CQs, "
+           "and soft/shm deliver completions from their engine thread either way";
+  if (a.run_infinitely)
+    return "--run_infinitely: not supported: give a long duration (-D 3600); Ctrl-C prints "
+           "the finished rows and stops";
+  if (!a.output.empty() && (a.output == "latency") != (mode == perf_mode::lat))
+    return "--output " + a.output + ": this is a " +
+           (mode == perf_mode::lat ? "latency test (--output latency)"
+                                   : "bandwidth test (--output bandwidth)");
   o = perf_options{};
   o.test = test;
   if (is_atomic(test) && a.atomic_type == "CMP_AND_SWAP") o.test = perf_test::compare_swap;
@@ -144,6 +163,9 @@ std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode m
   if (a.post_list > 4096) return "-l/-Q: up to 4096";
   o.batch = a.post_list;
   o.report_gbits = a.report_gbits;
+  o.perftest_report = true;
+  o.perftest_no_peak = a.no_peak;
+  o.perftest_output = a.output;
   o.json = a.json;
   o.verify = a.verify;
   o.quiet = a.quiet;

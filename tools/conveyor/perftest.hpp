@@ -43,6 +43,11 @@ struct perftest_args {
   std::string connection = "RC";           // -c: RC only
   std::optional<std::uint32_t> mtu;        // -m: refused with the reason
   bool bidirectional = false;              // -b: refused with the reason
+  std::optional<std::uint32_t> ib_port;    // -i: accepted (the route picks the port)
+  bool events = false;                     // -e: refused with the reason
+  bool no_peak = false;                    // -N
+  std::string output;                      // --output bandwidth|latency
+  bool run_infinitely = false;             // --run_infinitely: refused with the reason
   // Conveyor's own long options, for what perftest has no letter for.
   std::string provider;
   bool json = false, verify = false, quiet = false;
