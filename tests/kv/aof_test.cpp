@@ -5,11 +5,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "kv_fixture.hpp"
+#include "resp.hpp"
 
 namespace kv = conveyor::kv;
 using kvtest::run;
@@ -28,11 +32,7 @@ struct aof_case : ::testing::Test {
     dir = tmpl;
     path = dir + "/appendonly.aof";
   }
-  void TearDown() override {
-    std::remove(path.c_str());
-    std::remove((path + ".rewrite.tmp").c_str());
-    ::rmdir(dir.c_str());
-  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
 
   std::unique_ptr<kv::aof> open_log(kv::fsync_policy p = kv::fsync_policy::always) {
     kv::aof_options o;
@@ -53,9 +53,9 @@ struct aof_case : ::testing::Test {
     bool ok = false;
     std::string why;
   };
-  restarted restart() {
+  restarted restart(std::size_t data_bytes = 8u << 20) {
     restarted r;
-    r.st = env.make_store();
+    r.st = env.make_store(data_bytes);
     r.log = open_log();
     r.ex = std::make_unique<kv::executor>(*r.st, r.log.get(), cfg);
     r.ok = r.log->replay(
@@ -78,6 +78,25 @@ struct aof_case : ::testing::Test {
   void append_raw(std::string_view bytes) {
     std::ofstream f(path, std::ios::binary | std::ios::app);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  static std::string record(std::initializer_list<std::string_view> argv) {
+    std::string out;
+    std::vector<std::string_view> a(argv);
+    kv::encode_command(out, a);
+    return out;
+  }
+  // Files next to the log other than the log itself (side files of a cut tail).
+  std::vector<std::string> side_files() {
+    std::vector<std::string> out;
+    for (auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().string() != path) out.push_back(e.path().string());
+    return out;
+  }
+  static std::string read_file(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
   }
 };
 
@@ -248,3 +267,50 @@ TEST_F(aof_case, bgrewriteaof_command_and_flushall_are_logged) {
   kv::executor none(*st, nullptr, cfg);
   EXPECT_EQ(run(none, s, {"BGREWRITEAOF"}).substr(0, 4), "-ERR");
 }
+
+TEST_F(aof_case, an_overflowing_expiry_never_reaches_the_log_and_restart_works) {
+  {
+    auto st = env.make_store();
+    auto log = open_log();
+    kv::executor ex(*st, log.get(), cfg);
+    kv::session s;
+    run(ex, s, {"SET", "a", "1"});
+    EXPECT_EQ(
+        run(ex, s, {"PSETEX", "k", std::to_string(std::numeric_limits<std::int64_t>::max()), "v"}),
+        "-ERR invalid expire time in 'psetex' command\r\n");
+    // SETEX at the old bound, in the phase of the second where it overflowed.
+    auto now = kv::now_ms();
+    for (int i = 0; i < 200 && (now % 1000 < 850 || now % 1000 > 950); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      now = kv::now_ms();
+    }
+    auto bound = std::numeric_limits<std::int64_t>::max() / 1000 - now / 1000;
+    EXPECT_EQ(run(ex, s, {"SETEX", "j", std::to_string(bound), "v"}),
+              "-ERR invalid expire time in 'setex' command\r\n");
+    run(ex, s, {"SET", "b", "2"});
+    EXPECT_TRUE(log->flush());
+    EXPECT_EQ(contents().find("PXAT"), std::string::npos) << contents();
+  }
+  auto r = restart();
+  ASSERT_TRUE(r.ok) << r.why;
+  kv::session s;
+  EXPECT_EQ(run(*r.ex, s, {"MGET", "a", "b", "k", "j"}),
+            "*4\r\n$1\r\n1\r\n$1\r\n2\r\n$-1\r\n$-1\r\n");
+}
+
+TEST_F(aof_case, a_logged_expiry_in_the_past_replays_as_a_deletion) {
+  // An older server logged PSETEX k INT64_MAX as a negative PXAT.
+  append_raw(record({"SET", "k", "v"}));
+  append_raw(record({"SET", "k", "v", "PXAT", "-9223370240324708176"}));
+  append_raw(record({"SET", "gone", "v", "PXAT", "1"}));
+  append_raw(record({"SET", "j", "1"}));
+  append_raw(record({"PEXPIREAT", "j", "-7"}));
+  append_raw(record({"SET", "live", "1"}));
+  auto r = restart();
+  ASSERT_TRUE(r.ok) << r.why;
+  EXPECT_EQ(r.rr.commands, 6u);
+  kv::session s;
+  EXPECT_EQ(run(*r.ex, s, {"DBSIZE"}), ":1\r\n");
+  EXPECT_EQ(run(*r.ex, s, {"GET", "live"}), "$1\r\n1\r\n");
+}
+
