@@ -314,3 +314,24 @@ TEST_F(aof_case, a_logged_expiry_in_the_past_replays_as_a_deletion) {
   EXPECT_EQ(run(*r.ex, s, {"GET", "live"}), "$1\r\n1\r\n");
 }
 
+TEST_F(aof_case, replay_of_heavy_overwrites_fits_the_store_it_came_from) {
+  // A 1 MiB data region; one key overwritten 40 times with 200 KiB values: the
+  // live data fits, the 8 MB written do not. At run time the writes came more
+  // than the reclaim grace apart; replay runs them back to back.
+  const std::size_t data_bytes = 1u << 20;
+  std::string last;
+  for (int i = 0; i < 40; ++i) {
+    last.assign(200u << 10, static_cast<char>('a' + i % 26));
+    last += std::to_string(i);
+    append_raw(record({"SET", "big", last}));
+    append_raw(record({"SET", "small" + std::to_string(i), "x"}));
+  }
+  auto r = restart(data_bytes);
+  ASSERT_TRUE(r.ok) << r.why;
+  EXPECT_EQ(r.rr.commands, 80u);
+  kv::session s;
+  EXPECT_EQ(run(*r.ex, s, {"GET", "big"}),
+            "$" + std::to_string(last.size()) + "\r\n" + last + "\r\n");
+  EXPECT_EQ(run(*r.ex, s, {"DBSIZE"}), ":41\r\n");
+}
+

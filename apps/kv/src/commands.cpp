@@ -1126,6 +1126,10 @@ bool executor::replay(std::span<const std::string_view> argv, std::string& why) 
   execute(sess, argv, out);
   replaying_ = false;
   --stats_.commands;
+  // No reader exists before the front ends start: what this command replaced
+  // is freed now, not a grace time later (back to back, the overwrites of a
+  // log would otherwise all be in grace at once and run the store out).
+  store_.reclaim_all();
   if (!out.empty() && out[0] == '-') {
     why = "replaying " + std::string(argv[0].substr(0, 64)) + ": " +
           out.substr(1, out.find('\r') - 1);
