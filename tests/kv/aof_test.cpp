@@ -3,8 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -335,3 +337,185 @@ TEST_F(aof_case, replay_of_heavy_overwrites_fits_the_store_it_came_from) {
   EXPECT_EQ(run(*r.ex, s, {"DBSIZE"}), ":41\r\n");
 }
 
+namespace {
+// 1000 small records, the 11th of which carries a 20000-byte value; sets the
+// offset of that value's length digits.
+std::string thousand_records(std::size_t* eleventh_len_at) {
+  std::string out;
+  for (int i = 0; i < 1000; ++i) {
+    std::string k = "key" + std::to_string(i);
+    std::string v = i == 10 ? std::string(20000, 'v') : "value" + std::to_string(i);
+    std::string rec;
+    std::vector<std::string_view> a{"SET", k, v};
+    kv::encode_command(rec, a);
+    if (i == 10) *eleventh_len_at = out.size() + rec.find("$20000") + 1;
+    out += rec;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_F(aof_case, a_damaged_length_mid_file_refuses_to_start_and_leaves_the_file) {
+  std::size_t at = 0;
+  std::string log = thousand_records(&at);
+  ASSERT_EQ(log[at], '2');
+  log[at] = '9';  // $20000 -> $90000: runs past the end of the file
+  append_raw(log);
+  auto r = restart();
+  EXPECT_FALSE(r.ok);
+  EXPECT_TRUE(contents() == log) << "file now " << file_size() << " bytes, was " << log.size();
+  EXPECT_TRUE(side_files().empty());
+  // The message names where the damage is (record 11's start).
+  const auto rec11 = std::to_string(log.rfind("*3\r\n", at));
+  EXPECT_NE(r.why.find(rec11), std::string::npos) << r.why;
+}
+
+TEST_F(aof_case, a_torn_last_record_is_cut_and_kept_in_a_side_file) {
+  std::size_t at = 0;
+  std::string log = thousand_records(&at);
+  append_raw(log);
+  const std::string torn = record({"SET", "late", std::string(5000, 'z')}).substr(0, 3000);
+  append_raw(torn);
+  auto r = restart();
+  ASSERT_TRUE(r.ok) << r.why;
+  EXPECT_EQ(r.rr.commands, 1000u);
+  EXPECT_EQ(r.rr.truncated_bytes, torn.size());
+  EXPECT_TRUE(contents() == log) << "file now " << file_size() << " bytes, was " << log.size();
+  auto side = side_files();
+  ASSERT_EQ(side.size(), 1u);
+  EXPECT_EQ(read_file(side[0]), torn);
+  kv::session s;
+  EXPECT_EQ(run(*r.ex, s, {"DBSIZE"}), ":1000\r\n");
+  EXPECT_EQ(run(*r.ex, s, {"EXISTS", "late"}), ":0\r\n");
+}
+
+TEST_F(aof_case, a_refused_record_names_offset_and_command_and_can_be_skipped) {
+  append_raw(record({"SET", "a", "1"}));
+  const auto bad_at = file_size();
+  append_raw(record({"SET", "b", "2", "PX", "0"}));  // no server logs this: refused
+  append_raw(record({"SET", "c", "3"}));
+  const auto before = contents();
+  auto r = restart();
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.why.find("offset " + std::to_string(bad_at)), std::string::npos) << r.why;
+  EXPECT_NE(r.why.find("SET"), std::string::npos) << r.why;
+  EXPECT_NE(r.why.find("invalid expire time"), std::string::npos) << r.why;
+  EXPECT_NE(r.why.find("--aof-skip-bad-records"), std::string::npos) << r.why;
+  EXPECT_TRUE(contents() == before);
+  // With the option the record is skipped and counted, the others load.
+  auto st = env.make_store();
+  kv::aof_options o;
+  o.path = path;
+  o.skip_bad_records = true;
+  std::string why;
+  auto log = kv::aof::open(o, why);
+  ASSERT_TRUE(log) << why;
+  kv::executor ex(*st, log.get(), cfg);
+  kv::replay_result rr;
+  ASSERT_TRUE(log->replay(
+      [&](std::span<const std::string_view> a, std::string& w) { return ex.replay(a, w); }, rr,
+      why))
+      << why;
+  EXPECT_EQ(rr.commands, 2u);
+  EXPECT_EQ(rr.skipped, 1u);
+  kv::session s;
+  EXPECT_EQ(run(ex, s, {"MGET", "a", "b", "c"}), "*3\r\n$1\r\n1\r\n$-1\r\n$1\r\n3\r\n");
+  EXPECT_TRUE(contents() == before);
+}
+
+namespace {
+// load_aof over bytes in memory, short reads of `step` bytes.
+kv::aof_load_result load_bytes(std::string_view bytes, const kv::aof_options& o, std::size_t chunk,
+                               std::uint64_t* applied = nullptr) {
+  return kv::load_aof(
+      bytes.size(),
+      [&](std::uint64_t off, char* buf, std::size_t len) -> std::int64_t {
+        if (off >= bytes.size()) return 0;
+        len = std::min<std::size_t>(len, bytes.size() - off);
+        std::memcpy(buf, bytes.data() + off, len);
+        return static_cast<std::int64_t>(len);
+      },
+      [&](std::span<const std::string_view>, std::string&) {
+        if (applied) ++*applied;
+        return true;
+      },
+      o, {}, chunk);
+}
+}  // namespace
+
+TEST(aof_load, memory_at_start_is_bounded_by_one_record_not_by_the_file) {
+  // 4 MiB of records; record 11's value length grown by damage to a length
+  // that fits the bounds but not the rest of the file.
+  std::string log;
+  std::size_t damaged_at = 0;
+  for (int i = 0; i < 4096; ++i) {
+    std::string rec, k = "k" + std::to_string(i);
+    std::string v(1000, static_cast<char>('a' + i % 26));
+    std::vector<std::string_view> a{"SET", k, v};
+    if (i == 10) damaged_at = log.size();
+    kv::encode_command(rec, a);
+    if (i == 10) rec.replace(rec.find("$1000\r\n"), 7, "$60000\r\n");
+    log += rec;
+  }
+  kv::aof_options o;
+  o.max_bulk = 64u << 10;
+  o.max_record = (64u << 10) + 4096;
+  const std::size_t chunk = 4096;
+  auto r = load_bytes(log, o, chunk);
+  EXPECT_EQ(r.verdict, kv::aof_verdict::damaged);
+  EXPECT_EQ(r.damage_at, damaged_at);
+  EXPECT_EQ(r.commands, 10u);
+  EXPECT_LE(r.peak_buffered, o.max_record + chunk);
+  // A length above the bounds is damage at once, whatever follows.
+  std::string big = log.substr(0, damaged_at) + "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$999999999\r\nvv";
+  r = load_bytes(big, o, chunk);
+  EXPECT_EQ(r.verdict, kv::aof_verdict::damaged);
+  EXPECT_EQ(r.damage_at, damaged_at);
+  EXPECT_LE(r.peak_buffered, o.max_record + chunk);
+  // The same record torn at the end of the file (no record after it) is a tail.
+  std::string tail = log.substr(0, damaged_at) + "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$60000\r\nvv";
+  r = load_bytes(tail, o, chunk);
+  EXPECT_EQ(r.verdict, kv::aof_verdict::torn_tail);
+  EXPECT_EQ(r.good_bytes, damaged_at);
+}
+
+TEST(aof_load, every_cut_of_a_log_is_a_torn_tail_or_clean_and_chunking_does_not_matter) {
+  std::string log;
+  std::vector<std::size_t> ends;
+  for (int i = 0; i < 6; ++i) {
+    std::string v = i == 3 ? std::string(300, 'x') : "v" + std::to_string(i);
+    std::string k = "key" + std::to_string(i);
+    std::vector<std::string_view> a{"SET", k, v, "PXAT", "1234567890123"};
+    kv::encode_command(log, a);
+    ends.push_back(log.size());
+  }
+  kv::aof_options o;
+  for (std::size_t cut = 0; cut <= log.size(); ++cut) {
+    std::uint64_t want = 0;
+    while (want < ends.size() && ends[want] <= cut) ++want;
+    for (std::size_t chunk : {1u, 7u, 4096u}) {
+      std::uint64_t applied = 0;
+      auto r = load_bytes(std::string_view(log).substr(0, cut), o, chunk, &applied);
+      const bool boundary = cut == 0 || (want > 0 && ends[want - 1] == cut);
+      EXPECT_EQ(r.verdict, boundary ? kv::aof_verdict::clean : kv::aof_verdict::torn_tail)
+          << "cut " << cut << " chunk " << chunk;
+      EXPECT_EQ(r.commands, want);
+      EXPECT_EQ(applied, want);
+      EXPECT_EQ(r.good_bytes, want ? ends[want - 1] : 0u);
+    }
+  }
+}
+
+TEST(aof_load, a_complete_record_inside_an_unfinished_one_is_found) {
+  const std::string rec = "*2\r\n$3\r\nDEL\r\n$1\r\nk\r\n";
+  const std::string head = "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$90\r\nab\r\n";
+  EXPECT_EQ(kv::find_complete_record(head + rec, 1024), head.size());
+  EXPECT_EQ(kv::find_complete_record("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$90\r\nab" + rec, 1024),
+            std::string_view::npos);  // not at a line start: part of a value
+  EXPECT_EQ(kv::find_complete_record("x\r\n" + rec.substr(0, rec.size() - 1), 1024),
+            std::string_view::npos);  // itself incomplete
+  EXPECT_EQ(kv::find_complete_record("x\r\n*1\r\n$1\r\n7\r\n", 1024),
+            std::string_view::npos);  // not a command name
+  EXPECT_EQ(kv::find_complete_record(rec, 1024),
+            std::string_view::npos);  // offset 0 is the record itself
+}
