@@ -62,10 +62,9 @@ outcome load(std::string_view in, std::size_t chunk, const kv::aof_options& o) {
 }
 
 bool same(const outcome& a, const outcome& b) {
-  return a.r.verdict == b.r.verdict && a.r.commands == b.r.commands &&
-         a.r.skipped == b.r.skipped && a.r.good_bytes == b.r.good_bytes &&
-         a.r.damage_at == b.r.damage_at && a.r.next_record == b.r.next_record &&
-         a.applied == b.applied;
+  return a.r.verdict == b.r.verdict && a.r.commands == b.r.commands && a.r.skipped == b.r.skipped &&
+         a.r.good_bytes == b.r.good_bytes && a.r.damage_at == b.r.damage_at &&
+         a.r.next_record == b.r.next_record && a.applied == b.applied;
 }
 
 }  // namespace
