@@ -307,7 +307,10 @@ bool aof::replay(const std::function<bool(std::span<const std::string_view>, std
             std::to_string(r.commands) + " records before offset " + at +
             " are intact: to start with them alone, keep a copy and cut the file there (cp " +
             opts_.path + " " + opts_.path + ".damaged && truncate -s " + at + " " + opts_.path +
-            "), or repair the record";
+            "), or repair the record. (A record above this server's bounds, " +
+            std::to_string(opts_.max_bulk) +
+            " bytes per argument, reads as damage too: if --data-bytes was lowered since the "
+            "file was written, start with the earlier size.)";
       return false;
     case aof_verdict::torn_tail: {
       // A record cut short: the crash came mid-write. Its command was never
