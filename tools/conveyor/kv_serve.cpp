@@ -55,6 +55,9 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
   app.add_option("--appendfilename", o.appendfilename, "the append-only file's name, in --dir")
       ->capture_default_str();
   app.add_option("--dir", o.dir, "directory of the append-only file")->capture_default_str();
+  app.add_flag("--aof-skip-bad-records", o.aof_skip_bad_records,
+               "at start, skip (and name) each append-only file record the store refuses "
+               "instead of refusing to start (damage that does not parse still refuses)");
   app.add_option("--appendfsync", o.appendfsync,
                  "always | everysec | no (Redis's meanings; docs/KV.md)")
       ->check(CLI::IsMember({"always", "everysec", "no"}))
@@ -96,6 +99,7 @@ int run_kv_serve(const kv_serve_options& o) {
   so.cfg.maxclients = o.maxclients;
   so.cfg.timeout_s = o.timeout_s;
   so.partial_timeout_s = o.partial_timeout_s;
+  so.aof_skip_bad_records = o.aof_skip_bad_records;
   kv::parse_fsync_policy(o.appendfsync, so.fsync);
   std::size_t maxmemory = 0, data_bytes = 0;
   if (!parse_memory(o.maxmemory, maxmemory)) {

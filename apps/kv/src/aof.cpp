@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,63 +66,272 @@ aof::~aof() {
   }
 }
 
-bool aof::replay(const std::function<bool(std::span<const std::string_view>, std::string&)>& apply,
-                 replay_result& res, std::string& why) {
-  res = {};
-  // The log was written by this server, so its records are within the parser's
-  // bounds only if the limits allow any value the store accepts.
+namespace {
+
+// Reads "<c><decimal>\r\n" at pos (a header line is short: 20 digits at most).
+bool header_line(std::string_view s, std::size_t& pos, char c, std::int64_t& v) {
+  if (pos >= s.size() || s[pos] != c) return false;
+  std::size_t i = pos + 1, end = std::min(s.size(), pos + 24);
+  std::size_t digits = i;
+  if (i < end && s[i] == '-') ++i;
+  while (i < end && s[i] >= '0' && s[i] <= '9') ++i;
+  if (i == digits || i + 1 >= s.size() || s[i] != '\r' || s[i + 1] != '\n') return false;
+  auto [q, ec] = std::from_chars(s.data() + digits, s.data() + i, v);
+  if (ec != std::errc{} || q != s.data() + i) return false;
+  pos = i + 2;
+  return true;
+}
+
+// A whole multibulk record whose first argument is a command name, at s[0].
+bool complete_record(std::string_view s, std::size_t max_bulk) {
+  std::size_t pos = 0;
+  std::int64_t n;
+  if (!header_line(s, pos, '*', n) || n < 1 || n > 64) return false;
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::int64_t len;
+    if (!header_line(s, pos, '$', len) || len < 0 || static_cast<std::uint64_t>(len) > max_bulk)
+      return false;
+    const auto l = static_cast<std::size_t>(len);
+    if (s.size() - pos < l + 2 || s[pos + l] != '\r' || s[pos + l + 1] != '\n') return false;
+    if (k == 0) {
+      if (l == 0 || l > 32) return false;
+      for (std::size_t i = 0; i < l; ++i) {
+        char ch = s[pos + i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'))) return false;
+      }
+    }
+    pos += l + 2;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::size_t find_complete_record(std::string_view tail, std::size_t max_bulk) {
+  for (std::size_t i = 1; i < tail.size(); ++i) {
+    const void* star = std::memchr(tail.data() + i, '*', tail.size() - i);
+    if (star == nullptr) break;
+    i = static_cast<std::size_t>(static_cast<const char*>(star) - tail.data());
+    if (tail[i - 1] == '\n' && complete_record(tail.substr(i), max_bulk)) return i;
+  }
+  return std::string_view::npos;
+}
+
+aof_load_result load_aof(std::uint64_t size, const aof_read_fn& read, const aof_apply_fn& apply,
+                         const aof_options& opts,
+                         const std::function<void(std::uint64_t, std::string_view)>& on_skip,
+                         std::size_t chunk) {
+  aof_load_result res;
+  // Limits of one record, not of the file: a length grown by damage cannot
+  // make the loader wait for (and hold) the rest of the file.
   parser_limits lim;
-  lim.max_bulk = std::size_t{1} << 40;
-  lim.max_buffered = std::size_t{1} << 40;
-  lim.max_args = std::size_t{1} << 30;
+  lim.max_bulk = opts.max_bulk;
+  lim.max_buffered = opts.max_record;
   request_parser p(lim);
   std::vector<std::string_view> argv;
-  std::vector<char> chunk(1u << 20);
-  off_t off = 0;
+  std::vector<char> buf(chunk == 0 ? 1 : chunk);
+  std::uint64_t off = 0;
   while (true) {
-    ssize_t n = ::pread(fd_, chunk.data(), chunk.size(), off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      why = "reading " + opts_.path + ": " + std::strerror(errno);
-      return false;
-    }
-    if (n == 0) break;
-    off += n;
-    p.feed(std::string_view(chunk.data(), static_cast<std::size_t>(n)));
     while (true) {
-      auto st = p.next(argv);
+      const std::uint64_t start = p.consumed();
+      const auto st = p.next(argv);
       if (st == parse_status::need_more) break;
       if (st == parse_status::error) {
-        why = opts_.path + " is not a valid append-only file at offset " +
-              std::to_string(p.consumed()) + " (" + p.error() + "); fix or remove it";
-        return false;
+        res.verdict = aof_verdict::damaged;
+        res.good_bytes = res.damage_at = start;
+        res.why = p.error();
+        return res;
       }
       if (argv.empty()) continue;
       std::string reason;
       if (!apply(argv, reason)) {
-        why = opts_.path + " at offset " + std::to_string(p.consumed()) + ": " + reason;
-        return false;
+        if (opts.skip_bad_records) {
+          ++res.skipped;
+          if (on_skip) on_skip(start, reason);
+          continue;
+        }
+        res.verdict = aof_verdict::bad_record;
+        res.good_bytes = res.damage_at = start;
+        for (char ch : argv[0].substr(0, 64)) res.command.push_back(ch > 32 && ch < 127 ? ch : '?');
+        res.why = std::move(reason);
+        return res;
       }
       ++res.commands;
     }
+    res.peak_buffered = std::max<std::uint64_t>(res.peak_buffered, p.buffered());
+    if (off >= size) break;
+    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
+    const std::int64_t n = read(off, buf.data(), want);
+    if (n < 0) {
+      res.verdict = aof_verdict::read_error;
+      res.good_bytes = p.consumed();
+      res.why = "read error at offset " + std::to_string(off);
+      return res;
+    }
+    if (n == 0) {
+      size = off;  // the file ended early
+      break;
+    }
+    off += static_cast<std::uint64_t>(n);
+    p.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)));
+    res.peak_buffered = std::max<std::uint64_t>(res.peak_buffered, p.buffered());
   }
-  res.bytes = p.consumed();
-  auto total = static_cast<std::uint64_t>(off);
-  if (res.bytes < total) {
-    // A record cut short: the crash came mid-write. Its command was never
-    // acknowledged (acknowledgement follows the write), so it is dropped.
-    res.truncated_bytes = total - res.bytes;
+  res.good_bytes = p.consumed();
+  if (res.good_bytes >= size) return res;
+  // An incomplete last record: at most max_record bytes (the parser refused
+  // more). One interrupted write leaves a prefix of one record; a complete
+  // record inside those bytes means a damaged length instead.
+  std::string tail(static_cast<std::size_t>(size - res.good_bytes), '\0');
+  for (std::size_t got = 0; got < tail.size();) {
+    const std::int64_t n = read(res.good_bytes + got, tail.data() + got, tail.size() - got);
+    if (n <= 0) {
+      res.verdict = aof_verdict::read_error;
+      res.why = "read error at offset " + std::to_string(res.good_bytes + got);
+      return res;
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  res.peak_buffered = std::max<std::uint64_t>(res.peak_buffered, tail.size());
+  if (auto k = find_complete_record(tail, opts.max_bulk); k != std::string_view::npos) {
+    res.verdict = aof_verdict::damaged;
+    res.damage_at = res.good_bytes;
+    res.next_record = res.good_bytes + k;
+    res.why =
+        "the record declares more bytes than the file holds, yet a complete record "
+        "follows at offset " +
+        std::to_string(res.next_record);
+    return res;
+  }
+  res.verdict = aof_verdict::torn_tail;
+  return res;
+}
+
+namespace {
+
+// Copies [from, from + len) of fd to a new file next to `path` and syncs it and
+// its directory; returns the new file's name, or empty with `why`.
+std::string save_tail(int fd, const std::string& path, std::uint64_t from, std::uint64_t len,
+                      std::string& why) {
+  std::string name;
+  int out = -1;
+  for (int i = 0; i < 100 && out < 0; ++i) {
+    name = path + ".torn-" + std::to_string(from) + (i ? "." + std::to_string(i) : "");
+    out = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (out < 0 && errno != EEXIST) break;
+  }
+  if (out < 0) {
+    why = "cannot create " + name + ": " + std::strerror(errno);
+    return {};
+  }
+  std::vector<char> buf(1u << 20);
+  bool ok = true;
+  for (std::uint64_t done = 0; ok && done < len;) {
+    auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), len - done));
+    ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(from + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    for (ssize_t w = 0; ok && w < n;) {
+      ssize_t m = ::write(out, buf.data() + w, static_cast<std::size_t>(n - w));
+      if (m < 0 && errno == EINTR) continue;
+      if (m <= 0) ok = false;
+      w += m > 0 ? m : 0;
+    }
+    done += static_cast<std::uint64_t>(n);
+  }
+  if (ok && ::fsync(out) != 0) ok = false;
+  int e = errno;
+  ::close(out);
+  if (!ok) {
+    why = "saving the torn tail to " + name + ": " + std::strerror(e);
+    ::unlink(name.c_str());
+    return {};
+  }
+  std::string dir = path;
+  auto slash = dir.rfind('/');
+  dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : dir.substr(0, slash));
+  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return name;
+}
+
+}  // namespace
+
+bool aof::replay(const std::function<bool(std::span<const std::string_view>, std::string&)>& apply,
+                 replay_result& res, std::string& why) {
+  res = {};
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    why = "cannot stat " + opts_.path + ": " + std::strerror(errno);
+    return false;
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  auto read = [this](std::uint64_t off, char* buf, std::size_t len) -> std::int64_t {
+    while (true) {
+      ssize_t n = ::pread(fd_, buf, len, static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      return n;
+    }
+  };
+  auto on_skip = [this](std::uint64_t off, std::string_view reason) {
     std::fprintf(stderr,
-                 "conveyor kv: warning: %s ends with an incomplete command (%llu bytes at offset "
-                 "%llu, a write "
-                 "cut short by a crash); truncating it there\n",
-                 opts_.path.c_str(), static_cast<unsigned long long>(res.truncated_bytes),
-                 static_cast<unsigned long long>(res.bytes));
-    if (::ftruncate(fd_, static_cast<off_t>(res.bytes)) != 0 || ::fdatasync(fd_) != 0) {
-      why = "truncating " + opts_.path + ": " + std::strerror(errno);
+                 "conveyor kv: warning: %s: skipping the record at offset %llu (%.*s) "
+                 "(--aof-skip-bad-records)\n",
+                 opts_.path.c_str(), static_cast<unsigned long long>(off),
+                 static_cast<int>(reason.size()), reason.data());
+  };
+  auto r = load_aof(size, read, apply, opts_, on_skip);
+  res.commands = r.commands;
+  res.skipped = r.skipped;
+  const std::string at = std::to_string(r.damage_at);
+  switch (r.verdict) {
+    case aof_verdict::clean:
+      break;
+    case aof_verdict::read_error:
+      why = "reading " + opts_.path + ": " + r.why + ": " + std::strerror(errno);
       return false;
+    case aof_verdict::bad_record:
+      why = opts_.path + " at offset " + at + ": the record " + r.command + " is refused (" +
+            r.why + "); the file is left as it is. " +
+            "Start with --aof-skip-bad-records to skip each such record (each is named), " +
+            "or repair the file";
+      return false;
+    case aof_verdict::damaged:
+      why = opts_.path + " is not a valid append-only file at offset " + at + " (" + r.why +
+            "): damage, not a torn last record, so nothing was cut and the file is left as "
+            "it is. The " +
+            std::to_string(r.commands) + " records before offset " + at +
+            " are intact: to start with them alone, keep a copy and cut the file there (cp " +
+            opts_.path + " " + opts_.path + ".damaged && truncate -s " + at + " " + opts_.path +
+            "), or repair the record. (A record above this server's bounds, " +
+            std::to_string(opts_.max_bulk) +
+            " bytes per argument, reads as damage too: if --data-bytes was lowered since the "
+            "file was written, start with the earlier size.)";
+      return false;
+    case aof_verdict::torn_tail: {
+      // A record cut short: the crash came mid-write. Its command was never
+      // acknowledged (acknowledgement follows the write), so it is dropped;
+      // its bytes are kept aside first.
+      res.truncated_bytes = size - r.good_bytes;
+      res.side_file = save_tail(fd_, opts_.path, r.good_bytes, res.truncated_bytes, why);
+      if (res.side_file.empty()) return false;
+      std::fprintf(stderr,
+                   "conveyor kv: warning: %s ends with an incomplete command (%llu bytes at "
+                   "offset %llu, a write cut short by a crash); saved to %s and cut off\n",
+                   opts_.path.c_str(), static_cast<unsigned long long>(res.truncated_bytes),
+                   static_cast<unsigned long long>(r.good_bytes), res.side_file.c_str());
+      if (::ftruncate(fd_, static_cast<off_t>(r.good_bytes)) != 0 || ::fdatasync(fd_) != 0) {
+        why = "truncating " + opts_.path + ": " + std::strerror(errno);
+        return false;
+      }
+      break;
     }
   }
+  res.bytes = r.good_bytes;
   size_ = base_size_ = res.bytes;
   return true;
 }

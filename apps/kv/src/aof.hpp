@@ -3,8 +3,24 @@
 // PERSIST k, FLUSHALL), replayed at start.
 //
 // Expiry is logged as an absolute time (PXAT/PEXPIREAT), so a replay long after
-// the write expires exactly what would have expired. fsync policies have Redis's
-// meanings:
+// the write expires exactly what would have expired.
+//
+// Replay and damage (load_aof, the pure part, and aof::replay):
+//   - a torn last record (its declared length runs past the end of the file,
+//     and no complete record follows inside those bytes: what one interrupted
+//     write leaves) is copied to a side file, `<path>.torn-<offset>`, synced,
+//     and only then cut off the log, with a warning naming both;
+//   - anything else that does not parse (damage in the middle: a bad length, a
+//     missing CRLF, a length past the file's end with complete records after
+//     it, a record above the store's bounds) refuses the start, names the
+//     offset and leaves the file untouched;
+//   - a well-formed record the store refuses refuses the start, naming its
+//     offset and command, unless skip_bad_records (--aof-skip-bad-records),
+//     which skips it with a warning.
+// Memory at start is bounded by one record (max_record) plus a 1 MiB read
+// chunk, whatever the file's size.
+//
+// fsync policies have Redis's meanings:
 //   always   — flush() writes and fdatasyncs before any reply of the commands
 //              it covers goes out: no acknowledged write is lost on a crash.
 //   everysec — flush() writes (so a killed process loses nothing the kernel
@@ -45,13 +61,55 @@ struct aof_options {
   fsync_policy fsync = fsync_policy::everysec;
   std::uint64_t rewrite_min_size = 64u << 20;  // auto-aof-rewrite-min-size
   unsigned rewrite_percentage = 100;           // auto-aof-rewrite-percentage (0: never)
+  // Bounds of one record at replay (the server derives them from the store's
+  // max_key and max_value): a declared length above max_bulk, or a record
+  // above max_record bytes, is damage, found without reading further.
+  std::size_t max_bulk = 64u << 20;
+  std::size_t max_record = (64u << 20) + (512u << 10) + (1u << 20);
+  // Skip the records the store refuses (with a warning naming each) instead of
+  // refusing to start.
+  bool skip_bad_records = false;
 };
 
 struct replay_result {
   std::uint64_t commands = 0;
   std::uint64_t bytes = 0;            // valid bytes kept
   std::uint64_t truncated_bytes = 0;  // incomplete tail cut off (0: none)
+  std::uint64_t skipped = 0;          // records refused and skipped (skip_bad_records)
+  std::string side_file;              // where the cut tail's bytes were saved
 };
+
+// The loader over a log's bytes, without a file or a store (the fuzz target
+// drives it from memory): `read` returns the bytes at an offset (0: end, -1:
+// error), `apply` runs one record.
+enum class aof_verdict {
+  clean,       // every byte is a complete record
+  torn_tail,   // the bytes from good_bytes on are one record cut short
+  damaged,     // bytes at damage_at do not parse: the file is not a log as written
+  bad_record,  // the record at damage_at was refused by apply
+  read_error
+};
+struct aof_load_result {
+  aof_verdict verdict = aof_verdict::clean;
+  std::uint64_t commands = 0, skipped = 0;
+  std::uint64_t good_bytes = 0;     // just past the last complete record
+  std::uint64_t damage_at = 0;      // damaged, bad_record: where that record starts
+  std::uint64_t next_record = 0;    // damaged by an overlong length: a complete record after it
+  std::uint64_t peak_buffered = 0;  // most bytes held at once (<= max_record + chunk)
+  std::string command;              // bad_record: its command name (64 bytes at most)
+  std::string why;                  // what is wrong
+};
+using aof_read_fn = std::function<std::int64_t(std::uint64_t off, char* buf, std::size_t len)>;
+using aof_apply_fn = std::function<bool(std::span<const std::string_view>, std::string& why)>;
+// on_skip (may be empty) hears of each record skipped under skip_bad_records.
+aof_load_result load_aof(
+    std::uint64_t size, const aof_read_fn& read, const aof_apply_fn& apply, const aof_options& opts,
+    const std::function<void(std::uint64_t off, std::string_view why)>& on_skip = {},
+    std::size_t chunk = 1u << 20);
+// Where, in the bytes of an incomplete last record, a complete record begins at
+// a line start (past the first byte); npos if none. Such a record means the
+// overlong length is damage, not a torn write.
+std::size_t find_complete_record(std::string_view tail, std::size_t max_bulk);
 
 class aof {
  public:
@@ -61,10 +119,12 @@ class aof {
   aof(const aof&) = delete;
   aof& operator=(const aof&) = delete;
 
-  // Reads the whole file, calling `apply` for each command; an incomplete last
-  // command (a crash mid-write) is cut off the file with a warning on stderr.
-  // Returns false with `why` on a malformed file or when `apply` refuses a
-  // command (then the file is left as it is and the server must not start).
+  // Reads the whole file, calling `apply` for each command; a torn last record
+  // (a crash mid-write) is saved to a side file and cut off the log, with a
+  // warning on stderr. Returns false with `why` (naming the offset, and the
+  // command for a refused record, and what the operator can do) on damage or
+  // when `apply` refuses a command: then the file is left as it is and the
+  // server must not start.
   bool replay(const std::function<bool(std::span<const std::string_view>, std::string& why)>& apply,
               replay_result& res, std::string& why);
 

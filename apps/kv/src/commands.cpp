@@ -133,6 +133,7 @@ struct exec_context {
   reply r;
   time_ms now;
   store& st() { return ex.store_; }
+  bool replaying() const { return ex.replaying_; }
   void log(std::initializer_list<std::string_view> a) { ex.log(argv_t(a.begin(), a.size())); }
   void log(argv_t a) { ex.log(a); }
   void wrong_args() {
@@ -422,15 +423,22 @@ void cmd_set(exec_context& c) {
                has_next && !have_expire && !po.keep_ttl) {
       std::int64_t v;
       if (!to_i64(c.argv[i + 1], v)) return c.r.error(err_int);
-      if (v <= 0) return c.r.error("ERR invalid expire time in 'set' command");
       bool secs = iequal(a, "EX") || iequal(a, "EXAT");
-      if (secs && v > std::numeric_limits<std::int64_t>::max() / 1000)
-        return c.r.error("ERR invalid expire time in 'set' command");
-      std::int64_t ms = secs ? v * 1000 : v;
       bool relative = iequal(a, "EX") || iequal(a, "PX");
-      if (relative && ms > std::numeric_limits<std::int64_t>::max() - c.now)
+      // Replay takes a logged absolute time at or before now, negative ones
+      // included (an older server logged them), as the deletion it stands for.
+      const bool past_ok = c.replaying() && !relative;
+      if (v <= 0 && !past_ok) return c.r.error("ERR invalid expire time in 'set' command");
+      std::int64_t ms = v, at = 0;
+      if (secs && __builtin_mul_overflow(v, std::int64_t{1000}, &ms)) {
+        if (!past_ok || v > 0) return c.r.error("ERR invalid expire time in 'set' command");
+        ms = std::numeric_limits<std::int64_t>::min();
+      }
+      if (!relative)
+        at = ms;
+      else if (__builtin_add_overflow(ms, c.now, &at))
         return c.r.error("ERR invalid expire time in 'set' command");
-      po.expire_at = relative ? c.now + ms : ms;
+      po.expire_at = at;
       have_expire = true;
       ++i;
     } else {
@@ -472,14 +480,17 @@ void set_with_ttl(exec_context& c, std::string_view key, std::string_view value,
                   std::string_view ttl, bool secs, std::string_view cmd) {
   std::int64_t v;
   if (!to_i64(ttl, v)) return c.r.error(err_int);
-  if (v <= 0 || (secs && v > std::numeric_limits<std::int64_t>::max() / 1000 - c.now / 1000)) {
+  // now + ttl must not overflow (it would log a negative time), in either unit.
+  std::int64_t ms = v, at = 0;
+  if (v <= 0 || (secs && __builtin_mul_overflow(v, std::int64_t{1000}, &ms)) ||
+      __builtin_add_overflow(ms, c.now, &at)) {
     std::string e = "ERR invalid expire time in '";
     e += cmd;
     e += "' command";
     return c.r.error(e);
   }
   put_options po;
-  po.expire_at = c.now + (secs ? v * 1000 : v);
+  po.expire_at = at;
   if (!put_or_error(c, key, value, po)) return;
   std::string t = i64_str(*po.expire_at);
   c.log({"SET", key, value, "PXAT", t});
@@ -668,7 +679,11 @@ void expire_generic(exec_context& c, bool secs, bool absolute) {
     return c.r.error("ERR NX and XX, GT or LT options at the same time are not compatible");
   if (gt && lt) return c.r.error("ERR GT and LT options at the same time are not compatible");
   std::int64_t ms = v;
-  if (secs && __builtin_mul_overflow(v, std::int64_t{1000}, &ms)) goto invalid;
+  if (secs && __builtin_mul_overflow(v, std::int64_t{1000}, &ms)) {
+    // Replay: an absolute time that far before 1970 is past, not an error.
+    if (!(absolute && v < 0 && c.replaying())) goto invalid;
+    ms = std::numeric_limits<std::int64_t>::min();
+  }
   std::int64_t at;
   if (absolute) {
     at = ms;
@@ -1111,6 +1126,10 @@ bool executor::replay(std::span<const std::string_view> argv, std::string& why) 
   execute(sess, argv, out);
   replaying_ = false;
   --stats_.commands;
+  // No reader exists before the front ends start: what this command replaced
+  // is freed now, not a grace time later (back to back, the overwrites of a
+  // log would otherwise all be in grace at once and run the store out).
+  store_.reclaim_all();
   if (!out.empty() && out[0] == '-') {
     why = "replaying " + std::string(argv[0].substr(0, 64)) + ": " +
           out.substr(1, out.find('\r') - 1);

@@ -62,7 +62,9 @@ class executor {
   executor(store& s, aof* log, const server_config& cfg);
   void execute(session& sess, std::span<const std::string_view> argv, std::string& out);
   // AOF replay: applies one logged command without logging it again. False with
-  // `why` if the command fails (a log the server did not write).
+  // `why` if the command fails (a log the server did not write). A logged
+  // expiry time already past is a deletion. Only before the front ends start:
+  // replaced items are freed at once (no reader can hold them yet).
   bool replay(std::span<const std::string_view> argv, std::string& why);
 
   server_stats& stats() noexcept { return stats_; }

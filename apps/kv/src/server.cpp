@@ -6,6 +6,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -46,6 +47,10 @@ int serve(const serve_options& opts, const store_factory& make_store) {
     aof_options ao;
     ao.path = opts.cfg.dir + "/" + opts.cfg.appendfilename;
     ao.fsync = opts.fsync;
+    // A record holds one key and one value at most (plus a few short arguments).
+    ao.max_bulk = std::max(opts.store.max_value, opts.store.max_key);
+    ao.max_record = opts.store.max_value + opts.store.max_key + (1u << 20);
+    ao.skip_bad_records = opts.aof_skip_bad_records;
     std::string why;
     log = aof::open(ao, why);
     if (!log) return fail(why);
@@ -62,11 +67,12 @@ int serve(const serve_options& opts, const store_factory& make_store) {
     if (!opts.quiet)
       std::fprintf(
           stderr,
-          "conveyor kv serve: replayed %llu commands (%llu bytes) from %s in %.3f s, %zu keys\n",
+          "conveyor kv serve: replayed %llu commands (%llu bytes) from %s in %.3f s, "
+          "%zu keys%s\n",
           static_cast<unsigned long long>(rr.commands), static_cast<unsigned long long>(rr.bytes),
           log->options().path.c_str(),
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-          data.size());
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), data.size(),
+          rr.skipped ? (", " + std::to_string(rr.skipped) + " bad records skipped").c_str() : "");
   }
 
   server_loop loop;

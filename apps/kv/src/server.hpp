@@ -23,7 +23,8 @@ struct serve_options {
   std::string provider = "soft";  // the device the store's memory is registered with
   std::string rdma_listen;        // the RDMA front end's address (empty: none)
   unsigned partial_timeout_s = 10;
-  bool quiet = false;  // no start-up lines on stderr
+  bool aof_skip_bad_records = false;  // replay skips records the store refuses (aof.hpp)
+  bool quiet = false;                 // no start-up lines on stderr
   // Called on the loop thread once the server is listening (tests and the RDMA
   // front end hook in here); the loop can be stopped from any thread through it.
   std::function<void(class server_loop&, executor&, resp_server&)> on_ready;

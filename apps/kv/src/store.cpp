@@ -227,6 +227,12 @@ class store_impl final : public store {
     }
   }
 
+  void reclaim_all() override {
+    for (const auto& r : retired_) alloc_.free(r.off, r.units);
+    retired_.clear();
+    retired_units_ = 0;
+  }
+
   store_stats stats() const override {
     store_stats s;
     s.keys = keys_;

@@ -94,6 +94,10 @@ class store {
   virtual std::size_t expire_some(time_ms now, std::size_t budget) = 0;
   // Reclaims retired items that no reader can still be reading (epochs; docs/KV.md).
   virtual void reclaim(time_ms now) = 0;
+  // Frees every retired item at once, grace or not. Only while no reader can
+  // exist: before the front ends start (the AOF replay), when back-to-back
+  // overwrites would otherwise hold the data region in grace and run it out.
+  virtual void reclaim_all() = 0;
   virtual store_stats stats() const = 0;
 
   // What an RDMA client needs to find keys: the exported regions and the layout

@@ -408,8 +408,63 @@ class Durability(unittest.TestCase):
             self.assertTrue(any("incomplete command" in l for l in srv.stderr_lines), srv.stderr_lines)
         finally:
             self.assertEqual(srv.stop(), 0)
+        # The cut bytes were kept aside first.
+        side = [n for n in os.listdir(self.dir) if n.startswith("appendonly.aof.torn-")]
+        self.assertEqual(len(side), 1, os.listdir(self.dir))
+        with open(os.path.join(self.dir, side[0]), "rb") as f:
+            self.assertEqual(f.read(), b"*3\r\n$3\r\nSET\r\n$1\r\nb\r\n$100\r\nxx")
         with self.assertRaises(RuntimeError):  # a log it cannot open: refuses to start
             Server("--appendonly", "yes", dir="/nonexistent-dir-for-kv")
+
+    def test_an_overflowing_psetex_is_refused_and_the_log_restarts(self):
+        srv = Server("--appendonly", "yes", dir=self.dir)
+        r = srv.client()
+        with self.assertRaisesRegex(redis.ResponseError, "invalid expire time in 'psetex' command"):
+            r.psetex("k", 2**63 - 1, "v")
+        r.set("a", "1")
+        self.assertEqual(srv.stop(), 0)
+        srv = Server("--appendonly", "yes", dir=self.dir)
+        try:
+            self.assertEqual(srv.client().mget("a", "k"), [b"1", None])
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_damage_mid_file_refuses_to_start_and_leaves_the_file(self):
+        recs = []
+        for i in range(1000):
+            v = b"v" * 20000 if i == 10 else b"value%d" % i
+            k = b"key%d" % i
+            recs.append(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v))
+        recs[10] = recs[10].replace(b"$20000", b"$90000")  # one digit: past the end of the file
+        data = b"".join(recs)
+        path = os.path.join(self.dir, "appendonly.aof")
+        with open(path, "wb") as f:
+            f.write(data)
+        with self.assertRaises(RuntimeError) as e:
+            Server("--appendonly", "yes", dir=self.dir)
+        at = len(b"".join(recs[:10]))
+        self.assertIn(f"offset {at}", str(e.exception))
+        self.assertIn(f"truncate -s {at}", str(e.exception))
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), data)
+        self.assertEqual(os.listdir(self.dir), ["appendonly.aof"])
+
+    def test_a_refused_record_names_the_fix_and_can_be_skipped(self):
+        with open(os.path.join(self.dir, "appendonly.aof"), "wb") as f:
+            f.write(b"*3\r\n$3\r\nSET\r\n$1\r\na\r\n$1\r\n1\r\n"
+                    b"*5\r\n$3\r\nSET\r\n$1\r\nb\r\n$1\r\n2\r\n$2\r\nPX\r\n$1\r\n0\r\n"
+                    b"*3\r\n$3\r\nSET\r\n$1\r\nc\r\n$1\r\n3\r\n")
+        with self.assertRaises(RuntimeError) as e:
+            Server("--appendonly", "yes", dir=self.dir)
+        self.assertIn("offset 27", str(e.exception))
+        self.assertIn("--aof-skip-bad-records", str(e.exception))
+        srv = Server("--appendonly", "yes", "--aof-skip-bad-records", dir=self.dir)
+        try:
+            self.assertEqual(srv.client().mget("a", "b", "c"), [b"1", None, b"3"])
+            self.assertTrue(any("skipping the record at offset 27" in l for l in srv.stderr_lines),
+                            srv.stderr_lines)
+        finally:
+            self.assertEqual(srv.stop(), 0)
 
     def test_a_corrupt_log_refuses_to_start(self):
         with open(os.path.join(self.dir, "appendonly.aof"), "wb") as f:
