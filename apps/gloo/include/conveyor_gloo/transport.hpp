@@ -8,7 +8,9 @@
 // The provider is chosen per pair when it connects: `device` (or the
 // CONVEYOR_GLOO_DEVICE environment variable) forces "soft", "shm" or
 // "verbs[:name]"; by default two ranks on one host (same boot and network
-// namespace) use shm, others soft. docs/GLOO.md describes the protocol.
+// namespace) use shm, others soft. Each pair authenticates its peer with a
+// key that travels only through the rendezvous store. docs/GLOO.md describes
+// the protocol and what a local process or peer is trusted with.
 //
 // Thread safety: as Gloo's transports (a context and its buffers may be used
 // from the threads Gloo's algorithms use).
