@@ -9,8 +9,12 @@
 // TCP transport, so nothing is ever buffered unexpectedly. docs/GLOO.md.
 #include "conveyor_gloo/transport.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,13 +103,69 @@ void read_host_id(std::uint8_t out[24]) {
   }
 }
 
-std::string resolve_ipv4(const std::string& host) {
+bool is_loopback(const in_addr& a) {
+  return (ntohl(a.s_addr) >> 24) == 127;
+}
+
+std::string ntop(const in_addr& a) {
+  char ip[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a, ip, sizeof ip);
+  return ip;
+}
+
+// The IPv4 address of interface `name`, or of the first up, non-loopback
+// interface when `name` is empty; nullopt if there is none.
+std::optional<in_addr> interface_ipv4(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<in_addr> found;
+  for (auto* i = list; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    auto a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if (name.empty()) {
+      if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0 || is_loopback(a))
+        continue;
+    } else if (name != i->ifa_name) {
+      continue;
+    }
+    found = a;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// The address this device's soft and verbs listeners bind and advertise, as
+// Gloo's TCP transport and torch choose it: the interface(s) named (a comma-
+// separated list, as GLOO_SOCKET_IFNAME takes: the first one with an IPv4
+// address), else the host name given, else this host's name. A name (not a
+// numeric address) that resolves to loopback, as a stock Debian host's own
+// name does (127.0.1.1 in /etc/hosts), would be advertised to peers on other
+// hosts, which cannot reach it: the first up, non-loopback interface's
+// address is taken instead when there is one.
+std::string choose_ipv4(const std::string& iface, const std::string& host) {
+  if (!iface.empty()) {
+    std::string tried;
+    std::size_t pos = 0;
+    while (pos <= iface.size()) {
+      auto end = std::min(iface.find(',', pos), iface.size());
+      std::string name = iface.substr(pos, end - pos);
+      pos = end + 1;
+      if (name.empty()) continue;
+      if (auto a = interface_ipv4(name)) return ntop(*a);
+      tried += (tried.empty() ? "" : ", ") + name;
+    }
+    GLOO_THROW_INVALID_OPERATION_EXCEPTION("conveyor-gloo: no IPv4 address on interface(s) '",
+                                           tried.empty() ? iface : tried,
+                                           "' (GLOO_SOCKET_IFNAME or attr.iface)");
+  }
   std::string name = host;
   if (name.empty()) {
     char buf[256] = {};
     if (::gethostname(buf, sizeof buf - 1) != 0) return "127.0.0.1";
     name = buf;
   }
+  in_addr literal{};
+  if (::inet_pton(AF_INET, name.c_str(), &literal) == 1) return name;  // as given
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -113,10 +173,18 @@ std::string resolve_ipv4(const std::string& host) {
   if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
     GLOO_THROW_IO_EXCEPTION("conveyor-gloo: cannot resolve host '", name, "'");
   }
-  char ip[64] = {};
-  ::getnameinfo(res->ai_addr, res->ai_addrlen, ip, sizeof ip, nullptr, 0, NI_NUMERICHOST);
+  auto a = reinterpret_cast<const sockaddr_in*>(res->ai_addr)->sin_addr;
   ::freeaddrinfo(res);
-  return ip;
+  if (is_loopback(a))
+    if (auto other = interface_ipv4("")) return ntop(*other);
+  return ntop(a);
+}
+
+// Whether "ip:port" names a loopback address.
+bool loopback_target(const std::string& target) {
+  in_addr a{};
+  auto ip = target.substr(0, target.rfind(':'));
+  return ::inet_pton(AF_INET, ip.c_str(), &a) == 1 && is_loopback(a);
 }
 
 // The uid a process runs as (the owner of /proc/<pid>), or nullopt when its
@@ -271,7 +339,15 @@ class Device final : public ::gloo::transport::Device, public std::enable_shared
       GLOO_THROW_INVALID_OPERATION_EXCEPTION("conveyor-gloo: CONVEYOR_GLOO_DEVICE='", forced_,
                                              "': expected soft, shm or verbs[:name]");
     forced_base_ = base;
-    if (base.empty() || base == "soft" || base == "verbs") ip_ = resolve_ipv4(a.hostname);
+    if (base.empty() || base == "soft" || base == "verbs") {
+      // torch passes the interface (GLOO_SOCKET_IFNAME, split at commas by
+      // torch itself) or a host name; C++ programs that give neither get
+      // GLOO_SOCKET_IFNAME's choice too.
+      std::string iface = a.iface;
+      const char* env = std::getenv("GLOO_SOCKET_IFNAME");
+      if (iface.empty() && a.hostname.empty() && env != nullptr) iface = env;
+      ip_ = choose_ipv4(iface, a.hostname);
+    }
     conveyor::device_options opts;
     opts.handshake_timeout_ms = 30000;
     opts.max_pending_handshakes = max_half_open;
@@ -1002,6 +1078,13 @@ void Pair::connect(const std::vector<char>& bytes) {
   if (target.empty())
     GLOO_THROW_IO_EXCEPTION("conveyor-gloo: rank ", lower ? ctx_.rank : peer_, " has no ", kind,
                             " listener");
+  // A loopback address reaches this host, not the peer's: say so now rather
+  // than time out (or reach whatever listens there).
+  if (!same_host && kind != "shm" && loopback_target(target))
+    GLOO_THROW_IO_EXCEPTION("conveyor-gloo: rank ", lower ? ctx_.rank : peer_,
+                            " is on another host but listens on a loopback address (", target,
+                            "): choose its network with GLOO_SOCKET_IFNAME (or the host name "
+                            "it advertises)");
 
   auto rm = prov_->pd.allocate_memory(staging_size * recv_depth, conveyor::access::local_write);
   auto sm = prov_->pd.allocate_memory(staging_size * recv_depth, conveyor::access::local_write);
