@@ -60,10 +60,8 @@ void check_address(const std::byte* in, std::size_t n) {
   struct field {
     std::size_t off, cap;
   };
-  const field fields[] = {{64, wire::forced_cap},
-                          {80, wire::soft_cap},
-                          {114, wire::shm_cap},
-                          {150, wire::verbs_cap}};
+  const field fields[] = {
+      {64, wire::forced_cap}, {80, wire::soft_cap}, {114, wire::shm_cap}, {150, wire::verbs_cap}};
   bool want = true;
   for (auto f : fields) {
     std::size_t len = std::to_integer<std::size_t>(in[f.off]);

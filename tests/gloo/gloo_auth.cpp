@@ -77,9 +77,17 @@ int run_rank(int rank, const std::string& dir, const std::string& device) {
   return 0;
 }
 
-pid_t spawn_rank(int rank, const std::string& dir, const std::string& device) {
+// Forked before the test process starts any thread (a child of a
+// multi-threaded process may not start threads under TSan); with `gate`, the
+// rank waits for a byte on it before it joins.
+pid_t spawn_rank(int rank, const std::string& dir, const std::string& device, int gate = -1) {
   pid_t p = ::fork();
   if (p == 0) {
+    if (gate >= 0) {
+      char go = 0;
+      if (::read(gate, &go, 1) != 1) ::_exit(1);  // the test process went away
+      ::close(gate);
+    }
     int rc = 1;
     try {
       rc = run_rank(rank, dir, device);
@@ -163,41 +171,46 @@ std::string attempt(const std::string& device, const std::string& target,
   return "accepted";
 }
 
-// The same from a child process running as uid/gid 65534 (nobody).
-std::string attempt_as_nobody(const std::string& device, const std::string& target,
-                              const std::vector<std::byte>& request) {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  pid_t p = ::fork();
-  if (p == 0) {
-    ::close(fds[0]);
-    std::string out = ::setgid(65534) == 0 && ::setuid(65534) == 0
-                          ? attempt(device, target, request)
-                          : std::string("setuid(65534) failed");
-    (void)!::write(fds[1], out.data(), out.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[256];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, std::size_t(n));
-  ::close(fds[0]);
-  ::waitpid(p, nullptr, 0);
-  return out;
-}
-
+// An impostor's connection attempt: on a thread of this process, or (as_nobody)
+// in a child process running as uid/gid 65534, forked while this process has
+// no other thread.
 struct impostor {
   std::string target, what, outcome;
   std::vector<std::byte> request;
   bool as_nobody = false;
   std::thread thread;
+  pid_t child = -1;
+  int from_child = -1;
 
   void start(const std::string& device) {
-    thread = std::thread([this, device] {
-      outcome =
-          as_nobody ? attempt_as_nobody(device, target, request) : attempt(device, target, request);
-    });
+    if (!as_nobody) {
+      thread = std::thread([this, device] { outcome = attempt(device, target, request); });
+      return;
+    }
+    int fds[2];
+    if (::pipe(fds) != 0) return void(outcome = "pipe failed");
+    child = ::fork();
+    if (child == 0) {
+      ::close(fds[0]);
+      std::string out = ::setgid(65534) == 0 && ::setuid(65534) == 0
+                            ? attempt(device, target, request)
+                            : std::string("setuid(65534) failed");
+      (void)!::write(fds[1], out.data(), out.size());
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    from_child = fds[0];
+  }
+
+  void finish() {
+    if (thread.joinable()) thread.join();
+    if (from_child >= 0) {
+      char buf[256];
+      ssize_t n;
+      while ((n = ::read(from_child, buf, sizeof buf)) > 0) outcome.append(buf, std::size_t(n));
+      ::close(from_child);
+      ::waitpid(child, nullptr, 0);
+    }
   }
 };
 
@@ -238,7 +251,11 @@ int main(int argc, char** argv) {
     ++failed;
   };
 
+  int gate[2];
+  if (::pipe(gate) != 0) return 2;
   pid_t r0 = spawn_rank(0, dir, device);
+  pid_t r1 = spawn_rank(1, dir, device, gate[0]);
+  ::close(gate[0]);
   std::vector<impostor> imps(which == "other_uid" ? 1 : 2);
   auto deadline = clock_type::now() + 10s;
   if (which == "impostor") {
@@ -308,15 +325,17 @@ int main(int argc, char** argv) {
   bool started = !imps[0].request.empty();
   if (started) {
     for (auto& im : imps) im.start(device);
-    // Let both requests reach rank 0's listener queue before the real rank
-    // exists (rank 0 accepts nothing until rank 1's address is in the store);
+    // Let the requests reach rank 0's listener queue before the real rank
+    // joins (rank 0 accepts nothing until rank 1's address is in the store);
     // the outcomes below show whether they did.
     std::this_thread::sleep_for(1s);
   }
-  pid_t r1 = spawn_rank(1, dir, device);
+  char go = 'g';
+  if (::write(gate[1], &go, 1) != 1) fail("cannot start rank 1");
+  ::close(gate[1]);
   for (auto& im : imps) {
-    if (!im.thread.joinable()) continue;
-    im.thread.join();
+    if (im.request.empty()) continue;
+    im.finish();
     std::fprintf(stderr, "impostor (%s): %s\n", im.what.c_str(), im.outcome.c_str());
     if (im.outcome == "accepted")
       fail("rank 0 accepted the impostor (" + im.what + ") as rank 1");
