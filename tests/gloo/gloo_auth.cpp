@@ -3,6 +3,7 @@
 //   conveyor-gloo-auth-test --case impostor  --device shm
 //   conveyor-gloo-auth-test --case wrong_key --device shm|soft
 //   conveyor-gloo-auth-test --case other_uid --device shm     (root; else exit 77)
+//   conveyor-gloo-auth-test --case flood     --device shm
 //
 // Two ranks in two processes (rendezvous through a FileStore in a fresh
 // folder) all_reduce {10,20,30,40} and {1,2,3,4}. Before rank 1 starts, an
@@ -19,6 +20,10 @@
 //              right key claiming rank 2).
 //   other_uid: a process of another user (uid 65534) with a perfect hello
 //              (the key read from the store): shm refuses another uid too.
+//   flood:     24 wrong-key hellos at once, more than a pair's listener
+//              queues (16): the rest must be refused "listener busy" at once
+//              (the queue is bounded), the queued ones for their key (8 log
+//              lines, then a count), and the real rank then connects.
 // Passes when every impostor request is refused ("authentication failed"),
 // the real rank 1 then connects, and both ranks get {11,22,33,44}.
 #include <dirent.h>
@@ -230,7 +235,7 @@ int main(int argc, char** argv) {
     else if (a == "--device")
       device = argv[i + 1];
   }
-  if ((which != "impostor" && which != "wrong_key" && which != "other_uid") ||
+  if ((which != "impostor" && which != "wrong_key" && which != "other_uid" && which != "flood") ||
       (which != "wrong_key" && device != "shm")) {
     std::fprintf(stderr,
                  "usage: %s --case impostor|other_uid --device shm | --case wrong_key --device "
@@ -256,7 +261,7 @@ int main(int argc, char** argv) {
   pid_t r0 = spawn_rank(0, dir, device);
   pid_t r1 = spawn_rank(1, dir, device, gate[0]);
   ::close(gate[0]);
-  std::vector<impostor> imps(which == "other_uid" ? 1 : 2);
+  std::vector<impostor> imps(which == "other_uid" ? 1 : which == "flood" ? 24 : 2);
   auto deadline = clock_type::now() + 10s;
   if (which == "impostor") {
     std::optional<std::string> name;
@@ -300,13 +305,17 @@ int main(int argc, char** argv) {
         // Everything rank 0 published but the key; the second also claims a rank that is not its
         // peer.
         wire::hello h;
-        h.from_rank = i == 0 ? 1 : 2;
         h.to_rank = 0;
         conveyor_gloo::auth::random_bytes(h.nonce, sizeof h.nonce);
         std::uint8_t key[wire::key_size];
         conveyor_gloo::auth::random_bytes(key, sizeof key);
-        if (i == 1) std::memcpy(key, a->key, sizeof key);  // the right key, the wrong rank
-        if (which == "other_uid") {                        // a perfect hello, from another user
+        if (i == 1 && which == "wrong_key") {  // the right key, the wrong rank
+          h.from_rank = 2;
+          std::memcpy(key, a->key, sizeof key);
+        } else {
+          h.from_rank = 1;
+        }
+        if (which == "other_uid") {  // a perfect hello, from another user
           h.from_rank = 1;
           std::memcpy(key, a->key, sizeof key);
         }
@@ -315,6 +324,7 @@ int main(int argc, char** argv) {
         std::memcpy(h.mac, m.data(), m.size());
         imps[i].target = target;
         imps[i].what = which == "other_uid" ? "right key, uid 65534"
+                       : which == "flood"   ? "flood " + std::to_string(i) + ", wrong key"
                        : i == 0             ? "hello with a wrong key"
                                             : "hello claiming rank 2";
         imps[i].as_nobody = which == "other_uid";
@@ -333,16 +343,21 @@ int main(int argc, char** argv) {
   char go = 'g';
   if (::write(gate[1], &go, 1) != 1) fail("cannot start rank 1");
   ::close(gate[1]);
+  int busy = 0;
   for (auto& im : imps) {
     if (im.request.empty()) continue;
     im.finish();
     std::fprintf(stderr, "impostor (%s): %s\n", im.what.c_str(), im.outcome.c_str());
-    if (im.outcome == "accepted")
+    if (which == "flood" && im.outcome.find("listener busy") != std::string::npos)
+      ++busy;
+    else if (im.outcome == "accepted")
       fail("rank 0 accepted the impostor (" + im.what + ") as rank 1");
     else if (im.outcome.find("conveyor-gloo: authentication failed") == std::string::npos)
       fail("the impostor (" + im.what + ") was not refused by rank 0's check (it did not get " +
            "in first?): " + im.outcome);
   }
+  if (which == "flood" && started && busy == 0)
+    fail("the flood never filled rank 0's listener queue (no 'listener busy')");
   pid_t kids[2] = {r0, r1};
   auto end = clock_type::now() + 60s;
   for (int r = 0; r < 2; ++r) {
