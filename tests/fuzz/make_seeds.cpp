@@ -1,9 +1,12 @@
-// Writes the seed corpora under tests/fuzz/corpus/{fpdu,mpa,shm_peer}/ from the wire
-// encoders: one valid example of every FPDU kind and MPA frame kind, plus a
-// few coalesced streams. The checked-in seeds were made with it:
+// Writes the seed corpora under tests/fuzz/corpus/{fpdu,mpa,shm_peer,gloo_wire}/
+// from the wire encoders: one valid example of every FPDU kind and MPA frame
+// kind, plus a few coalesced streams; for conveyor-gloo, a header of every
+// message type, a pair address, a hello and a reply (each behind the target's
+// selector byte). The checked-in seeds were made with it:
 //   fuzz_make_seeds tests/fuzz/corpus
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "providers/soft/wire/wire.hpp"
+#include "wire.hpp"  // apps/gloo/src
 
 namespace {
 
@@ -206,6 +210,59 @@ int main(int argc, char** argv) {
   ok &= save(shm_dir, "send_two_slots", two.b);
   ok &= save(shm_dir, "read_b_then_rewrite", read_b.b);
   ok &= save(shm_dir, "map_req", map.b);
+  // ---- fuzz_gloo_wire: selector byte (0 header, 1 address, 2 hello, 3 reply), then the bytes.
+  {
+    namespace gw = conveyor_gloo::wire;
+    const auto gdir = root / "gloo_wire";
+    std::filesystem::create_directories(gdir);
+    auto sel = [](std::uint8_t s, const std::vector<std::byte>& b) {
+      return cat({{std::byte(s)}, b});
+    };
+    for (int t = 1; t <= 10; ++t) {
+      gw::header h;
+      h.type = gw::msg_type(t);
+      h.flags = t == 3 || t == 4 ? gw::flag_notify : 0;
+      h.credits = 3;
+      h.slot = 0x100000007ull;
+      h.token = 42;
+      h.nbytes = t == 3 ? 16 : 1u << 20;
+      h.addr = t == 2 || t == 6 ? 0x7f0000001000ull : 0;
+      h.rkey = t == 2 || t == 6 ? 0x1234u : 0;
+      std::vector<std::byte> b(gw::header_size);
+      gw::encode(h, b.data());
+      if (t == 3) b = cat({b, counting(16)});
+      ok &= save(gdir, "header_" + std::to_string(t), sel(0, b));
+    }
+    gw::address a;
+    a.rank = 3;
+    for (std::size_t i = 0; i < gw::key_size; ++i) a.key[i] = std::uint8_t(i + 1);
+    for (std::size_t i = 0; i < gw::nonce_size; ++i) a.nonce[i] = std::uint8_t(0xa0 + i);
+    a.host_id[0] = 0x5a;
+    a.forced = "";
+    a.soft = "10.1.2.3:40123";
+    a.shm = "@cvgloo-0123456789abcdef";
+    auto ab = gw::encode(a);
+    std::vector<std::byte> abytes(ab.size());
+    std::memcpy(abytes.data(), ab.data(), ab.size());
+    ok &= save(gdir, "address", sel(1, abytes));
+    a.forced = "verbs";
+    a.soft = "";
+    a.shm = "";
+    a.verbs = "255.255.255.255:65535";
+    ab = gw::encode(a);
+    std::memcpy(abytes.data(), ab.data(), ab.size());
+    ok &= save(gdir, "address_verbs", sel(1, abytes));
+    gw::hello hello;
+    hello.from_rank = 1;
+    hello.to_rank = 0;
+    for (std::size_t i = 0; i < gw::nonce_size; ++i) hello.nonce[i] = std::uint8_t(i);
+    for (std::size_t i = 0; i < gw::mac_size; ++i) hello.mac[i] = std::uint8_t(0xc0 + i);
+    ok &= save(gdir, "hello", sel(2, gw::encode(hello)));
+    gw::hello_reply reply;
+    reply.rank = 0;
+    for (std::size_t i = 0; i < gw::mac_size; ++i) reply.mac[i] = std::uint8_t(0x40 + i);
+    ok &= save(gdir, "reply", sel(3, gw::encode(reply)));
+  }
   if (!ok) {
     std::fprintf(stderr, "failed to write seeds under %s\n", argv[1]);
     return 1;

@@ -9,9 +9,13 @@
 
 namespace {
 
-std::shared_ptr<::gloo::transport::Device> make_conveyor_device(const std::string& /*interface*/,
+// torch calls this with the interface (one name of GLOO_SOCKET_IFNAME's
+// comma-separated list per device; torch splits it) or with a host name, as
+// it calls Gloo TCP's CreateDevice.
+std::shared_ptr<::gloo::transport::Device> make_conveyor_device(const std::string& interface,
                                                                 const std::string& hostname) {
   conveyor_gloo::attr a;
+  a.iface = interface;
   a.hostname = hostname;
   return conveyor_gloo::CreateDevice(a);
 }

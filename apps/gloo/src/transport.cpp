@@ -9,8 +9,12 @@
 // TCP transport, so nothing is ever buffered unexpectedly. docs/GLOO.md.
 #include "conveyor_gloo/transport.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,7 +27,7 @@
 #include <list>
 #include <map>
 #include <mutex>
-#include <random>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -36,6 +40,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <conveyor/conveyor.hpp>
 
+#include "auth.hpp"
 #include "wire.hpp"
 
 namespace conveyor_gloo {
@@ -54,6 +59,15 @@ constexpr std::uint32_t sq_depth = 512;
 constexpr std::size_t write_chunk = 4u << 20;  // one WRITE's length at most
 constexpr std::size_t max_peer_entries =
     1u << 16;  // RTRs / notifications / announcements a peer may park
+// A pair's listener expects one peer: complete connection requests beyond
+// this many wait for accept() are refused ("listener busy"; the real peer
+// retries). Half-open ones are bounded by the device (max_pending_handshakes,
+// handshake_timeout_ms).
+constexpr int listen_backlog = 16;
+constexpr std::uint32_t max_half_open = 64;
+// Refused connections a pair's listener logs one line each for; later ones
+// are counted and reported once the pair connects.
+constexpr unsigned max_refusals_logged = 8;
 
 enum class wr_kind : std::uint64_t { send = 1, recv = 2, write = 3 };
 std::uint64_t make_wr(wr_kind k, std::uint64_t idx) {
@@ -89,13 +103,69 @@ void read_host_id(std::uint8_t out[24]) {
   }
 }
 
-std::string resolve_ipv4(const std::string& host) {
+bool is_loopback(const in_addr& a) {
+  return (ntohl(a.s_addr) >> 24) == 127;
+}
+
+std::string ntop(const in_addr& a) {
+  char ip[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a, ip, sizeof ip);
+  return ip;
+}
+
+// The IPv4 address of interface `name`, or of the first up, non-loopback
+// interface when `name` is empty; nullopt if there is none.
+std::optional<in_addr> interface_ipv4(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<in_addr> found;
+  for (auto* i = list; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    auto a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if (name.empty()) {
+      if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0 || is_loopback(a))
+        continue;
+    } else if (name != i->ifa_name) {
+      continue;
+    }
+    found = a;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// The address this device's soft and verbs listeners bind and advertise, as
+// Gloo's TCP transport and torch choose it: the interface(s) named (a comma-
+// separated list, as GLOO_SOCKET_IFNAME takes: the first one with an IPv4
+// address), else the host name given, else this host's name. A name (not a
+// numeric address) that resolves to loopback, as a stock Debian host's own
+// name does (127.0.1.1 in /etc/hosts), would be advertised to peers on other
+// hosts, which cannot reach it: the first up, non-loopback interface's
+// address is taken instead when there is one.
+std::string choose_ipv4(const std::string& iface, const std::string& host) {
+  if (!iface.empty()) {
+    std::string tried;
+    std::size_t pos = 0;
+    while (pos <= iface.size()) {
+      auto end = std::min(iface.find(',', pos), iface.size());
+      std::string name = iface.substr(pos, end - pos);
+      pos = end + 1;
+      if (name.empty()) continue;
+      if (auto a = interface_ipv4(name)) return ntop(*a);
+      tried += (tried.empty() ? "" : ", ") + name;
+    }
+    GLOO_THROW_INVALID_OPERATION_EXCEPTION("conveyor-gloo: no IPv4 address on interface(s) '",
+                                           tried.empty() ? iface : tried,
+                                           "' (GLOO_SOCKET_IFNAME or attr.iface)");
+  }
   std::string name = host;
   if (name.empty()) {
     char buf[256] = {};
     if (::gethostname(buf, sizeof buf - 1) != 0) return "127.0.0.1";
     name = buf;
   }
+  in_addr literal{};
+  if (::inet_pton(AF_INET, name.c_str(), &literal) == 1) return name;  // as given
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -103,10 +173,34 @@ std::string resolve_ipv4(const std::string& host) {
   if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
     GLOO_THROW_IO_EXCEPTION("conveyor-gloo: cannot resolve host '", name, "'");
   }
-  char ip[64] = {};
-  ::getnameinfo(res->ai_addr, res->ai_addrlen, ip, sizeof ip, nullptr, 0, NI_NUMERICHOST);
+  auto a = reinterpret_cast<const sockaddr_in*>(res->ai_addr)->sin_addr;
   ::freeaddrinfo(res);
-  return ip;
+  if (is_loopback(a))
+    if (auto other = interface_ipv4("")) return ntop(*other);
+  return ntop(a);
+}
+
+// Whether "ip:port" names a loopback address.
+bool loopback_target(const std::string& target) {
+  in_addr a{};
+  auto ip = target.substr(0, target.rfind(':'));
+  return ::inet_pton(AF_INET, ip.c_str(), &a) == 1 && is_loopback(a);
+}
+
+// The uid a process runs as (the owner of /proc/<pid>), or nullopt when its
+// pid is unknown or not visible from here (another pid namespace).
+std::optional<uid_t> uid_of_pid(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  struct stat st {};
+  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
+  return st.st_uid;
+}
+
+// shm names its peers "pid <pid> qp <qpn>" (SO_PEERCRED's pid): 0 if not that.
+pid_t shm_peer_pid(const std::string& peer) {
+  unsigned long pid = 0, qpn = 0;
+  if (std::sscanf(peer.c_str(), "pid %lu qp %lu", &pid, &qpn) != 2 || pid > 0x7fffffff) return 0;
+  return pid_t(pid);
 }
 
 // ---------------------------------------------------------------------------
@@ -245,9 +339,18 @@ class Device final : public ::gloo::transport::Device, public std::enable_shared
       GLOO_THROW_INVALID_OPERATION_EXCEPTION("conveyor-gloo: CONVEYOR_GLOO_DEVICE='", forced_,
                                              "': expected soft, shm or verbs[:name]");
     forced_base_ = base;
-    if (base.empty() || base == "soft" || base == "verbs") ip_ = resolve_ipv4(a.hostname);
+    if (base.empty() || base == "soft" || base == "verbs") {
+      // torch passes the interface (GLOO_SOCKET_IFNAME, split at commas by
+      // torch itself) or a host name; C++ programs that give neither get
+      // GLOO_SOCKET_IFNAME's choice too.
+      std::string iface = a.iface;
+      const char* env = std::getenv("GLOO_SOCKET_IFNAME");
+      if (iface.empty() && a.hostname.empty() && env != nullptr) iface = env;
+      ip_ = choose_ipv4(iface, a.hostname);
+    }
     conveyor::device_options opts;
     opts.handshake_timeout_ms = 30000;
+    opts.max_pending_handshakes = max_half_open;
     // The pair's progress thread sleeps in cq.wait between bursts; a parked
     // engine thread would then resume only after its 1 ms grace period, which
     // put a millisecond on every small message.
@@ -428,6 +531,12 @@ class Pair final : public ::gloo::transport::Pair {
 
  private:
   void make_qp();
+  template <class Remaining>
+  void accept_peer(const std::string& kind, const std::string& target,
+                   clock_type::time_point deadline, Remaining remaining, std::string& last);
+  template <class Remaining>
+  void connect_peer(const wire::address& acceptor, const std::string& target,
+                    clock_type::time_point deadline, Remaining remaining, std::string& last);
   void progress_loop();
   void handle(const conveyor::work_completion& wc);
   void handle_message(std::uint32_t idx, std::uint32_t len);
@@ -883,29 +992,37 @@ Pair::Pair(Context& ctx, int peer) : ctx_(ctx), peer_(peer) {
   auto& dev = *ctx.device_;
   wire::address a;
   a.rank = std::uint32_t(ctx.rank);
-  std::random_device rd;
-  a.cookie = (std::uint64_t(rd()) << 32) ^ rd() ^ std::uint64_t(::getpid());
   std::memcpy(a.host_id, dev.host_id(), sizeof a.host_id);
   a.forced = dev.forced_base();
   if (ctx.rank < peer) {  // the lower rank accepts, the higher connects
+    // The pair's secret and the acceptor's challenge: they reach the peer
+    // through the rendezvous store only (never a name, never a log line).
+    if (!auth::random_bytes(a.key, sizeof a.key) || !auth::random_bytes(a.nonce, sizeof a.nonce))
+      GLOO_THROW_IO_EXCEPTION("conveyor-gloo: no random bytes for the pair's key");
     if (auto* p = dev.find("soft")) {
-      auto l = conveyor::listener::bind(p->dev, dev.ip() + ":0");
+      auto l = conveyor::listener::bind(p->dev, dev.ip() + ":0", listen_backlog);
       if (!l) GLOO_THROW_IO_EXCEPTION("conveyor-gloo: soft listen: ", l.error().to_string());
       a.soft = l->address();
       soft_lis_ = std::move(*l);
     }
     if (auto* p = dev.find("shm")) {
-      char name[64];
-      std::snprintf(name, sizeof name, "@cvgloo-%d-%016llx", int(::getpid()),
-                    static_cast<unsigned long long>(a.cookie));
-      auto l = conveyor::listener::bind(p->dev, name);
-      if (l) {
-        a.shm = name;
-        shm_lis_ = std::move(*l);
+      // A random name unrelated to the key: abstract socket names are public
+      // (/proc/net/unix). Another bind of the same name fails; try again.
+      for (int attempt = 0; attempt < 4 && a.shm.empty(); ++attempt) {
+        std::uint8_t r[8];
+        if (!auth::random_bytes(r, sizeof r)) break;
+        char name[32];
+        std::snprintf(name, sizeof name, "@cvgloo-%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1],
+                      r[2], r[3], r[4], r[5], r[6], r[7]);
+        auto l = conveyor::listener::bind(p->dev, name, listen_backlog);
+        if (l) {
+          a.shm = name;
+          shm_lis_ = std::move(*l);
+        }
       }
     }
     if (auto* p = dev.find("verbs")) {
-      auto l = conveyor::listener::bind(p->dev, dev.ip() + ":0");
+      auto l = conveyor::listener::bind(p->dev, dev.ip() + ":0", listen_backlog);
       if (!l) GLOO_THROW_IO_EXCEPTION("conveyor-gloo: verbs listen: ", l.error().to_string());
       a.verbs = l->address();
       verbs_lis_ = std::move(*l);
@@ -961,6 +1078,13 @@ void Pair::connect(const std::vector<char>& bytes) {
   if (target.empty())
     GLOO_THROW_IO_EXCEPTION("conveyor-gloo: rank ", lower ? ctx_.rank : peer_, " has no ", kind,
                             " listener");
+  // A loopback address reaches this host, not the peer's: say so now rather
+  // than time out (or reach whatever listens there).
+  if (!same_host && kind != "shm" && loopback_target(target))
+    GLOO_THROW_IO_EXCEPTION("conveyor-gloo: rank ", lower ? ctx_.rank : peer_,
+                            " is on another host but listens on a loopback address (", target,
+                            "): choose its network with GLOO_SOCKET_IFNAME (or the host name "
+                            "it advertises)");
 
   auto rm = prov_->pd.allocate_memory(staging_size * recv_depth, conveyor::access::local_write);
   auto sm = prov_->pd.allocate_memory(staging_size * recv_depth, conveyor::access::local_write);
@@ -973,60 +1097,16 @@ void Pair::connect(const std::vector<char>& bytes) {
   if (prov_->dev.attr().max_msg_size > 0)
     max_write_ = std::min<std::uint32_t>(max_write_, prov_->dev.attr().max_msg_size);
 
-  // Private data: magic, the connecting rank, the acceptor's cookie.
-  std::array<std::byte, 16> priv{};
   auto deadline = clock_type::now() + ctx_.getTimeout();
   auto remaining = [&] {
     return std::max(
         1ms, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()));
   };
   std::string last;
-  while (true) {
-    if (clock_type::now() >= deadline)
-      GLOO_THROW_IO_EXCEPTION("conveyor-gloo: connecting to rank ", peer_, " (", target,
-                              ") timed out after ", ctx_.getTimeout().count(), "ms: ", last);
-    make_qp();
-    if (lower) {
-      auto& lis = kind == "shm" ? shm_lis_ : kind == "soft" ? soft_lis_ : verbs_lis_;
-      auto req = lis.accept(std::min<std::chrono::milliseconds>(remaining(), 1000ms));
-      if (!req) {
-        last = req.error().to_string();
-        if (req.error().code == conveyor::errc::timed_out) {
-          qp_ = {};  // keep the same QP would do; recreate for simplicity
-          continue;
-        }
-        continue;
-      }
-      auto pd = req->private_data();
-      if (pd.size() != 16 || wire::get32(pd.data()) != wire::addr_magic ||
-          int(wire::get32(pd.data() + 4)) != peer_ ||
-          wire::get64(pd.data() + 8) != self_->value().cookie) {
-        (void)req->reject("conveyor-gloo: unexpected peer");
-        last = "rejected an unexpected peer";
-        continue;
-      }
-      wire::put32(priv.data(), wire::addr_magic);
-      wire::put32(priv.data() + 4, std::uint32_t(ctx_.rank));
-      auto info = req->accept(qp_, priv);
-      if (!info) {
-        last = info.error().to_string();
-        continue;
-      }
-    } else {
-      wire::put32(priv.data(), wire::addr_magic);
-      wire::put32(priv.data() + 4, std::uint32_t(ctx_.rank));
-      wire::put64(priv.data() + 8, pa->cookie);
-      auto info = conveyor::connect(qp_, target, {.private_data = priv, .timeout = remaining()});
-      if (!info) {
-        last = info.error().to_string();
-        if (info.error().code == conveyor::errc::rejected)
-          GLOO_THROW_IO_EXCEPTION("conveyor-gloo: rank ", peer_, " refused: ", last);
-        std::this_thread::sleep_for(10ms);
-        continue;
-      }
-    }
-    break;
-  }
+  if (lower)
+    accept_peer(kind, target, deadline, remaining, last);
+  else
+    connect_peer(*pa, target, deadline, remaining, last);
   soft_lis_ = {};
   shm_lis_ = {};
   verbs_lis_ = {};
@@ -1037,6 +1117,122 @@ void Pair::connect(const std::vector<char>& bytes) {
     connected_ = true;
   }
   thread_ = std::thread([this] { progress_loop(); });
+}
+
+// The lower rank's side of the handshake. Every connection request is checked
+// before anything is set up for it: a hello from the peer rank whose MAC
+// proves the pair's key over this side's nonce and the peer's (and, on shm,
+// a process of this user). Anything else is refused and logged, and the
+// listener goes on waiting for the real peer until the deadline.
+template <class Remaining>
+void Pair::accept_peer(const std::string& kind, const std::string& target,
+                       clock_type::time_point deadline, Remaining remaining, std::string& last) {
+  auto& lis = kind == "shm" ? shm_lis_ : kind == "soft" ? soft_lis_ : verbs_lis_;
+  const wire::address& me = self_->value();
+  unsigned refused = 0;
+  bool need_qp = true;
+  while (true) {
+    if (clock_type::now() >= deadline)
+      GLOO_THROW_IO_EXCEPTION("conveyor-gloo: waiting for rank ", peer_, " on ", target,
+                              " timed out after ", ctx_.getTimeout().count(), "ms: ", last);
+    if (need_qp) {
+      make_qp();
+      need_qp = false;
+    }
+    auto req = lis.accept(std::min<std::chrono::milliseconds>(remaining(), 1000ms));
+    if (!req) {
+      last = req.error().to_string();
+      continue;
+    }
+    std::string peer = req->peer_address();
+    auto pd = req->private_data();
+    auto h = wire::decode_hello(pd.data(), pd.size());
+    std::string why;
+    if (!h) {
+      why = "not a conveyor-gloo hello";
+    } else if (h->from_rank != std::uint32_t(peer_) || h->to_rank != std::uint32_t(ctx_.rank)) {
+      why = "claims rank " + std::to_string(h->from_rank) + " -> " + std::to_string(h->to_rank);
+    } else if (!auth::verify(auth::compute(me.key, auth::role::hello, h->from_rank, h->to_rank,
+                                           me.nonce, h->nonce),
+                             h->mac)) {
+      why = "claims rank " + std::to_string(peer_) + " without the pair's key";
+    } else if (kind == "shm") {
+      auto uid = uid_of_pid(shm_peer_pid(peer));
+      if (uid && *uid != ::geteuid())
+        why = "runs as uid " + std::to_string(*uid) + ", not " + std::to_string(::geteuid());
+    }
+    if (!why.empty()) {
+      // The same reason for every refusal: the peer learns nothing about which check failed.
+      (void)req->reject("conveyor-gloo: authentication failed");
+      last = "refused " + peer + ": " + why;
+      if (++refused <= max_refusals_logged)
+        std::fprintf(stderr, "conveyor-gloo warn: rank %d refused a connection on %s from %s: %s\n",
+                     ctx_.rank, target.c_str(), peer.c_str(), why.c_str());
+      if (refused == max_refusals_logged)
+        std::fprintf(stderr,
+                     "conveyor-gloo warn: rank %d: further refusals on %s are counted, "
+                     "not logged\n",
+                     ctx_.rank, target.c_str());
+      continue;
+    }
+    wire::hello_reply r;
+    r.rank = std::uint32_t(ctx_.rank);
+    auto m = auth::compute(me.key, auth::role::reply, h->from_rank, h->to_rank, me.nonce, h->nonce);
+    std::memcpy(r.mac, m.data(), m.size());
+    auto info = req->accept(qp_, wire::encode(r));
+    if (!info) {
+      last = info.error().to_string();
+      need_qp = true;  // the QP may have gone to error
+      continue;
+    }
+    break;
+  }
+  if (refused > max_refusals_logged)
+    std::fprintf(stderr, "conveyor-gloo warn: rank %d refused %u connections on %s in all\n",
+                 ctx_.rank, refused, target.c_str());
+}
+
+// The higher rank's side: a hello with a fresh nonce and its MAC; the reply
+// must prove the key over both nonces too. Busy or not yet listening: try
+// again until the deadline; refused for authentication: the ranks do not share
+// the pair's key (mixed versions), which no retry mends.
+template <class Remaining>
+void Pair::connect_peer(const wire::address& acceptor, const std::string& target,
+                        clock_type::time_point deadline, Remaining remaining, std::string& last) {
+  while (true) {
+    if (clock_type::now() >= deadline)
+      GLOO_THROW_IO_EXCEPTION("conveyor-gloo: connecting to rank ", peer_, " (", target,
+                              ") timed out after ", ctx_.getTimeout().count(), "ms: ", last);
+    make_qp();
+    wire::hello h;
+    h.from_rank = std::uint32_t(ctx_.rank);
+    h.to_rank = std::uint32_t(peer_);
+    if (!auth::random_bytes(h.nonce, sizeof h.nonce))
+      GLOO_THROW_IO_EXCEPTION("conveyor-gloo: no random bytes for the handshake's nonce");
+    auto m = auth::compute(acceptor.key, auth::role::hello, h.from_rank, h.to_rank, acceptor.nonce,
+                           h.nonce);
+    std::memcpy(h.mac, m.data(), m.size());
+    auto priv = wire::encode(h);
+    auto info = conveyor::connect(qp_, target, {.private_data = priv, .timeout = remaining()});
+    if (!info) {
+      last = info.error().to_string();
+      if (info.error().code == conveyor::errc::rejected &&
+          last.find("conveyor-gloo: authentication failed") != std::string::npos)
+        GLOO_THROW_IO_EXCEPTION("conveyor-gloo: rank ", peer_, " refused: ", last);
+      std::this_thread::sleep_for(10ms);
+      continue;
+    }
+    auto r = wire::decode_reply(info->private_data.data(), info->private_data.size());
+    if (!r || r->rank != std::uint32_t(peer_) ||
+        !auth::verify(auth::compute(acceptor.key, auth::role::reply, h.from_rank, h.to_rank,
+                                    acceptor.nonce, h.nonce),
+                      r->mac)) {
+      qp_.disconnect();
+      GLOO_THROW_IO_EXCEPTION("conveyor-gloo: ", target, " answered as rank ", peer_,
+                              " without the pair's key");
+    }
+    break;
+  }
 }
 
 void Pair::shutdown() {

@@ -91,19 +91,24 @@ inline std::optional<header> decode(const std::byte* in, std::size_t len) {
 }
 
 // A pair's address: what the peer needs to connect to it. Fixed size, since
-// Gloo's rendezvous splits the concatenated addresses of a rank evenly.
-inline constexpr std::uint32_t addr_magic = 0x4356474c;  // "CVGL"
+// Gloo's rendezvous splits the concatenated addresses of a rank evenly. It
+// travels only through the rendezvous store: `key` is the pair's secret (the
+// acceptor's; the connector proves it knows it), never shown anywhere else.
+inline constexpr std::uint32_t addr_magic = 0x43564732;  // "CVG2" (v1, "CVGL", had a cookie)
 inline constexpr std::size_t addr_size = 184;            // <= gloo's kMaxByteSize (192)
-inline constexpr std::size_t addr_str_max = 64;
+inline constexpr std::size_t key_size = 16;              // 128-bit pair secret
+inline constexpr std::size_t nonce_size = 16;
+inline constexpr std::size_t mac_size = 32;  // HMAC-SHA256
 
 struct address {
   std::uint32_t rank = 0;
-  std::uint64_t cookie = 0;       // echoed by the connecting peer
-  std::uint8_t host_id[24] = {};  // boot id + network namespace: "same host" test
-  std::string forced;             // provider forced on this side ("" = choose), <= 15
-  std::string soft;               // "ip:port" of the soft listener, "" if none
-  std::string shm;                // "@name" of the shm listener, "" if none
-  std::string verbs;              // "ip:port" of the verbs listener, "" if none
+  std::uint8_t key[key_size] = {};      // acceptor: the pair's secret
+  std::uint8_t nonce[nonce_size] = {};  // acceptor: its challenge for the connector
+  std::uint8_t host_id[24] = {};        // boot id + network namespace: "same host" test
+  std::string forced;                   // provider forced on this side ("" = choose), <= 15
+  std::string soft;                     // "ip:port" of the soft listener, "" if none
+  std::string shm;                      // "@name" of the shm listener, "" if none
+  std::string verbs;                    // "ip:port" of the verbs listener, "" if none
 };
 
 inline void put_str(std::byte* p, std::size_t cap, const std::string& s) {
@@ -120,17 +125,23 @@ inline std::optional<std::string> get_str(const std::byte* p, std::size_t cap) {
   return s;
 }
 
+// Layout: magic 0..4, rank 4..8, key 8..24, nonce 24..40, host id 40..64,
+// forced 64..80, soft 80..114, shm 114..150, verbs 150..184 (strings: a length
+// byte, then printable ASCII). "255.255.255.255:65535" is 21 characters.
+inline constexpr std::size_t forced_cap = 16, soft_cap = 34, shm_cap = 36, verbs_cap = 34;
+
 inline std::vector<char> encode(const address& a) {
   std::vector<char> out(addr_size, 0);
   auto* p = reinterpret_cast<std::byte*>(out.data());
   put32(p, addr_magic);
   put32(p + 4, a.rank);
-  put64(p + 8, a.cookie);
-  std::memcpy(p + 16, a.host_id, sizeof a.host_id);  // 16..40
-  put_str(p + 40, 16, a.forced);                     // 40..56
-  put_str(p + 56, 42, a.soft);                       // 56..98
-  put_str(p + 98, 44, a.shm);                        // 98..142
-  put_str(p + 142, 42, a.verbs);                     // 142..184
+  std::memcpy(p + 8, a.key, key_size);
+  std::memcpy(p + 24, a.nonce, nonce_size);
+  std::memcpy(p + 40, a.host_id, sizeof a.host_id);
+  put_str(p + 64, forced_cap, a.forced);
+  put_str(p + 80, soft_cap, a.soft);
+  put_str(p + 114, shm_cap, a.shm);
+  put_str(p + 150, verbs_cap, a.verbs);
   return out;
 }
 
@@ -140,16 +151,76 @@ inline std::optional<address> decode_address(const std::vector<char>& bytes) {
   if (get32(p) != addr_magic) return std::nullopt;
   address a;
   a.rank = get32(p + 4);
-  a.cookie = get64(p + 8);
-  std::memcpy(a.host_id, p + 16, sizeof a.host_id);
-  auto f = get_str(p + 40, 16), s = get_str(p + 56, 42), m = get_str(p + 98, 44),
-       v = get_str(p + 142, 42);
+  std::memcpy(a.key, p + 8, key_size);
+  std::memcpy(a.nonce, p + 24, nonce_size);
+  std::memcpy(a.host_id, p + 40, sizeof a.host_id);
+  auto f = get_str(p + 64, forced_cap), s = get_str(p + 80, soft_cap),
+       m = get_str(p + 114, shm_cap), v = get_str(p + 150, verbs_cap);
   if (!f || !s || !m || !v) return std::nullopt;
   a.forced = *f;
   a.soft = *s;
   a.shm = *m;
   a.verbs = *v;
   return a;
+}
+
+// The pair handshake, in the connection manager's private data (docs/GLOO.md,
+// "What a local process or peer is trusted with"). The connector sends a
+// hello: its rank, the rank it wants, a fresh nonce and
+// HMAC(key, hello label, ranks, acceptor's nonce, its nonce). The acceptor
+// accepts only a hello whose MAC checks, and answers with
+// HMAC(key, reply label, ranks, both nonces), which the connector checks.
+inline constexpr std::uint32_t hello_magic = 0x43564748;                      // "CVGH"
+inline constexpr std::uint32_t reply_magic = 0x43564752;                      // "CVGR"
+inline constexpr std::size_t hello_size = 4 + 4 + 4 + nonce_size + mac_size;  // 60
+inline constexpr std::size_t reply_size = 4 + 4 + mac_size;                   // 40
+
+struct hello {
+  std::uint32_t from_rank = 0;  // the connector
+  std::uint32_t to_rank = 0;    // the acceptor it means
+  std::uint8_t nonce[nonce_size] = {};
+  std::uint8_t mac[mac_size] = {};
+};
+
+struct hello_reply {
+  std::uint32_t rank = 0;  // the acceptor
+  std::uint8_t mac[mac_size] = {};
+};
+
+inline std::vector<std::byte> encode(const hello& h) {
+  std::vector<std::byte> out(hello_size);
+  put32(out.data(), hello_magic);
+  put32(out.data() + 4, h.from_rank);
+  put32(out.data() + 8, h.to_rank);
+  std::memcpy(out.data() + 12, h.nonce, nonce_size);
+  std::memcpy(out.data() + 12 + nonce_size, h.mac, mac_size);
+  return out;
+}
+
+inline std::optional<hello> decode_hello(const std::byte* in, std::size_t len) {
+  if (len != hello_size || get32(in) != hello_magic) return std::nullopt;
+  hello h;
+  h.from_rank = get32(in + 4);
+  h.to_rank = get32(in + 8);
+  std::memcpy(h.nonce, in + 12, nonce_size);
+  std::memcpy(h.mac, in + 12 + nonce_size, mac_size);
+  return h;
+}
+
+inline std::vector<std::byte> encode(const hello_reply& r) {
+  std::vector<std::byte> out(reply_size);
+  put32(out.data(), reply_magic);
+  put32(out.data() + 4, r.rank);
+  std::memcpy(out.data() + 8, r.mac, mac_size);
+  return out;
+}
+
+inline std::optional<hello_reply> decode_reply(const std::byte* in, std::size_t len) {
+  if (len != reply_size || get32(in) != reply_magic) return std::nullopt;
+  hello_reply r;
+  r.rank = get32(in + 4);
+  std::memcpy(r.mac, in + 8, mac_size);
+  return r;
 }
 
 }  // namespace conveyor_gloo::wire
