@@ -23,6 +23,7 @@ struct kv_serve_options {
   std::size_t maxclients = 10000;
   unsigned timeout_s = 0;
   unsigned partial_timeout_s = 10;
+  std::string maxmemory_clients = "1gb";
   std::string provider = "soft";
   std::string rdma_listen;
   bool quiet = false;
