@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kv_fixture.hpp"
@@ -141,6 +143,81 @@ TEST(glob, redis_meanings) {
   for (const auto& r : rows)
     EXPECT_EQ(kv::glob_match(r.pattern, r.s, r.nocase), r.match)
         << "pattern '" << r.pattern << "' string '" << r.s << "' nocase " << r.nocase;
+}
+
+namespace {
+// Redis's stringmatchlen, written the plain recursive way (exponential, so
+// only for short inputs): the reference glob_pattern must agree with.
+bool reference_match(std::string_view p, std::string_view s, bool nocase) {
+  auto low = [&](int c) { return nocase && c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c; };
+  while (!p.empty() && !s.empty()) {
+    const char c = p[0];
+    if (c == '*') {
+      while (p.size() > 1 && p[1] == '*') p.remove_prefix(1);
+      if (p.size() == 1) return true;
+      for (std::size_t k = 0; k < s.size(); ++k)
+        if (reference_match(p.substr(1), s.substr(k), nocase)) return true;
+      return false;
+    }
+    if (c == '?') {
+      p.remove_prefix(1);
+      s.remove_prefix(1);
+      continue;
+    }
+    if (c == '[') {
+      p.remove_prefix(1);
+      const bool negate = !p.empty() && p[0] == '^';
+      if (negate) p.remove_prefix(1);
+      bool match = false;
+      while (true) {
+        if (p.size() >= 2 && p[0] == '\\') {
+          p.remove_prefix(1);
+          if (p[0] == s[0]) match = true;
+        } else if (p.empty() || p[0] == ']') {
+          break;
+        } else if (p.size() >= 3 && p[1] == '-') {
+          int a = static_cast<signed char>(p[0]), b = static_cast<signed char>(p[2]);
+          if (a > b) std::swap(a, b);
+          const int x = low(static_cast<signed char>(s[0]));
+          if (x >= low(a) && x <= low(b)) match = true;
+          p.remove_prefix(2);
+        } else if (low(static_cast<signed char>(p[0])) == low(static_cast<signed char>(s[0]))) {
+          match = true;
+        }
+        p.remove_prefix(1);
+      }
+      if (!p.empty()) p.remove_prefix(1);  // the ']'
+      if (negate) match = !match;
+      if (!match) return false;
+      s.remove_prefix(1);
+      continue;
+    }
+    if (c == '\\' && p.size() >= 2) p.remove_prefix(1);
+    if (low(static_cast<signed char>(p[0])) != low(static_cast<signed char>(s[0]))) return false;
+    p.remove_prefix(1);
+    s.remove_prefix(1);
+  }
+  if (s.empty())
+    while (!p.empty() && p[0] == '*') p.remove_prefix(1);
+  return p.empty() && s.empty();
+}
+}  // namespace
+
+TEST(glob, agrees_with_redis_on_random_patterns) {
+  std::mt19937 rng(20261206);
+  const std::string pat_alphabet = "ab*?[]^-\\A\xe9";
+  const std::string str_alphabet = "abAB-]^\\*?[\xe9";
+  auto pick = [&](const std::string& from, std::size_t max) {
+    std::string out(rng() % (max + 1), ' ');
+    for (auto& ch : out) ch = from[rng() % from.size()];
+    return out;
+  };
+  for (int i = 0; i < 100000; ++i) {
+    const auto p = pick(pat_alphabet, 8), s = pick(str_alphabet, 9);
+    const bool nocase = (i & 1) != 0;
+    ASSERT_EQ(kv::glob_pattern(p, nocase).match(s), reference_match(p, s, nocase))
+        << "pattern '" << p << "' string '" << s << "' nocase " << nocase;
+  }
 }
 
 TEST(glob, a_hostile_pattern_over_a_512_kib_key_does_bounded_work) {
