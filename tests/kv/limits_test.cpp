@@ -239,6 +239,10 @@ TEST(glob, a_hostile_pattern_over_a_512_kib_key_does_bounded_work) {
   EXPECT_LE(steps, 64 * (key.size() + wild.size()) + 4096 + wild.size());
   EXPECT_TRUE(kv::glob_pattern(found).match(key, &steps));
   EXPECT_LE(steps, key.size() + found.size());
+  // A pattern longer than any key is not even compiled: it matches nothing.
+  const std::string longest(kv::glob_pattern::max_elements, 'x');
+  EXPECT_TRUE(kv::glob_pattern(std::string(longest.size(), '?')).match(longest));
+  EXPECT_FALSE(kv::glob_pattern("*" + std::string(longest.size() + 1, '?')).match(longest + "x"));
   // A generous bound, not a timing: the quadratic matcher needs minutes here.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
 }

@@ -99,9 +99,7 @@ glob_pattern::glob_pattern(std::string_view p, bool nocase) : pattern_size_(p.si
     if (c == '?') {
       elements_.push_back({elem_any, 0, 0, 0});
       ++i;
-      continue;
-    }
-    if (c == '[') {
+    } else if (c == '[') {
       std::array<std::uint64_t, 4> set{};
       auto add = [&](unsigned char b) { set[b >> 6] |= std::uint64_t{1} << (b & 63); };
       ++i;
@@ -137,26 +135,28 @@ glob_pattern::glob_pattern(std::string_view p, bool nocase) : pattern_size_(p.si
         for (auto& w : set) w = ~w;
       classes_.push_back(set);
       elements_.push_back({elem_class, 0, 0, static_cast<std::uint32_t>(classes_.size() - 1)});
-      continue;
+    } else {
+      char lit = c;
+      if (c == '\\' && i + 1 < p.size()) lit = p[++i];
+      const auto b = static_cast<unsigned char>(lit);
+      elements_.push_back({elem_literal, b, nocase ? other_case(b) : b, 0});
+      ++i;
     }
-    char lit = c;
-    if (c == '\\' && i + 1 < p.size()) lit = p[++i];
-    const auto b = static_cast<unsigned char>(lit);
-    elements_.push_back({elem_literal, b, nocase ? other_case(b) : b, 0});
-    ++i;
+    if (elements_.size() > max_elements) {  // longer than any key: matches nothing
+      never_ = true;
+      elements_ = {};
+      classes_ = {};
+      return;
+    }
   }
   star_ = !stars.empty();
+  literals_.reserve(elements_.size());
+  for (const auto& el : elements_) literals_.push_back(static_cast<char>(el.a));
   auto add_piece = [&](std::size_t b, std::size_t e) {
-    piece pc{b, e, {}, true};
-    for (std::size_t k = b; k < e && pc.is_plain; ++k) {
-      const auto& el = elements_[k];
-      if (el.kind != elem_literal || el.a != el.b)
-        pc.is_plain = false;
-      else
-        pc.plain.push_back(static_cast<char>(el.a));
-    }
-    if (!pc.is_plain) pc.plain.clear();
-    pieces_.push_back(std::move(pc));
+    piece pc{b, e, true};
+    for (std::size_t k = b; k < e && pc.is_plain; ++k)
+      pc.is_plain = elements_[k].kind == elem_literal && elements_[k].a == elements_[k].b;
+    pieces_.push_back(pc);
   };
   if (!star_) {
     add_piece(0, elements_.size());
@@ -192,6 +192,7 @@ bool glob_pattern::match(std::string_view s, std::uint64_t* steps_out) const {
     if (steps_out != nullptr) *steps_out = steps;
     return r;
   };
+  if (never_) return done(false);
   if (!star_) {
     const auto& pc = pieces_.front();
     return done(pc.end - pc.begin == s.size() && match_at(pc, s, 0, steps));
@@ -212,7 +213,7 @@ bool glob_pattern::match(std::string_view s, std::uint64_t* steps_out) const {
     const std::size_t n = pc.end - pc.begin;
     if (n > end - pos) return done(false);
     if (pc.is_plain) {
-      const void* hit = ::memmem(s.data() + pos, end - pos, pc.plain.data(), n);
+      const void* hit = ::memmem(s.data() + pos, end - pos, literals_.data() + pc.begin, n);
       steps += n;  // memmem's own work is linear in what it searched
       if (hit == nullptr) {
         steps += end - pos;
