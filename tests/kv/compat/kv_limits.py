@@ -145,6 +145,30 @@ class Limits(unittest.TestCase):
             self.assertTrue(srv.alive(), "the server died")
             self.assertEqual(srv.stop(), 0)
 
+    def test_an_allocation_failure_fails_the_command_not_the_server(self):
+        # Under an address-space limit a 240 MiB reply (within the output
+        # limit) cannot be built: std::bad_alloc ended the process (SIGABRT).
+        srv = Server()
+        try:
+            if srv.sanitized():
+                self.skipTest("sanitizer runtimes reserve their shadow memory up front")
+            self.assertEqual(srv.command("SET", "big", b"v" * (16 << 20)), b"+OK\r\n")
+            vm = srv.status_kib("VmSize") << 10
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_AS, (vm + (160 << 20), resource.RLIM_INFINITY))
+            try:
+                got = srv.command("MGET", *(["big"] * 15), timeout=30)
+            except ConnectionResetError:
+                got = b""  # the client's own buffer could not grow: that client is closed
+            self.assertTrue(got == b"" or got.startswith(b"-OOM"), got[:60])
+            self.assertTrue(srv.alive(), "the server died")
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_AS,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            self.assertEqual(srv.command("PING"), b"+PONG\r\n")
+            self.assertTrue(srv.command("GET", "big").startswith(b"$16777216\r\n"))
+        finally:
+            self.assertTrue(srv.alive(), "the server died")
+            self.assertEqual(srv.stop(), 0)
+
     def test_incomplete_commands_of_all_clients_share_one_budget(self):
         # 16 connections each stream 24 MiB of a 50 MB bulk: 384 MiB held
         # before; with a 64 MiB budget the largest holders are closed.
