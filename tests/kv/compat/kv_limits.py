@@ -282,6 +282,43 @@ class Limits(unittest.TestCase):
             self.assertTrue(srv.alive(), "the server died")
             self.assertEqual(srv.stop(), 0)
 
+    def test_out_of_descriptors_at_run_time_no_busy_loop_and_clients_are_told(self):
+        # The limit drops under the running server (prlimit): accept4 fails
+        # with EMFILE, which left the connection in the backlog and the
+        # listener readable, so the loop spun.
+        srv = Server()
+        socks = []
+        try:
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (64, 64))
+            for _ in range(100):
+                socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+            time.sleep(0.5)
+            cpu0 = srv.cpu_s()
+            time.sleep(2)
+            used = srv.cpu_s() - cpu0
+            print(f"\n  100 connections at nofile 64 (lowered at run time): {used:.2f} s CPU in 2 s",
+                  file=sys.stderr)
+            self.assertLess(used, 0.25, f"server used {used:.2f} s of CPU in 2 s, idle")
+            refused = 0
+            for s in socks:
+                s.settimeout(0.05)
+                try:
+                    if s.recv(100).startswith(b"-ERR max number of clients reached"):
+                        refused += 1
+                except socket.timeout:
+                    pass
+            self.assertGreaterEqual(refused, 30, "clients past the descriptor limit not told")
+            for s in socks:
+                s.close()
+            socks = []
+            time.sleep(0.5)
+            self.assertEqual(srv.command("PING"), b"+PONG\r\n")
+        finally:
+            for s in socks:
+                s.close()
+            self.assertTrue(srv.alive(), "the server died")
+            self.assertEqual(srv.stop(), 0)
+
 
 if __name__ == "__main__":
     BIN = sys.argv[1]
