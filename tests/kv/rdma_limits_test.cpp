@@ -6,6 +6,8 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include <array>
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -145,4 +147,27 @@ TEST(kv_rdma_limits, passwords_are_limited_as_on_resp) {
   auto wrong = ro.requirepass;
   wrong.back() = 'q';
   EXPECT_FALSE(kv::client::connect("soft:kvc", s.rdma->address(), {.password = wrong}));
+}
+
+// The acceptor thread describes the store (its generation included) to each
+// new client while FLUSHALL bumps the generation on the loop thread: under
+// ThreadSanitizer a plain read of it is a data race.
+TEST(kv_rdma_limits, clients_connect_while_flushall_runs) {
+  server s({});
+  auto flusher = connect(s);
+  ASSERT_TRUE(flusher);
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    while (!done.load()) {
+      std::array<std::string_view, 1> flush{"FLUSHALL"};
+      if (!flusher->command(flush)) break;
+    }
+  });
+  for (int i = 0; i < 10; ++i) {
+    auto c = connect(s);
+    ASSERT_TRUE(c);
+    EXPECT_TRUE(c->set("k", "v"));
+  }
+  done = true;
+  t.join();
 }

@@ -319,6 +319,23 @@ class Limits(unittest.TestCase):
             self.assertTrue(srv.alive(), "the server died")
             self.assertEqual(srv.stop(), 0)
 
+    def test_a_password_rdma_clients_cannot_present_is_refused_at_start(self):
+        with self.assertRaises(RuntimeError) as e:
+            Server("--requirepass", "p" * 201)
+        self.assertIn("at most 200", str(e.exception))
+        srv = Server("--requirepass", "p" * 200)
+        try:
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+                s.sendall(encode("AUTH", "p" * 200) + encode("PING"))
+                got = b""
+                while got.count(b"\r\n") < 2:
+                    chunk = s.recv(100)
+                    self.assertNotEqual(chunk, b"")
+                    got += chunk
+                self.assertEqual(got, b"+OK\r\n+PONG\r\n")
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
 
 if __name__ == "__main__":
     BIN = sys.argv[1]
