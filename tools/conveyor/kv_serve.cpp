@@ -79,6 +79,10 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
                  "close RESP clients whose command is still incomplete after this many seconds")
       ->check(CLI::Range(1u, 3600u))
       ->capture_default_str();
+  app.add_option("--maxmemory-clients", o.maxmemory_clients,
+                 "query and output buffers of all RESP clients together (bytes, or 512mb, 1gb; 0: "
+                 "no bound); past it the client holding the most is closed")
+      ->capture_default_str();
   app.add_option("--provider", o.provider,
                  "device the store's memory is registered with (soft, shm, verbs...)")
       ->capture_default_str();
@@ -105,6 +109,12 @@ int run_kv_serve(const kv_serve_options& o) {
   if (!parse_memory(o.maxmemory, maxmemory)) {
     std::fprintf(stderr, "conveyor kv serve: --maxmemory %s: a size in bytes (or 64mb, 1gb...)\n",
                  o.maxmemory.c_str());
+    return 2;
+  }
+  if (!parse_memory(o.maxmemory_clients, so.maxmemory_clients)) {
+    std::fprintf(stderr,
+                 "conveyor kv serve: --maxmemory-clients %s: a size in bytes (or 512mb, 1gb...)\n",
+                 o.maxmemory_clients.c_str());
     return 2;
   }
   if (!parse_memory(o.data_bytes, data_bytes) || data_bytes == 0) {

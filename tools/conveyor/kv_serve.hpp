@@ -24,6 +24,7 @@ struct kv_serve_options {
   unsigned timeout_s = 0;
   unsigned partial_timeout_s = 10;
   bool aof_skip_bad_records = false;
+  std::string maxmemory_clients = "1gb";
   std::string provider = "soft";
   std::string rdma_listen;
   bool quiet = false;

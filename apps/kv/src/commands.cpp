@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -52,78 +53,189 @@ std::string i64_str(std::int64_t v) {
 constexpr std::string_view err_syntax = "ERR syntax error";
 constexpr std::string_view err_int = "ERR value is not an integer or out of range";
 constexpr std::string_view err_oom = "OOM command not allowed when used memory > 'maxmemory'.";
+// Short enough for the smallest RDMA message (64 bytes).
+constexpr std::string_view err_reply_too_large = "ERR reply exceeds this client's reply limit";
+
+// The bytes a bulk string of n bytes takes in a reply ($n\r\n...\r\n), at most.
+constexpr std::size_t bulk_bytes(std::size_t n) {
+  return n + 24;
+}
 
 }  // namespace
 
-bool glob_match(std::string_view p, std::string_view s, bool nocase) {
-  auto low = [&](char c) {
-    return nocase && c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
-  };
-  std::size_t pi = 0, si = 0;
-  std::size_t star_p = std::string_view::npos, star_s = 0;
-  // Iterative matcher with one backtrack point for '*' (linear in practice, no
-  // recursion a pattern could make deep).
-  while (si < s.size()) {
-    if (pi < p.size()) {
-      char c = p[pi];
-      if (c == '*') {
-        while (pi < p.size() && p[pi] == '*') ++pi;
-        if (pi == p.size()) return true;
-        star_p = pi;
-        star_s = si;
-        continue;
-      }
-      if (c == '?') {
-        ++pi;
-        ++si;
-        continue;
-      }
-      if (c == '[') {
-        std::size_t q = pi + 1;
-        bool negate = false;
-        if (q < p.size() && p[q] == '^') {
-          negate = true;
-          ++q;
-        }
-        bool match = false;
-        while (q < p.size() && p[q] != ']') {
-          if (p[q] == '\\' && q + 1 < p.size()) {
-            ++q;
-            if (low(p[q]) == low(s[si])) match = true;
-            ++q;
-          } else if (q + 2 < p.size() && p[q + 1] == '-' && p[q + 2] != ']') {
-            char a = low(p[q]), b = low(p[q + 2]);
-            if (a > b) std::swap(a, b);
-            char x = low(s[si]);
-            if (x >= a && x <= b) match = true;
-            q += 3;
-          } else {
-            if (low(p[q]) == low(s[si])) match = true;
-            ++q;
-          }
-        }
-        if (q < p.size()) ++q;  // the ']'
-        if (negate) match = !match;
-        if (match) {
-          pi = q;
-          ++si;
-          continue;
-        }
-      } else {
-        if (c == '\\' && pi + 1 < p.size()) c = p[++pi];
-        if (low(c) == low(s[si])) {
-          ++pi;
-          ++si;
-          continue;
-        }
-      }
+bool password_equal(std::string_view want, std::string_view presented) noexcept {
+  // Every byte of the presented password is compared (against the configured
+  // one, cyclically), so the time says nothing about how much of it was right.
+  unsigned diff = static_cast<unsigned>(want.size() ^ presented.size());
+  if (want.empty()) return presented.empty();
+  for (std::size_t i = 0; i < presented.size(); ++i)
+    diff |= static_cast<unsigned char>(presented[i]) ^
+            static_cast<unsigned char>(want[i % want.size()]);
+  return diff == 0;
+}
+
+namespace {
+enum : std::uint8_t { elem_literal, elem_any, elem_class };
+
+unsigned char other_case(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return static_cast<unsigned char>(c - 'A' + 'a');
+  if (c >= 'a' && c <= 'z') return static_cast<unsigned char>(c - 'a' + 'A');
+  return c;
+}
+}  // namespace
+
+glob_pattern::glob_pattern(std::string_view p, bool nocase) : pattern_size_(p.size()) {
+  // Scans the pattern as Redis's stringmatchlen does (the scan never depends on
+  // the string), turning it into elements and the star positions between them.
+  std::vector<std::size_t> stars;  // element index where each star run sits
+  std::size_t i = 0;
+  while (i < p.size()) {
+    const char c = p[i];
+    if (c == '*') {
+      while (i < p.size() && p[i] == '*') ++i;
+      stars.push_back(elements_.size());
+      continue;
     }
-    if (star_p == std::string_view::npos) return false;
-    pi = star_p;
-    si = ++star_s;
+    if (c == '?') {
+      elements_.push_back({elem_any, 0, 0, 0});
+      ++i;
+    } else if (c == '[') {
+      std::array<std::uint64_t, 4> set{};
+      auto add = [&](unsigned char b) { set[b >> 6] |= std::uint64_t{1} << (b & 63); };
+      ++i;
+      const bool negate = i < p.size() && p[i] == '^';
+      if (negate) ++i;
+      while (i < p.size() && p[i] != ']') {
+        if (p[i] == '\\' && i + 1 < p.size()) {  // the next byte, exactly (no case folding)
+          add(static_cast<unsigned char>(p[i + 1]));
+          i += 2;
+        } else if (i + 2 < p.size() && p[i + 1] == '-') {
+          // Redis compares signed chars: swap first, then fold the case.
+          int lo = static_cast<signed char>(p[i]), hi = static_cast<signed char>(p[i + 2]);
+          if (lo > hi) std::swap(lo, hi);
+          if (nocase) {
+            lo = lo >= 'A' && lo <= 'Z' ? lo - 'A' + 'a' : lo;
+            hi = hi >= 'A' && hi <= 'Z' ? hi - 'A' + 'a' : hi;
+          }
+          for (int b = 0; b < 256; ++b) {
+            int v = static_cast<signed char>(static_cast<unsigned char>(b));
+            if (nocase && v >= 'A' && v <= 'Z') v = v - 'A' + 'a';
+            if (v >= lo && v <= hi) add(static_cast<unsigned char>(b));
+          }
+          i += 3;
+        } else {
+          const auto b = static_cast<unsigned char>(p[i]);
+          add(b);
+          if (nocase) add(other_case(b));
+          ++i;
+        }
+      }
+      if (i < p.size()) ++i;  // the ']' (an unterminated class runs to the end)
+      if (negate)
+        for (auto& w : set) w = ~w;
+      classes_.push_back(set);
+      elements_.push_back({elem_class, 0, 0, static_cast<std::uint32_t>(classes_.size() - 1)});
+    } else {
+      char lit = c;
+      if (c == '\\' && i + 1 < p.size()) lit = p[++i];
+      const auto b = static_cast<unsigned char>(lit);
+      elements_.push_back({elem_literal, b, nocase ? other_case(b) : b, 0});
+      ++i;
+    }
+    if (elements_.size() > max_elements) {  // longer than any key: matches nothing
+      never_ = true;
+      elements_ = {};
+      classes_ = {};
+      return;
+    }
   }
-  while (pi < p.size() && p[pi] == '*') ++pi;
-  return pi == p.size();
+  star_ = !stars.empty();
+  literals_.reserve(elements_.size());
+  for (const auto& el : elements_) literals_.push_back(static_cast<char>(el.a));
+  auto add_piece = [&](std::size_t b, std::size_t e) {
+    piece pc{b, e, true};
+    for (std::size_t k = b; k < e && pc.is_plain; ++k)
+      pc.is_plain = elements_[k].kind == elem_literal && elements_[k].a == elements_[k].b;
+    pieces_.push_back(pc);
+  };
+  if (!star_) {
+    add_piece(0, elements_.size());
+    return;
+  }
+  add_piece(0, stars.front());
+  for (std::size_t k = 1; k < stars.size(); ++k) add_piece(stars[k - 1], stars[k]);
+  add_piece(stars.back(), elements_.size());
+}
+
+bool glob_pattern::match_at(const piece& pc, std::string_view s, std::size_t at,
+                            std::uint64_t& steps) const {
+  for (std::size_t k = pc.begin; k < pc.end; ++k) {
+    ++steps;
+    const auto& el = elements_[k];
+    const auto c = static_cast<unsigned char>(s[at + k - pc.begin]);
+    switch (el.kind) {
+      case elem_any:
+        break;
+      case elem_literal:
+        if (c != el.a && c != el.b) return false;
+        break;
+      default:
+        if (!((classes_[el.cls][c >> 6] >> (c & 63)) & 1)) return false;
+    }
+  }
+  return true;
+}
+
+bool glob_pattern::match(std::string_view s, std::uint64_t* steps_out) const {
+  std::uint64_t steps = 0;
+  auto done = [&](bool r) {
+    if (steps_out != nullptr) *steps_out = steps;
+    return r;
+  };
+  if (never_) return done(false);
+  if (!star_) {
+    const auto& pc = pieces_.front();
+    return done(pc.end - pc.begin == s.size() && match_at(pc, s, 0, steps));
+  }
+  const auto& head = pieces_.front();
+  const auto& tail = pieces_.back();
+  const std::size_t head_n = head.end - head.begin, tail_n = tail.end - tail.begin;
+  if (head_n + tail_n > s.size()) return done(false);
+  if (!match_at(head, s, 0, steps) || !match_at(tail, s, s.size() - tail_n, steps))
+    return done(false);
+  // The pieces between stars, each at its leftmost fit in what is left: if a
+  // match exists, the one that places every piece leftmost is one.
+  std::size_t pos = head_n;
+  const std::size_t end = s.size() - tail_n;
+  const std::uint64_t budget = 64 * (std::uint64_t{s.size()} + pattern_size_) + 4096;
+  for (std::size_t k = 1; k + 1 < pieces_.size(); ++k) {
+    const auto& pc = pieces_[k];
+    const std::size_t n = pc.end - pc.begin;
+    if (n > end - pos) return done(false);
+    if (pc.is_plain) {
+      const void* hit = ::memmem(s.data() + pos, end - pos, literals_.data() + pc.begin, n);
+      steps += n;  // memmem's own work is linear in what it searched
+      if (hit == nullptr) {
+        steps += end - pos;
+        return done(false);
+      }
+      const auto at = static_cast<std::size_t>(static_cast<const char*>(hit) - s.data());
+      steps += at - pos;
+      pos = at + n;
+      continue;
+    }
+    std::size_t at = pos;
+    while (!match_at(pc, s, at, steps)) {
+      if (at == end - n || steps > budget) return done(false);
+      ++at;
+    }
+    pos = at + n;
+  }
+  return done(true);
+}
+
+bool glob_match(std::string_view p, std::string_view s, bool nocase) {
+  return glob_pattern(p, nocase).match(s);
 }
 
 struct exec_context {
@@ -132,8 +244,19 @@ struct exec_context {
   argv_t argv;
   reply r;
   time_ms now;
+  std::size_t reply_start;  // where this command's reply begins in r.out()
   store& st() { return ex.store_; }
   bool replaying() const { return ex.replaying_; }
+  // True if `bytes` more of reply stay within the session's max_reply.
+  bool fits(std::size_t bytes) {
+    const std::size_t used = r.out().size() - reply_start;
+    return used <= sess.max_reply && bytes <= sess.max_reply - used;
+  }
+  // Drops what the reply holds so far and answers the error instead.
+  void reply_too_large() {
+    r.out().resize(reply_start);
+    r.error(err_reply_too_large);
+  }
   void log(std::initializer_list<std::string_view> a) { ex.log(argv_t(a.begin(), a.size())); }
   void log(argv_t a) { ex.log(a); }
   void wrong_args() {
@@ -210,12 +333,8 @@ bool check_password(exec_context& c, std::string_view user, std::string_view pas
         "sure your configuration is correct?");
     return false;
   }
-  // Constant-time comparison of the password.
-  const std::string& want = c.ex.config().requirepass;
-  unsigned diff = static_cast<unsigned>(want.size() ^ pass.size());
-  for (std::size_t i = 0; i < pass.size(); ++i)
-    diff |= static_cast<unsigned char>(pass[i]) ^ static_cast<unsigned char>(want[i % want.size()]);
-  if (!iequal(user, "default") || diff != 0) {
+  const bool same = password_equal(c.ex.config().requirepass, pass);
+  if (!iequal(user, "default") || !same) {
     c.r.error("WRONGPASS invalid username-password pair or user is disabled.");
     return false;
   }
@@ -400,6 +519,7 @@ void cmd_get(exec_context& c) {
     return c.r.null();
   }
   ++c.ex.stats().hits;
+  if (!c.fits(bulk_bytes(v->size()))) return c.reply_too_large();
   c.r.bulk(*v);
 }
 
@@ -448,6 +568,8 @@ void cmd_set(exec_context& c) {
   std::optional<std::string> old;
   if (want_get) {
     auto v = c.st().get(c.argv[1], c.now);
+    // The old value must fit the reply before anything changes (it would be lost).
+    if (v && !c.fits(bulk_bytes(v->size()))) return c.reply_too_large();
     if (v) old.emplace(*v);
   }
   auto key = c.argv[1], value = c.argv[2];
@@ -517,7 +639,10 @@ void cmd_setnx(exec_context& c) {
 
 void cmd_getset(exec_context& c) {
   std::optional<std::string> old;
-  if (auto v = c.st().get(c.argv[1], c.now)) old.emplace(*v);
+  if (auto v = c.st().get(c.argv[1], c.now)) {
+    if (!c.fits(bulk_bytes(v->size()))) return c.reply_too_large();  // before the write
+    old.emplace(*v);
+  }
   if (!put_or_error(c, c.argv[1], c.argv[2], put_options{})) return;
   c.log({"SET", c.argv[1], c.argv[2]});
   old ? c.r.bulk(*old) : c.r.null();
@@ -530,6 +655,8 @@ void cmd_getdel(exec_context& c) {
     return c.r.null();
   }
   ++c.ex.stats().hits;
+  // A value the reply cannot carry stays where it is.
+  if (!c.fits(bulk_bytes(v->size()))) return c.reply_too_large();
   c.r.bulk(*v);  // copied into the reply before the erase frees it
   c.st().erase(c.argv[1], c.now);
   c.log({"DEL", c.argv[1]});
@@ -552,10 +679,13 @@ void cmd_exists(exec_context& c) {
   c.r.integer(n);
 }
 
+// The reply is bounded as it is built: one key named many times must not make
+// a short request into a reply of many times the value.
 void cmd_mget(exec_context& c) {
   c.r.array(c.argv.size() - 1);
   for (std::size_t i = 1; i < c.argv.size(); ++i) {
     auto v = c.st().get(c.argv[i], c.now);
+    if (!c.fits(v ? bulk_bytes(v->size()) : 8)) return c.reply_too_large();
     if (v) {
       ++c.ex.stats().hits;
       c.r.bulk(*v);
@@ -794,11 +924,19 @@ void cmd_scan(exec_context& c) {
   }
   std::vector<std::string> keys;
   bool type_ok = !type || iequal(*type, "string");
+  const glob_pattern glob(pattern);
+  std::size_t bytes = 64;  // the reply's headers and the cursor
+  bool too_large = false;
   auto next = c.st().scan(cursor, static_cast<std::size_t>(std::min<std::int64_t>(count, 1 << 20)),
                           [&](std::string_view k) {
-                            if (type_ok && (!has_pattern || glob_match(pattern, k)))
+                            if (too_large || !type_ok || (has_pattern && !glob.match(k))) return;
+                            bytes += bulk_bytes(k.size());
+                            if (!c.fits(bytes))
+                              too_large = true;
+                            else
                               keys.emplace_back(k);
                           });
+  if (too_large) return c.reply_too_large();
   c.r.array(2);
   c.r.bulk(std::to_string(next));
   c.r.array(keys.size());
@@ -808,12 +946,23 @@ void cmd_scan(exec_context& c) {
 void cmd_keys(exec_context& c) {
   std::vector<std::string> keys;
   bool all = c.argv[1] == "*";
+  const glob_pattern glob(c.argv[1]);
+  // The keys are collected within the reply bound (what they will take in the
+  // reply): a store of large keys must not become an unbounded copy.
+  std::size_t bytes = 16;
+  bool too_large = false;
   std::uint64_t cursor = 0;
   do {
     cursor = c.st().scan(cursor, 1024, [&](std::string_view k) {
-      if (all || glob_match(c.argv[1], k)) keys.emplace_back(k);
+      if (too_large || !(all || glob.match(k))) return;
+      bytes += bulk_bytes(k.size());
+      if (!c.fits(bytes))
+        too_large = true;
+      else
+        keys.emplace_back(k);
     });
-  } while (cursor != 0);
+  } while (cursor != 0 && !too_large);
+  if (too_large) return c.reply_too_large();
   // scan may report a key twice if the table moved; KEYS reports each once.
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
@@ -922,6 +1071,7 @@ void cmd_command(exec_context& c) {
   if (c.argv.size() == 1) {
     c.r.array(std::size(commands));
     for (const auto& k : commands) reply_command_info(c, k);
+    if (!c.fits(0)) c.reply_too_large();
     return;
   }
   auto sub = c.argv[1];
@@ -931,10 +1081,13 @@ void cmd_command(exec_context& c) {
     if (c.argv.size() == 2) {
       c.r.array(std::size(commands));
       for (const auto& k : commands) reply_command_info(c, k);
+      if (!c.fits(0)) c.reply_too_large();
       return;
     }
+    // One name asked many times: checked per element, as MGET.
     c.r.array(c.argv.size() - 2);
     for (std::size_t i = 2; i < c.argv.size(); ++i) {
+      if (!c.fits(256)) return c.reply_too_large();
       auto* k = lookup(c.argv[i]);
       if (k)
         reply_command_info(c, *k);
@@ -955,6 +1108,7 @@ void cmd_command(exec_context& c) {
     }
     c.r.map(which.size());
     for (auto* k : which) {
+      if (!c.fits(128)) return c.reply_too_large();
       c.r.bulk(k->name);
       c.r.map(2);
       c.r.bulk("summary");
@@ -1057,6 +1211,7 @@ void cmd_info(exec_context& c) {
     num("protocol_errors", s.protocol_errors);
     num("timed_out_clients", s.timed_out_clients);
     num("output_limit_closes", s.output_limit_closes);
+    num("evicted_clients", s.evicted_clients);
     num("one_sided_gets", s.one_sided_gets ? s.one_sided_gets() : 0);
     t += "\r\n";
   }
@@ -1103,13 +1258,26 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
     }
     return r.error(e);
   }
-  exec_context c{*this, sess, argv, r, now_ms()};
+  const std::size_t start = out.size();
+  exec_context c{*this, sess, argv, r, now_ms(), start};
   if ((k->arity > 0 && argv.size() != static_cast<std::size_t>(k->arity)) ||
       (k->arity < 0 && argv.size() < static_cast<std::size_t>(-k->arity)))
     return c.wrong_args();
   if (k->write && aof_ != nullptr && !aof_->healthy() && !replaying_)
     return r.error("MISCONF Errors writing to the AOF file: " + aof_->last_error());
-  k->fn(c);
+  try {
+    k->fn(c);
+  } catch (const std::bad_alloc&) {
+    // An allocation the command needed failed: this command fails, the server
+    // and every other client go on (the reply so far is dropped; shrinking
+    // allocates nothing).
+    out.resize(start);
+    r.error("OOM out of memory while running the command");
+    return;
+  }
+  // Commands without a bound of their own (GETRANGE, ECHO, INFO...) have
+  // replies no larger than what they were sent or a value: checked once here.
+  if (out.size() - start > sess.max_reply) c.reply_too_large();
 }
 
 bool executor::replay(std::span<const std::string_view> argv, std::string& why) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -102,7 +103,7 @@ class rdma_server_impl final : public rdma_server {
         (void)req->reject("conveyor-kv: not a conveyor-kv client hello");
         continue;
       }
-      if (!opts_.requirepass.empty() && *pass != opts_.requirepass) {
+      if (!opts_.requirepass.empty() && !password_equal(opts_.requirepass, *pass)) {
         count_reject();
         (void)req->reject(pass->empty() ? "NOAUTH Authentication required."
                                         : "WRONGPASS invalid password");
@@ -148,6 +149,9 @@ class rdma_server_impl final : public rdma_server {
     auto c = std::make_unique<connection>();
     c->id = next_id_.fetch_add(1) + 1;
     c->sess.id = c->id;
+    // A reply must fit one message: commands stop building it there, and the
+    // ones with side effects (GETDEL, GETSET, SET ... GET) check before acting.
+    c->sess.max_reply = opts_.max_message;
     const std::uint32_t slots = opts_.rpc_slots;
     auto cq = dev_.create_cq({.depth = 2 * slots + 8});
     if (!cq) return std::unexpected(cq.error());
@@ -238,10 +242,16 @@ class rdma_server_impl final : public rdma_server {
       std::lock_guard lock(stats_mu_);
       ++stats_.rpc_errors;
     } else {
-      handler_(c.sess, argv_, reply_);
+      try {
+        handler_(c.sess, argv_, reply_);
+      } catch (const std::bad_alloc&) {  // this request fails; the server goes on
+        reply_.clear();
+        reply_ = "-OOM out of memory while running the command\r\n";
+      }
       std::lock_guard lock(stats_mu_);
       ++stats_.rpcs;
     }
+    // The handler bounds its reply by max_reply; this is the last guard.
     if (reply_.size() > opts_.max_message) reply_ = "-ERR reply exceeds the RDMA message limit\r\n";
     // The receive goes back first: the client sends its next request only after this reply.
     if (c.qp.post_recv(c.recv_mr.slice(std::size_t{slot} * opts_.max_message, opts_.max_message),
@@ -305,6 +315,10 @@ result<std::unique_ptr<rdma_server>> rdma_server::start(device& dev, protection_
       opts.max_message > (64u << 20))
     return make_error(errc::invalid_argument,
                       "kv rdma: rpc_slots 1..256, max_message 64 B..64 MiB");
+  if (opts.requirepass.size() > layout::max_password)
+    return make_error(errc::invalid_argument,
+                      "kv rdma: requirepass longer than a client hello carries (" +
+                          std::to_string(layout::max_password) + " bytes)");
   auto lis = listener::bind(dev, opts.address);
   if (!lis) return std::unexpected(lis.error());
   return std::unique_ptr<rdma_server>(

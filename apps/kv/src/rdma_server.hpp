@@ -10,7 +10,12 @@
 // connection holds a bounded set of resources: rpc_slots receive buffers of
 // max_message bytes, as many reply buffers, one CQ (its fd on the loop). A
 // connection that fails (the client died, even mid-batch) is torn down on the
-// loop thread and leaves nothing.
+// loop thread and leaves nothing. Each connection's session carries
+// max_reply = max_message, so the handler (the executor) bounds a reply as it
+// builds it, and commands with side effects (GETDEL, GETSET, SET ... GET)
+// refuse before changing anything when their reply could not be sent. The
+// password in the hello is compared in constant time; start() refuses a
+// requirepass longer than a hello carries (layout::max_password).
 //
 // Thread safety: construct and destroy on the thread that runs the loop, with
 // the loop not running or from inside it; stats() from any thread.

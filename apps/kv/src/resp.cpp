@@ -175,6 +175,9 @@ parse_status request_parser::next(std::vector<std::string_view>& argv) {
       consumed_base_ += pos_;
       buf_.clear();
       pos_ = 0;
+      // A large command's buffer is not kept for the connection's lifetime
+      // (idle clients would hold it, counted in the server's client memory).
+      if (buf_.capacity() > (1u << 20)) buf_.shrink_to_fit();
     }
     return parse_status::need_more;
   }

@@ -52,6 +52,8 @@ class request_parser {
   // Offset, in all the bytes ever fed, just past the last complete command
   // (the AOF replay cuts a truncated tail here).
   std::uint64_t consumed() const noexcept { return consumed_base_ + pos_; }
+  // Bytes of memory the parser holds for the connection (its buffer's capacity).
+  std::size_t memory() const noexcept { return buf_.capacity(); }
   // True while part of a command has arrived but not all of it.
   bool partial() const noexcept { return buffered() != 0; }
 

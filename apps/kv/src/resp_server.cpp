@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -37,6 +39,7 @@ struct client {
   bool closing = false;   // close once the output is sent
   bool pending = false;   // in the pending-write list
   bool paused = false;    // complete commands held back by the output bound
+  std::size_t mem = 0;    // buffer bytes counted in impl::client_mem
   explicit client(const parser_limits& l) : parser(l) {}
   std::size_t unsent() const { return out.size() - out_pos; }
 };
@@ -52,6 +55,12 @@ struct resp_server::impl {
   std::unordered_map<std::uint64_t, std::unique_ptr<client>> clients;
   std::vector<std::uint64_t> pending;
   std::vector<std::string_view> argv;
+  std::size_t client_mem = 0;  // every client's query and output buffers
+  // Kept open so that a connection arriving while the process is out of file
+  // descriptors can still be accepted, told why, and closed.
+  int spare_fd = -1;
+  bool accept_paused = false;
+  clock::time_point accept_resume;
 
   impl(server_loop& l, executor& e, aof* a, const resp_server_options& o)
       : loop(l), exec(e), log(a), opts(o) {}
@@ -59,10 +68,42 @@ struct resp_server::impl {
   void close_client(std::uint64_t id) {
     auto it = clients.find(id);
     if (it == clients.end()) return;
+    client_mem -= it->second->mem;
     loop.remove_fd(it->second->fd);
     ::close(it->second->fd);
     clients.erase(it);
     --exec.stats().connections_current;
+  }
+
+  void account(client& c) {
+    const std::size_t now = c.parser.memory() + c.out.capacity();
+    client_mem = client_mem - c.mem + now;
+    c.mem = now;
+  }
+
+  // While the clients' buffers together pass maxmemory_clients, closes the one
+  // holding the most. False if `self` was closed.
+  bool enforce_client_memory(std::uint64_t self) {
+    bool self_open = true;
+    while (opts.maxmemory_clients != 0 && client_mem > opts.maxmemory_clients) {
+      std::uint64_t worst = 0;
+      std::size_t most = 0;
+      for (auto& [id, c] : clients)
+        if (c->mem > most) {
+          most = c->mem;
+          worst = id;
+        }
+      if (most == 0) break;
+      if (opts.log)
+        std::fprintf(stderr,
+                     "conveyor kv serve: closed client %llu holding %zu bytes of buffers: all "
+                     "clients' buffers passed --maxmemory-clients (%zu bytes)\n",
+                     static_cast<unsigned long long>(worst), most, opts.maxmemory_clients);
+      ++exec.stats().evicted_clients;
+      close_client(worst);
+      if (worst == self) self_open = false;
+    }
+    return self_open;
   }
 
   void update_events(client& c) {
@@ -114,6 +155,8 @@ struct resp_server::impl {
         return false;
       }
     }
+    account(c);
+    if (!enforce_client_memory(id)) return false;
     bool want_out = c.unsent() != 0;
     bool reading = !c.closing && !c.paused && c.unsent() < opts.output_pause;
     if (want_out != c.want_out || reading != c.reading) {
@@ -132,10 +175,19 @@ struct resp_server::impl {
       close_client(id);
       return;
     }
-    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-      if (!on_readable(id, c)) return;
+    try {
+      if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+        if (!on_readable(id, c)) return;
+      }
+      if (events & EPOLLOUT) send(id, c);
+    } catch (const std::bad_alloc&) {
+      // The connection's own buffers could not grow (a command's failure is
+      // answered by the executor): this client goes, the server stays.
+      if (opts.log)
+        std::fprintf(stderr, "conveyor kv serve: closed client %llu: out of memory\n",
+                     static_cast<unsigned long long>(id));
+      close_client(id);
     }
-    if (events & EPOLLOUT) send(id, c);
   }
 
   // Runs the complete commands the parser holds, in order, until the output
@@ -144,6 +196,7 @@ struct resp_server::impl {
   // output_pause bytes, not the sum of its replies.
   void process(client& c) {
     c.paused = false;
+    bool completed = false;  // a command completed: the next one starts its clock now
     while (!c.closing) {
       if (c.unsent() >= opts.output_pause) {
         c.paused = c.parser.buffered() != 0;
@@ -159,7 +212,10 @@ struct resp_server::impl {
         update_events(c);
         break;
       }
+      completed = true;
       if (argv.empty()) continue;
+      // This command's reply may take what is left of the output limit.
+      c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
       exec.execute(c.sess, argv, c.out);
       if (c.sess.close_after_reply) {
         c.closing = true;
@@ -167,10 +223,15 @@ struct resp_server::impl {
         update_events(c);
       }
     }
-    // Only an incomplete command counts against partial_timeout; commands
-    // held back by the output bound are the server's choice.
+    // Only an incomplete command counts against partial_timeout, and only from
+    // when the command before it completed (a long pipeline whose reads end
+    // mid-command is making progress); commands held back by the output bound
+    // are the server's choice.
     bool partial = !c.paused && c.parser.partial();
-    if (partial && !c.partial) c.partial_since = c.last_active;
+    if (partial && completed)
+      c.partial_since = clock::now();
+    else if (partial && !c.partial)
+      c.partial_since = c.last_active;
     c.partial = partial;
   }
 
@@ -196,6 +257,8 @@ struct resp_server::impl {
       c.last_active = clock::now();
       c.parser.feed(std::string_view(buf, static_cast<std::size_t>(n)));
       process(c);
+      account(c);
+      if (!enforce_client_memory(id)) return false;
       if (c.unsent() > opts.output_limit) {
         ++exec.stats().output_limit_closes;
         close_client(id);
@@ -211,22 +274,59 @@ struct resp_server::impl {
     return true;
   }
 
+  static void refuse(int fd) {
+    static constexpr char msg[] = "-ERR max number of clients reached\r\n";
+    [[maybe_unused]] auto r = ::send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
+    ::close(fd);
+  }
+
+  int accept_one() {
+    sockaddr_storage peer{};
+    socklen_t len = sizeof peer;
+    return ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &len,
+                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+  }
+
+  // Out of file descriptors: the waiting connection stays in the backlog and
+  // the level-triggered listener stays readable, so returning would spin. The
+  // spare descriptor makes room to accept it and say why it is refused; if
+  // that fails too, the listener is left alone until sweep() resumes it.
+  bool refuse_without_fds() {
+    if (spare_fd >= 0) {
+      ::close(spare_fd);
+      spare_fd = -1;
+      int fd = accept_one();
+      if (fd >= 0) {
+        ++exec.stats().connections_total;
+        ++exec.stats().rejected_connections;
+        refuse(fd);
+      }
+      spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) return true;
+    }
+    accept_paused = true;
+    accept_resume = clock::now() + std::chrono::milliseconds(250);
+    loop.modify_fd(listen_fd, 0);
+    return false;
+  }
+
   void on_accept() {
-    while (true) {
-      sockaddr_storage peer{};
-      socklen_t len = sizeof peer;
-      int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &len,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+    // Bounded per readiness, so a connection flood cannot hold the loop.
+    for (int n = 0; n < 512; ++n) {
+      int fd = accept_one();
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        return;  // EAGAIN, or EMFILE and the like: the next readiness retries
+        if (errno == EMFILE || errno == ENFILE) {
+          if (refuse_without_fds()) continue;
+          return;
+        }
+        if (errno == ENOBUFS || errno == ENOMEM) refuse_without_fds();
+        return;  // EAGAIN: nothing more waits
       }
       ++exec.stats().connections_total;
       if (clients.size() >= opts.maxclients) {
         ++exec.stats().rejected_connections;
-        static constexpr char msg[] = "-ERR max number of clients reached\r\n";
-        [[maybe_unused]] auto r = ::send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
-        ::close(fd);
+        refuse(fd);
         continue;
       }
       int one = 1;
@@ -265,6 +365,10 @@ struct resp_server::impl {
 
   void sweep() {
     auto now = clock::now();
+    if (accept_paused && now >= accept_resume) {
+      accept_paused = false;
+      loop.modify_fd(listen_fd, EPOLLIN);
+    }
     std::vector<std::uint64_t> doomed;
     for (auto& [id, c] : clients) {
       if (c->partial && now - c->partial_since > opts.partial_timeout)
@@ -292,6 +396,7 @@ resp_server::~resp_server() {
     p_->loop.remove_fd(p_->listen_fd);
     ::close(p_->listen_fd);
   }
+  if (p_->spare_fd >= 0) ::close(p_->spare_fd);
 }
 
 bool resp_server::listen(std::string& why) {
@@ -339,6 +444,7 @@ bool resp_server::listen(std::string& why) {
   p_->bound_port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
                                            : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
   p_->listen_fd = fd;
+  p_->spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   p_->loop.add_fd(fd, EPOLLIN, [this](unsigned) { p_->on_accept(); });
   p_->loop.before_wait([this] { p_->before_wait(); });
   p_->loop.every(std::chrono::milliseconds(250), [this] { p_->sweep(); });

@@ -11,11 +11,23 @@
 //   - output: above output_pause bytes pending the server stops reading from
 //     the client (a pipelining client waits for its replies); above
 //     output_limit it is closed (one batch of large replies it did not read);
-//   - a command that has begun arriving must complete within partial_timeout
-//     (slow-loris and half commands);
+//   - one command's reply may take what is left of output_limit (the session's
+//     max_reply): a command whose reply would pass it answers an error instead,
+//     and no more than that is ever built (MGET of one large key many times);
+//   - a command that has begun arriving must complete within partial_timeout,
+//     counted from when the command before it completed (slow-loris and half
+//     commands; a pipeline that keeps completing commands is never cut);
+//   - all clients together: when their query and output buffers pass
+//     maxmemory_clients, the client holding the most is closed (and logged),
+//     until the total fits (Redis's maxmemory-clients);
 //   - idle_timeout (0: none) closes connections with nothing to say;
 //   - maxclients connections; one more is told "-ERR max number of clients
-//     reached" and closed.
+//     reached" and closed. So is one that arrives while the process is out of
+//     file descriptors (a spare descriptor is kept for that); if even that
+//     fails, the listener is not watched for a quarter second (no busy loop).
+//   - a command that runs out of memory (std::bad_alloc) answers -OOM; if the
+//     connection's own buffers cannot grow, that client is closed. The server
+//     goes on either way.
 // Thread safety: loop thread only.
 #pragma once
 
@@ -42,6 +54,9 @@ struct resp_server_options {
   std::size_t output_limit = 256u << 20;
   std::chrono::milliseconds partial_timeout{10000};
   std::chrono::milliseconds idle_timeout{0};
+  // Query and output buffers of all clients together (0: no bound).
+  std::size_t maxmemory_clients = std::size_t{1} << 30;
+  bool log = true;  // a line on stderr for each client closed by maxmemory_clients
 };
 
 class resp_server {

@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 
 #include "rdma_server.hpp"
 #include "server_loop.hpp"
+#include "store_layout.hpp"
 
 namespace conveyor::kv {
 
@@ -28,6 +30,38 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGPIPE);
+  server_config cfg = opts.cfg;  // maxclients as fitted below (INFO and CONFIG GET report it)
+  if (cfg.requirepass.size() > layout::max_password)
+    return fail("requirepass is " + std::to_string(cfg.requirepass.size()) + " bytes: at most " +
+                std::to_string(layout::max_password) +
+                " (RDMA clients present it in their connection request)");
+  {
+    // Every client is a descriptor: fit maxclients to RLIMIT_NOFILE (raising the
+    // soft limit when the hard one allows) rather than meet EMFILE under load.
+    // The server's own descriptors (device, loop, AOF, RDMA connections) are
+    // reserved as Redis does.
+    const std::size_t reserved = 32 + (opts.rdma_listen.empty() ? 0 : 4 * 64);
+    rlimit rl{};
+    const rlim_t want = static_cast<rlim_t>(cfg.maxclients + reserved);
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < want) {
+      rlimit up = rl;
+      up.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+      if (up.rlim_cur > rl.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+      if (rl.rlim_cur < want) {
+        if (rl.rlim_cur <= reserved + 1)
+          return fail("the open-file limit (" + std::to_string(rl.rlim_cur) +
+                      ", ulimit -n) leaves no room for clients: at least " +
+                      std::to_string(reserved + 2) + " needed");
+        cfg.maxclients = static_cast<std::size_t>(rl.rlim_cur) - reserved;
+        std::fprintf(stderr,
+                     "conveyor kv serve: maxclients lowered from %zu to %zu to fit the open-file "
+                     "limit %llu (ulimit -n; %zu descriptors kept for the server)\n",
+                     opts.cfg.maxclients, cfg.maxclients,
+                     static_cast<unsigned long long>(rl.rlim_cur), reserved);
+      }
+    }
+  }
   pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   device_options dopts;
   // The loop drains its CQs with poll() and sleeps in epoll: soft's engine must
@@ -55,7 +89,7 @@ int serve(const serve_options& opts, const store_factory& make_store) {
     log = aof::open(ao, why);
     if (!log) return fail(why);
   }
-  executor exec(data, log.get(), opts.cfg);
+  executor exec(data, log.get(), cfg);
   if (log) {
     replay_result rr;
     std::string why;
@@ -88,7 +122,9 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   resp_server_options ro;
   ro.bind = opts.cfg.bind;
   ro.port = opts.cfg.port;
-  ro.maxclients = opts.cfg.maxclients;
+  ro.maxclients = cfg.maxclients;
+  ro.maxmemory_clients = opts.maxmemory_clients;
+  ro.log = !opts.quiet;
   ro.partial_timeout = std::chrono::seconds(opts.partial_timeout_s);
   ro.idle_timeout = std::chrono::seconds(opts.cfg.timeout_s);
   ro.limits.max_bulk =

@@ -24,7 +24,10 @@ struct serve_options {
   std::string rdma_listen;        // the RDMA front end's address (empty: none)
   unsigned partial_timeout_s = 10;
   bool aof_skip_bad_records = false;  // replay skips records the store refuses (aof.hpp)
-  bool quiet = false;                 // no start-up lines on stderr
+  // Query and output buffers of all RESP clients together (0: no bound); past
+  // it the client holding the most is closed (Redis's maxmemory-clients).
+  std::size_t maxmemory_clients = std::size_t{1} << 30;
+  bool quiet = false;  // no start-up lines on stderr
   // Called on the loop thread once the server is listening (tests and the RDMA
   // front end hook in here); the loop can be stopped from any thread through it.
   std::function<void(class server_loop&, executor&, resp_server&)> on_ready;
@@ -34,7 +37,11 @@ using store_factory =
     std::function<result<std::unique_ptr<store>>(protection_domain& pd, const store_options& opts)>;
 
 // Returns the process exit status: 0 after a signal, 1 if the server could not
-// start (the reason on stderr).
+// start (the reason on stderr). maxclients is fitted to the open-file limit at
+// start: the soft limit is raised to maxclients + the server's own descriptors
+// if the hard limit allows, else maxclients is lowered to fit (one line says so).
+// A requirepass longer than the RDMA hello carries (layout::max_password) is
+// refused, so that RESP and RDMA clients accept the same passwords.
 int serve(const serve_options& opts, const store_factory& make_store);
 
 }  // namespace conveyor::kv

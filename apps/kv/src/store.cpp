@@ -251,7 +251,9 @@ class store_impl final : public store {
     d.data = data_mr_.remote();
     d.buckets = buckets_;
     d.seed = seed_;
-    d.generation = reinterpret_cast<const L::index_header*>(index_mr_.data())->generation;
+    // Read by the RDMA acceptor thread while clear() bumps it on the loop.
+    auto* h = reinterpret_cast<L::index_header*>(index_mr_.data());
+    d.generation = std::atomic_ref<std::uint64_t>(h->generation).load(std::memory_order_acquire);
     d.reclaim_grace_ms = opts_.reclaim_grace_ms;
     return L::encode(d);
   }
