@@ -1,5 +1,6 @@
 // Local memory after it stops being a region: a receive or READ sink
-// deregistered while its request is outstanding.
+// deregistered while its request is outstanding, and inline data copied from
+// an SGE that no live region covers.
 //
 // A deregistered region is revoked at once: no byte lands in it afterwards
 // (the memory may be freed and reused by then), the request completes with
@@ -20,10 +21,13 @@ namespace {
 
 using conveyor::access;
 using conveyor::qp_state;
+using conveyor::send_flags;
+using conveyor::send_wr;
 using conveyor::sge;
 using conveyor::wc_opcode;
 using conveyor::wc_status;
 using conveyor::work_completion;
+using conveyor::wr_opcode;
 using std::chrono::milliseconds;
 
 constexpr std::byte canary{0xC5};
@@ -146,7 +150,56 @@ TEST_P(local_memory, read_sink_deregistered_while_outstanding_gets_no_more_bytes
   expect_fresh_pair_works();
 }
 
+class local_inline : public local_memory {
+ protected:
+  // Inline data from `s` (no live region covers it): refused, nothing sent.
+  void expect_inline_refused(const sge& s) {
+    // Name check: verbs devices copy inline data without looking at the lkey
+    // (the verbs contract), so there is no refusal to observe there.
+    if (param().provider == "verbs")
+      GTEST_SKIP() << "verbs devices do not check the lkey of inline data";
+    const std::vector<std::byte> main_before(tgt_main.bytes().begin(), tgt_main.bytes().end());
+    CVT_ASSERT_POST_OK(
+        init.qp.post_send(send_wr{.wr_id = 0x71,
+                                  .opcode = wr_opcode::rdma_write,
+                                  .flags = send_flags::signaled | send_flags::inline_data,
+                                  .sg_list = std::span<const sge>(&s, 1),
+                                  .remote_addr = peer.addr,
+                                  .rkey = peer.rkey}));
+    std::vector<work_completion> iw;
+    ASSERT_TRUE(wait(init.send_reader(), 1, scaled(milliseconds(10000)), iw));
+    EXPECT_TRUE(ok(check_wc(iw[0], wc_status::loc_prot_err, wc_opcode::rdma_write, 0x71)));
+    EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
+    ASSERT_TRUE(sync_target_after_error());
+    EXPECT_TRUE(ok(check_equal(tgt_main.bytes(), main_before)))
+        << "inline bytes reached the target";
+    expect_fresh_pair_works();
+  }
+  // The target saw whatever the failed QP sent before it closed.
+  testing::AssertionResult sync_target_after_error() {
+    return wait_state(tgt.qp, qp_state::error, scaled(milliseconds(5000)));
+  }
+};
+
+TEST_P(local_inline, inline_data_from_a_deregistered_region_is_loc_prot_err) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto src = make_region(init.pd, 4096, access::local_write, 0x7100);
+  CVT_ASSERT_OK(src);
+  const sge s = src->sge(0, 64);
+  src->mr.deregister();  // the buffer stays: a stray copy would send its bytes
+  expect_inline_refused(s);
+}
+
+TEST_P(local_inline, inline_data_from_unregistered_memory_is_loc_prot_err) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  aligned_buffer plain(4096);
+  std::memset(plain.data(), 0x3c, plain.size());
+  // The address is real memory; the key names no region (0 is never a key).
+  expect_inline_refused(sge{reinterpret_cast<std::uint64_t>(plain.data()), 64, 0});
+}
+
 INSTANTIATE_TEST_SUITE_P(providers, local_memory, testing::ValuesIn(all_params()), param_name);
+INSTANTIATE_TEST_SUITE_P(providers, local_inline, testing::ValuesIn(all_params()), param_name);
 
 }  // namespace
 }  // namespace cvt
