@@ -72,16 +72,60 @@ std::size_t wait_released(completion_queue& cq, std::vector<work_completion>& ou
   }
 }
 
+// Waits for the completion of wr_id on c (the helper's own request).
+// *seen is set once it came (then the request is over, whatever its status).
+work_completion wait_own(py_qp& q, py_cq& c, std::uint64_t wr_id, std::chrono::nanoseconds timeout,
+                         const char* what, bool* seen);
+
+// A helper's request that did not complete in time, whose buffer the helper
+// registered itself: the buffer is released when the helper returns, so the
+// request must not complete later (a READ would write into freed memory, a
+// WRITE send it). The QP goes to ERROR, which flushes the request and waits
+// out a copy under way; the flush completion is reaped here (bounded: soft and
+// shm flush at once, a NIC soon after).
+void abandon_request(py_qp& q, py_cq& c, std::uint64_t wr_id) {
+  {
+    py::gil_scoped_release nogil;
+    (void)q.qp.modify(qp_state::error);
+  }
+  const auto deadline = clk::now() + std::chrono::seconds(2);
+  std::vector<work_completion> wcs(16);
+  for (;;) {
+    std::expected<std::size_t, errc> r;
+    {
+      py::gil_scoped_release nogil;
+      r = c.cq.wait(wcs, std::chrono::milliseconds(50));
+    }
+    for (std::size_t i = 0; r && i < *r; ++i) {
+      if (wcs[i].wr_id == wr_id && wcs[i].qp_num == q.qp.qp_num()) return;
+      c.stash.push_back(wcs[i]);
+    }
+    if ((!r && r.error() != errc::timed_out) || clk::now() >= deadline) return;
+  }
+}
+
 // Posts one signaled request and waits for its own completion on the send
 // CQ; completions of other requests met meanwhile are kept for poll/wait.
+// temp_buffer: the request's buffer goes when this returns (abandon_request).
 work_completion post_and_wait(py::object self, send_wr wr, std::chrono::nanoseconds timeout,
-                              const char* what) {
+                              const char* what, bool temp_buffer) {
   auto& q = self.cast<py_qp&>();
   auto& c = q.send_cq.cast<py_cq&>();
   use_guard in_use(q.users);
   wr.wr_id = 0xC0FE'0000'0000'0000ull | (q.next_helper_id++ & 0xFFFF'FFFF'FFFFull);
   wr.flags = wr.flags | send_flags::signaled;
   check_status(q.get().post_send(wr), what);
+  bool seen = false;
+  try {
+    return wait_own(q, c, wr.wr_id, timeout, what, &seen);
+  } catch (...) {  // TimedOut, KeyboardInterrupt, CqOverflow, CompletionError
+    if (temp_buffer && !seen) abandon_request(q, c, wr.wr_id);
+    throw;
+  }
+}
+
+work_completion wait_own(py_qp& q, py_cq& c, std::uint64_t wr_id, std::chrono::nanoseconds timeout,
+                         const char* what, bool* seen) {
   const auto deadline = clk::now() + timeout;
   std::vector<work_completion> wcs(16);
   for (;;) {
@@ -90,12 +134,13 @@ work_completion post_and_wait(py::object self, send_wr wr, std::chrono::nanoseco
     std::size_t n = wait_released(c.cq, wcs, left);
     std::optional<work_completion> mine;
     for (std::size_t i = 0; i < n; ++i) {
-      if (!mine && wcs[i].wr_id == wr.wr_id && wcs[i].qp_num == q.qp.qp_num())
+      if (!mine && wcs[i].wr_id == wr_id && wcs[i].qp_num == q.qp.qp_num())
         mine = wcs[i];
       else
         c.stash.push_back(wcs[i]);
     }
     if (mine) {
+      *seen = true;
       if (mine->status != wc_status::success) {
         auto cls = py::module_::import("conveyor._errors").attr("CompletionError");
         py::object exc = cls(std::string(what) + ": the request completed with " +
@@ -463,7 +508,7 @@ void bind_queue(py::module_& m) {
             wr.sg_list = std::span(&s, 1);
             wr.remote_addr = remote.addr;
             wr.rkey = remote.rkey;
-            return post_and_wait(self, wr, to_timeout(timeout), "read_into");
+            return post_and_wait(self, wr, to_timeout(timeout), "read_into", tmp != nullptr);
           },
           py::arg("buffer"), py::arg("remote"), py::arg("timeout") = 5.0,
           "RDMA READ `remote` into `buffer` and wait for it (GIL released). buffer: a region, Sge, "
@@ -481,7 +526,7 @@ void bind_queue(py::module_& m) {
             wr.sg_list = std::span(&s, 1);
             wr.remote_addr = remote.addr;
             wr.rkey = remote.rkey;
-            return post_and_wait(self, wr, to_timeout(timeout), "write_from");
+            return post_and_wait(self, wr, to_timeout(timeout), "write_from", tmp != nullptr);
           },
           py::arg("buffer"), py::arg("remote"), py::arg("timeout") = 5.0,
           "RDMA WRITE `buffer` to `remote` and wait until the peer placed it (GIL released).")

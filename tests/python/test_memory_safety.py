@@ -1,0 +1,64 @@
+"""Memory the library must not touch: a helper's buffer after it timed out,
+and inline data from an SGE no live region covers."""
+
+import gc
+import time
+
+import pytest
+
+import conveyor
+from conveyor import Access, QpState, SendFlags, SendWr, WcStatus, WrOpcode
+from conftest import make_pair, wait_for
+
+
+def test_read_into_that_timed_out_writes_nowhere_later(provider):
+    # The target runs in manual progress: the READ is answered only when the
+    # test polls the target, after read_into gave up and its buffer was freed.
+    size = 3000
+    p = make_pair(provider, target_progress=conveyor.ProgressMode.manual)
+    p.t.buf[:size] = b"P" * size
+    out = bytearray(size)
+    with pytest.raises(conveyor.TimedOut):
+        p.i.qp.read_into(out, p.i.peer.slice(0, size), timeout=0.2)
+    # The READ cannot complete any more: its QP was moved to ERROR (and the
+    # flush reaped) before read_into returned.
+    assert p.i.qp.state == QpState.error
+    assert p.i.cq.poll() == []
+    del out
+    gc.collect()
+    fresh = [bytearray(size) for _ in range(64)]  # likely where the old buffer was
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # the target answers now, if it still may
+        p.t.cq.poll()
+        p.i.cq.poll()
+        time.sleep(0.01)
+    hit = [k for k, b in enumerate(fresh) if b.count(b"P")]
+    assert not hit, "the late READ response overwrote unrelated buffers %s" % hit
+    # A new QP works.
+    q = make_pair(provider)
+    got = bytearray(64)
+    q.i.qp.read_into(got, q.i.peer.slice(0, 64))
+    assert got == q.t.buf[:64]
+
+
+def expect_inline_refused(p, sge):
+    p.i.qp.post_send(SendWr(WrOpcode.rdma_write, local=sge, remote=p.i.peer.slice(0, 64), wr_id=9,
+                            flags=SendFlags.signaled | SendFlags.inline_data))
+    wc = wait_for(p.i.cq, 1)[0]
+    assert wc.wr_id == 9 and wc.status == WcStatus.loc_prot_err, wc
+    assert bytes(p.t.buf[:64]) == bytes(64)
+
+
+def test_inline_send_from_a_forged_sge_is_loc_prot_err(pair):
+    # Address 8, key 0: no region; the post must not read it.
+    expect_inline_refused(pair, conveyor.Sge(8, 64, 0))
+
+
+def test_inline_send_from_a_closed_region_is_loc_prot_err(pair):
+    buf = bytearray(b"S" * (1 << 20))
+    mr = pair.i.pd.register_memory(buf, Access.local_write)
+    sge = mr.sge(0, 64)
+    mr.close()
+    del mr, buf
+    gc.collect()
+    expect_inline_refused(pair, sge)
