@@ -1,7 +1,12 @@
 """Memory the library must not touch: a helper's buffer after it timed out,
-and inline data from an SGE no live region covers."""
+inline data from an SGE no live region covers, and the parent's connections
+in a forked child."""
 
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -9,6 +14,8 @@ import pytest
 import conveyor
 from conveyor import Access, QpState, SendFlags, SendWr, WcStatus, WrOpcode
 from conftest import make_pair, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_read_into_that_timed_out_writes_nowhere_later(provider):
@@ -62,3 +69,52 @@ def test_inline_send_from_a_closed_region_is_loc_prot_err(pair):
     del mr, buf
     gc.collect()
     expect_inline_refused(pair, sge)
+
+
+FORK_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, sys.argv[2])
+    import conveyor
+    from conftest import make_pair
+
+    p = make_pair(sys.argv[1])
+    out = bytearray(64)
+    p.t.buf[:64] = b"A" * 64
+    p.i.qp.read_into(out, p.i.peer.slice(0, 64))
+    pid = os.fork()
+    if pid == 0:
+        # The child touches what it inherited and ends normally: the
+        # interpreter's exit destroys every object.
+        repr(p.i.qp); p.i.qp.closed; p.t.qp.closed
+        try:
+            p.i.qp.read_into(out, p.i.peer.slice(0, 64))
+        except conveyor.InvalidState:
+            pass
+        else:
+            sys.exit(3)  # used the parent's connection
+        p.t.qp.close()
+        sys.exit(0)
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            sys.exit("the child hung on exit")
+        time.sleep(0.02)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit("child: %d" % os.waitstatus_to_exitcode(status))
+    time.sleep(0.2)  # a disconnect by the child would have arrived by now
+    p.t.buf[:64] = b"B" * 64
+    p.i.qp.read_into(out, p.i.peer.slice(0, 64))
+    assert out == b"B" * 64, out
+    assert p.i.qp.state == conveyor.QpState.rts and p.t.qp.state == conveyor.QpState.rts
+    print("parent ok")
+""")
+
+
+def test_forked_child_exit_leaves_the_parents_qps_working(provider):
+    r = subprocess.run([sys.executable, "-c", FORK_SCRIPT, provider, HERE], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "parent ok" in r.stdout, r.stdout + r.stderr

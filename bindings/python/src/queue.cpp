@@ -192,8 +192,18 @@ std::string repr_wc(const work_completion& wc) {
 
 queue_pair& py_qp::get() {
   if (!qp) raise_error(errc::invalid_state, "QueuePair: the QP was closed");
+  if (inherited()) raise_inherited("QueuePair");
   return qp;
 }
+
+namespace {
+// A CQ's poll and wait drive a manual-progress device's engine (its sockets):
+// not from a forked child's copy.
+completion_queue& cq_of(py_cq& c) {
+  if (c.inherited()) raise_inherited("CompletionQueue");
+  return c.cq;
+}
+}  // namespace
 
 std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object recv_cq,
                                  std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
@@ -278,7 +288,7 @@ void bind_queue(py::module_& m) {
           [](py_cq& c, std::size_t max_entries) {
             if (!c.stash.empty()) return take_stash(c, max_entries);
             tl_wcs.resize(max_entries);
-            auto r = c.cq.poll(tl_wcs);
+            auto r = cq_of(c).poll(tl_wcs);
             if (!r) raise_error(r.error(), "CompletionQueue.poll");
             return to_list(std::span(tl_wcs.data(), *r));
           },
@@ -289,7 +299,7 @@ void bind_queue(py::module_& m) {
           [](py_cq& c, const py::object& timeout, std::size_t max_entries) {
             if (!c.stash.empty()) return take_stash(c, max_entries);
             std::vector<work_completion> wcs(std::max<std::size_t>(max_entries, 1));
-            auto n = wait_released(c.cq, wcs, to_timeout(timeout));
+            auto n = wait_released(cq_of(c), wcs, to_timeout(timeout));
             return to_list(std::span(wcs.data(), n));
           },
           py::arg("timeout"), py::arg("max_entries") = 16,
@@ -299,7 +309,7 @@ void bind_queue(py::module_& m) {
           "fd", [](const py_cq& c) { return c.cq.fd(); },
           "A descriptor that becomes readable after arm() once a completion arrives.")
       .def(
-          "arm", [](py_cq& c) { c.cq.arm(); }, "Requests one notification on fd().")
+          "arm", [](py_cq& c) { cq_of(c).arm(); }, "Requests one notification on fd().")
       .def("__repr__", [](const py_cq& c) {
         return "CompletionQueue(depth=" + std::to_string(c.cq.depth()) + ")";
       });
@@ -556,6 +566,8 @@ void bind_queue(py::module_& m) {
             if (q.users.load() > 0)
               raise_error(errc::invalid_state,
                           "QueuePair.close: another thread is using the QP (connect/accept/wait)");
+            // A forked child's copy is the parent's connection: left alone.
+            if (q.inherited()) return abandon(q.qp);
             // Taken out first (other threads see a closed QP), destroyed
             // without the GIL: the disconnect is bounded but may wait.
             queue_pair doomed = std::move(q.qp);
@@ -567,7 +579,10 @@ void bind_queue(py::module_& m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](py_qp& q, py::args) {
-             if (q.users.load() == 0) q.qp = queue_pair{};
+             if (q.inherited())
+               abandon(q.qp);
+             else if (q.users.load() == 0)
+               q.qp = queue_pair{};
            })
       .def("__repr__", [](py_qp& q) {
         if (!q.qp) return std::string("QueuePair(closed)");
