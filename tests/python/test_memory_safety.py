@@ -1,9 +1,12 @@
 """Memory the library must not touch: a helper's buffer after it timed out,
-inline data from an SGE no live region covers, and the parent's connections
-in a forked child."""
+inline data from an SGE no live region covers, the parent's connections in
+a forked child; and what a registered file mapping that loses its pages does."""
 
+import fcntl
 import gc
+import mmap
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -118,3 +121,54 @@ def test_forked_child_exit_leaves_the_parents_qps_working(provider):
     r = subprocess.run([sys.executable, "-c", FORK_SCRIPT, provider, HERE], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "parent ok" in r.stdout, r.stdout + r.stderr
+
+
+TRUNCATE_SCRIPT = textwrap.dedent("""
+    import mmap, os, sys, tempfile
+    sys.path.insert(0, sys.argv[1])
+    from conftest import make_pair
+
+    with tempfile.TemporaryFile() as f:
+        os.ftruncate(f.fileno(), 1 << 16)
+        m = mmap.mmap(f.fileno(), 1 << 16)
+        p = make_pair("soft", target_buf=m)    # registered with remote_read
+        os.ftruncate(f.fileno(), 0)            # anyone who may write the file
+        out = bytearray(4096)
+        p.i.qp.read_into(out, p.i.peer.slice(0, 4096), timeout=5.0)
+        print("survived")
+""")
+
+
+def test_a_truncated_file_mapping_is_not_guarded():
+    # Documented (docs/PYTHON.md, conveyor/mr.hpp): registered memory is not
+    # pinned; when a registered file mapping loses its pages, the engine's
+    # access for a peer's READ faults like any other access: SIGBUS.
+    r = subprocess.run([sys.executable, "-c", TRUNCATE_SCRIPT, HERE], capture_output=True, text=True,
+                       timeout=60)
+    assert "survived" not in r.stdout
+    if os.environ.get("CONVEYOR_SANITIZER"):
+        assert r.returncode != 0  # the sanitizer reports the fault and aborts
+    else:
+        assert r.returncode == -signal.SIGBUS, (r.returncode, r.stderr)
+
+
+def test_a_sealed_memfd_cannot_be_truncated_under_its_region(provider):
+    # What docs/PYTHON.md recommends for file-backed memory instead.
+    fd = os.memfd_create("conveyor-test", os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 1 << 16)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        m = mmap.mmap(fd, 1 << 16)
+        m[:5] = b"hello"
+        p = make_pair(provider, target_buf=m)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+        out = bytearray(5)
+        p.i.qp.read_into(out, p.i.peer.slice(0, 5))
+        assert out == b"hello"
+        p.i.qp.close()
+        p.t.qp.close()
+        p.t.mr.close()
+        m.close()
+    finally:
+        os.close(fd)
