@@ -8,8 +8,16 @@
 // A memory_region owns its registration: destroying it (or calling
 // deregister()) revokes the keys at once. Operations in flight that use the key
 // afterwards fail with rem_access_err / loc_prot_err; the memory is never touched
-// after deregister() returns. Thread safety: a memory_region is thread-compatible;
-// its keys are checked by the provider engine concurrently and safely.
+// after deregister() returns (soft; shm on its staged path: its cross-memory
+// attach path lets the peer write a READ's sink by address, docs/SHM.md).
+// Thread safety: a memory_region is thread-compatible; its keys are checked by
+// the provider engine concurrently and safely.
+//
+// The software providers do not pin registered memory: a registered file
+// mapping whose file is truncated under it faults (SIGBUS, the process ends)
+// when the engine touches the lost pages, for a peer's READ too. Register
+// file-backed memory only from files nobody else can shrink (a memfd sealed
+// with F_SEAL_SHRINK cannot be).
 #pragma once
 
 #include <cstddef>

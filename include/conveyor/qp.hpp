@@ -53,7 +53,7 @@ CONVEYOR_API std::string_view to_string(wr_opcode op) noexcept;
 enum class send_flags : std::uint32_t {
   none = 0,
   signaled = 1u << 0,     // produce a completion (always on if the QP signals all)
-  inline_data = 1u << 1,  // copy the payload at post time; lkeys are not checked
+  inline_data = 1u << 1,  // copy the payload at post time (soft/shm still check its lkeys)
   fence = 1u << 2,        // wait for earlier READs/atomics to complete first
   solicited = 1u << 3,    // solicited event (SEND variants)
 };

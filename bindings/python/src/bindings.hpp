@@ -57,13 +57,40 @@ class use_guard {
   std::atomic<int>& n_;
 };
 
-struct py_device {
+// fork(): the child gets copies of every object, and the copies share the
+// parent's sockets, shared-memory rings and engine state (but no engine
+// thread). Destroying a copy in the child would tear down the parent's
+// connection (a disconnect on the shared socket), so objects made before the
+// last fork() are inherited: the child never uses them (get() raises
+// InvalidState) and never destroys their C++ handles, which stay as they are
+// until the child exits or execs (its copies of the descriptors then close
+// without a shutdown). fork_epoch() counts the fork()s this process came from
+// (a pthread_atfork child handler, installed by init_module).
+std::uint32_t fork_epoch() noexcept;
+struct fork_owned {
+  std::uint32_t epoch = fork_epoch();
+  bool inherited() const noexcept { return epoch != fork_epoch(); }
+};
+// Leaves the handle to the process's end: moved into storage that is never freed.
+template <class Handle>
+void abandon(Handle& h) noexcept {
+  (void)new Handle(std::move(h));
+}
+[[noreturn]] void raise_inherited(const char* what);
+
+struct py_device : fork_owned {
   device dev;
+  ~py_device() {
+    if (inherited()) abandon(dev);
+  }
 };
 
-struct py_pd {
+struct py_pd : fork_owned {
   protection_domain pd;
   py::object device;  // keeps the Python device alive (the C++ one is kept anyway)
+  ~py_pd() {
+    if (inherited()) abandon(pd);
+  }
 };
 
 // A registration together with the buffer it covers. For a user buffer, view
@@ -71,7 +98,7 @@ struct py_pd {
 // for bytearray, forbids resizing); for allocate_memory, owned is true and the
 // memory belongs to the region. exports counts memoryviews handed out by
 // `memory`: the region cannot be closed while one exists.
-struct py_mr {
+struct py_mr : fork_owned {
   memory_region mr;
   py::object pd;
   py::object obj;  // the registered object (None for allocate_memory)
@@ -84,18 +111,24 @@ struct py_mr {
   const memory_region& get() const;
 };
 
-struct py_cq {
+struct py_cq : fork_owned {
   completion_queue cq;
   py::object device;
   // Completions that the blocking helpers (read_into, write_from) took from
   // the CQ on behalf of others; poll/wait return them first. GIL-protected.
   std::deque<work_completion> stash;
+  ~py_cq() {
+    if (inherited()) abandon(cq);
+  }
 };
 
 // A shared receive queue; its QPs hold the Python object too.
-struct py_srq {
+struct py_srq : fork_owned {
   shared_receive_queue srq;
   py::object pd;
+  ~py_srq() {
+    if (inherited()) abandon(srq);
+  }
 };
 
 // A Python-side receive work request: the wr_id and its own SGE list.
@@ -104,13 +137,16 @@ struct py_recv_wr {
   std::vector<sge> sgl;
 };
 
-struct py_qp {
+struct py_qp : fork_owned {
   queue_pair qp;
   py::object pd, send_cq, recv_cq;
   py::object srq;             // the SharedReceiveQueue it draws from, or None
   std::atomic<int> users{0};  // GIL-free calls under way (connect, accept, helpers)
   std::uint64_t next_helper_id = 0;
   queue_pair& get();
+  ~py_qp() {
+    if (inherited()) abandon(qp);
+  }
 };
 
 // An SGE argument: an Sge, a MemoryRegion (the whole region), or

@@ -8,17 +8,23 @@ namespace {
 
 // A listener is thread-compatible in C++; Python threads may share one, so
 // accept() takes this mutex (with the GIL released) before calling in.
-struct py_listener {
+struct py_listener : fork_owned {
   listener lis;
   py::object device;
   std::mutex mu;
+  ~py_listener() {
+    if (inherited()) abandon(lis);
+  }
 };
 
-struct py_conn_request {
+struct py_conn_request : fork_owned {
   connect_request req;
   py::object device;
   std::mutex mu;
   bool answered = false;
+  ~py_conn_request() {
+    if (inherited()) abandon(req);
+  }
 };
 
 struct py_connection_info {
@@ -50,6 +56,7 @@ void bind_cm(py::module_& m) {
           "accept",
           [](py_conn_request& r, py_qp& q, const py::object& private_data) {
             auto pd = to_bytes(private_data, "ConnectRequest.accept");
+            if (r.inherited()) raise_inherited("ConnectRequest");
             auto& qp = q.get();
             use_guard in_use(q.users);
             result<connection_info> res;
@@ -75,6 +82,7 @@ void bind_cm(py::module_& m) {
             } else {
               why = to_bytes(reason, "ConnectRequest.reject");
             }
+            if (r.inherited()) raise_inherited("ConnectRequest");
             result<void> res;
             {
               py::gil_scoped_release nogil;
@@ -107,6 +115,7 @@ void bind_cm(py::module_& m) {
           "accept",
           [](py_listener& l, const py::object& timeout) {
             auto t = std::chrono::duration_cast<std::chrono::milliseconds>(to_timeout(timeout));
+            if (l.inherited()) raise_inherited("Listener");
             result<connect_request> r;
             {
               py::gil_scoped_release nogil;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <optional>
 
+#include <pthread.h>
+
 #include "bindings.hpp"
 
 namespace conveyor::python {
@@ -73,8 +75,32 @@ py::bytes from_bytes(std::span<const std::byte> b) {
 
 // --- memory regions --------------------------------------------------------
 
+// --- fork --------------------------------------------------------------------
+
+namespace {
+std::atomic<std::uint32_t> g_fork_epoch{0};
+}  // namespace
+
+std::uint32_t fork_epoch() noexcept {
+  return g_fork_epoch.load(std::memory_order_relaxed);
+}
+
+void raise_inherited(const char* what) {
+  raise_error(errc::invalid_state,
+              std::string(what) +
+                  ": inherited through fork(); it belongs to the parent process (open a device "
+                  "in this process instead)");
+}
+
+// --- memory regions --------------------------------------------------------
+
 py_mr::~py_mr() {
-  mr.deregister();
+  // In a forked child the registration is the parent's (shm may share its
+  // pages with a peer): only the child's view of the buffer is released.
+  if (inherited())
+    abandon(mr);
+  else
+    mr.deregister();
   if (has_view) PyBuffer_Release(&view);
 }
 
@@ -82,7 +108,10 @@ void py_mr::close() {
   if (exports > 0)
     throw py::buffer_error("MemoryRegion.close: " + std::to_string(exports) +
                            " memoryview(s) of the region still exist; release them first");
-  mr.deregister();
+  if (inherited())
+    abandon(mr);
+  else
+    mr.deregister();
   if (has_view) {
     PyBuffer_Release(&view);
     has_view = false;
@@ -229,6 +258,9 @@ std::unique_ptr<py_mr> register_buffer(py::object pd_obj, py::object obj, std::u
 
 void init_module(py::module_& m) {
   m.doc() = "Conveyor's C++ API for Python (the conveyor package wraps this module).";
+  // Any fork (os.fork, multiprocessing, a C extension's) makes the objects
+  // that exist then the parent's (bindings.hpp, fork_owned).
+  ::pthread_atfork(nullptr, nullptr, [] { g_fork_epoch.fetch_add(1, std::memory_order_relaxed); });
   m.attr("version") = version_string;
 
   py::enum_<errc>(m, "ErrorCode", "The library's canonical error codes (conveyor::errc).")

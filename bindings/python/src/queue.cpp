@@ -72,16 +72,60 @@ std::size_t wait_released(completion_queue& cq, std::vector<work_completion>& ou
   }
 }
 
+// Waits for the completion of wr_id on c (the helper's own request).
+// *seen is set once it came (then the request is over, whatever its status).
+work_completion wait_own(py_qp& q, py_cq& c, std::uint64_t wr_id, std::chrono::nanoseconds timeout,
+                         const char* what, bool* seen);
+
+// A helper's request that did not complete in time, whose buffer the helper
+// registered itself: the buffer is released when the helper returns, so the
+// request must not complete later (a READ would write into freed memory, a
+// WRITE send it). The QP goes to ERROR, which flushes the request and waits
+// out a copy under way; the flush completion is reaped here (bounded: soft and
+// shm flush at once, a NIC soon after).
+void abandon_request(py_qp& q, py_cq& c, std::uint64_t wr_id) {
+  {
+    py::gil_scoped_release nogil;
+    (void)q.qp.modify(qp_state::error);
+  }
+  const auto deadline = clk::now() + std::chrono::seconds(2);
+  std::vector<work_completion> wcs(16);
+  for (;;) {
+    std::expected<std::size_t, errc> r;
+    {
+      py::gil_scoped_release nogil;
+      r = c.cq.wait(wcs, std::chrono::milliseconds(50));
+    }
+    for (std::size_t i = 0; r && i < *r; ++i) {
+      if (wcs[i].wr_id == wr_id && wcs[i].qp_num == q.qp.qp_num()) return;
+      c.stash.push_back(wcs[i]);
+    }
+    if ((!r && r.error() != errc::timed_out) || clk::now() >= deadline) return;
+  }
+}
+
 // Posts one signaled request and waits for its own completion on the send
 // CQ; completions of other requests met meanwhile are kept for poll/wait.
+// temp_buffer: the request's buffer goes when this returns (abandon_request).
 work_completion post_and_wait(py::object self, send_wr wr, std::chrono::nanoseconds timeout,
-                              const char* what) {
+                              const char* what, bool temp_buffer) {
   auto& q = self.cast<py_qp&>();
   auto& c = q.send_cq.cast<py_cq&>();
   use_guard in_use(q.users);
   wr.wr_id = 0xC0FE'0000'0000'0000ull | (q.next_helper_id++ & 0xFFFF'FFFF'FFFFull);
   wr.flags = wr.flags | send_flags::signaled;
   check_status(q.get().post_send(wr), what);
+  bool seen = false;
+  try {
+    return wait_own(q, c, wr.wr_id, timeout, what, &seen);
+  } catch (...) {  // TimedOut, KeyboardInterrupt, CqOverflow, CompletionError
+    if (temp_buffer && !seen) abandon_request(q, c, wr.wr_id);
+    throw;
+  }
+}
+
+work_completion wait_own(py_qp& q, py_cq& c, std::uint64_t wr_id, std::chrono::nanoseconds timeout,
+                         const char* what, bool* seen) {
   const auto deadline = clk::now() + timeout;
   std::vector<work_completion> wcs(16);
   for (;;) {
@@ -90,12 +134,13 @@ work_completion post_and_wait(py::object self, send_wr wr, std::chrono::nanoseco
     std::size_t n = wait_released(c.cq, wcs, left);
     std::optional<work_completion> mine;
     for (std::size_t i = 0; i < n; ++i) {
-      if (!mine && wcs[i].wr_id == wr.wr_id && wcs[i].qp_num == q.qp.qp_num())
+      if (!mine && wcs[i].wr_id == wr_id && wcs[i].qp_num == q.qp.qp_num())
         mine = wcs[i];
       else
         c.stash.push_back(wcs[i]);
     }
     if (mine) {
+      *seen = true;
       if (mine->status != wc_status::success) {
         auto cls = py::module_::import("conveyor._errors").attr("CompletionError");
         py::object exc = cls(std::string(what) + ": the request completed with " +
@@ -147,8 +192,18 @@ std::string repr_wc(const work_completion& wc) {
 
 queue_pair& py_qp::get() {
   if (!qp) raise_error(errc::invalid_state, "QueuePair: the QP was closed");
+  if (inherited()) raise_inherited("QueuePair");
   return qp;
 }
+
+namespace {
+// A CQ's poll and wait drive a manual-progress device's engine (its sockets):
+// not from a forked child's copy.
+completion_queue& cq_of(py_cq& c) {
+  if (c.inherited()) raise_inherited("CompletionQueue");
+  return c.cq;
+}
+}  // namespace
 
 std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object recv_cq,
                                  std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
@@ -233,7 +288,7 @@ void bind_queue(py::module_& m) {
           [](py_cq& c, std::size_t max_entries) {
             if (!c.stash.empty()) return take_stash(c, max_entries);
             tl_wcs.resize(max_entries);
-            auto r = c.cq.poll(tl_wcs);
+            auto r = cq_of(c).poll(tl_wcs);
             if (!r) raise_error(r.error(), "CompletionQueue.poll");
             return to_list(std::span(tl_wcs.data(), *r));
           },
@@ -244,7 +299,7 @@ void bind_queue(py::module_& m) {
           [](py_cq& c, const py::object& timeout, std::size_t max_entries) {
             if (!c.stash.empty()) return take_stash(c, max_entries);
             std::vector<work_completion> wcs(std::max<std::size_t>(max_entries, 1));
-            auto n = wait_released(c.cq, wcs, to_timeout(timeout));
+            auto n = wait_released(cq_of(c), wcs, to_timeout(timeout));
             return to_list(std::span(wcs.data(), n));
           },
           py::arg("timeout"), py::arg("max_entries") = 16,
@@ -254,7 +309,7 @@ void bind_queue(py::module_& m) {
           "fd", [](const py_cq& c) { return c.cq.fd(); },
           "A descriptor that becomes readable after arm() once a completion arrives.")
       .def(
-          "arm", [](py_cq& c) { c.cq.arm(); }, "Requests one notification on fd().")
+          "arm", [](py_cq& c) { cq_of(c).arm(); }, "Requests one notification on fd().")
       .def("__repr__", [](const py_cq& c) {
         return "CompletionQueue(depth=" + std::to_string(c.cq.depth()) + ")";
       });
@@ -463,7 +518,7 @@ void bind_queue(py::module_& m) {
             wr.sg_list = std::span(&s, 1);
             wr.remote_addr = remote.addr;
             wr.rkey = remote.rkey;
-            return post_and_wait(self, wr, to_timeout(timeout), "read_into");
+            return post_and_wait(self, wr, to_timeout(timeout), "read_into", tmp != nullptr);
           },
           py::arg("buffer"), py::arg("remote"), py::arg("timeout") = 5.0,
           "RDMA READ `remote` into `buffer` and wait for it (GIL released). buffer: a region, Sge, "
@@ -481,7 +536,7 @@ void bind_queue(py::module_& m) {
             wr.sg_list = std::span(&s, 1);
             wr.remote_addr = remote.addr;
             wr.rkey = remote.rkey;
-            return post_and_wait(self, wr, to_timeout(timeout), "write_from");
+            return post_and_wait(self, wr, to_timeout(timeout), "write_from", tmp != nullptr);
           },
           py::arg("buffer"), py::arg("remote"), py::arg("timeout") = 5.0,
           "RDMA WRITE `buffer` to `remote` and wait until the peer placed it (GIL released).")
@@ -511,6 +566,8 @@ void bind_queue(py::module_& m) {
             if (q.users.load() > 0)
               raise_error(errc::invalid_state,
                           "QueuePair.close: another thread is using the QP (connect/accept/wait)");
+            // A forked child's copy is the parent's connection: left alone.
+            if (q.inherited()) return abandon(q.qp);
             // Taken out first (other threads see a closed QP), destroyed
             // without the GIL: the disconnect is bounded but may wait.
             queue_pair doomed = std::move(q.qp);
@@ -522,7 +579,10 @@ void bind_queue(py::module_& m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](py_qp& q, py::args) {
-             if (q.users.load() == 0) q.qp = queue_pair{};
+             if (q.inherited())
+               abandon(q.qp);
+             else if (q.users.load() == 0)
+               q.qp = queue_pair{};
            })
       .def("__repr__", [](py_qp& q) {
         if (!q.qp) return std::string("QueuePair(closed)");

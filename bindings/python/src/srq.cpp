@@ -8,6 +8,7 @@ namespace {
 
 shared_receive_queue& get(py_srq& s) {
   if (!s.srq) raise_error(errc::invalid_state, "SharedReceiveQueue: the SRQ was closed");
+  if (s.inherited()) raise_inherited("SharedReceiveQueue");
   return s.srq;
 }
 
@@ -62,7 +63,13 @@ void bind_srq(py::module_& m) {
           "max_wr, max_sge and the armed limit (SrqAttr).")
       .def_property_readonly("closed", [](const py_srq& s) { return !s.srq; })
       .def(
-          "close", [](py_srq& s) { s.srq = shared_receive_queue(); },
+          "close",
+          [](py_srq& s) {
+            if (s.inherited())
+              abandon(s.srq);
+            else
+              s.srq = shared_receive_queue();
+          },
           "Releases the handle (QPs attached to the SRQ keep it until they close).")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](py_srq& s, const py::args&) { s.srq = shared_receive_queue(); });

@@ -107,10 +107,11 @@ void shm_qp::fail_request(wc_status remote, wc_status local) noexcept {
     detail::log_line(detail::log_level::info, dev_->attr().name + " QP " + std::to_string(qpn_) +
                                                   ": refused request of " + attr_.peer_address +
                                                   " (" + std::string(to_string(remote)) + ")");
-  if (local == wc_status::loc_len_err) {
-    // The receive being filled completes with the length error.
+  if (local == wc_status::loc_len_err || local == wc_status::loc_prot_err) {
+    // The receive being filled completes with the length error, or with the
+    // protection error of a sink deregistered while it was posted (as on soft).
     std::lock_guard lk(rq_mu_);
-    complete_recv_error_locked(wc_status::loc_len_err);
+    complete_recv_error_locked(local);
   }
   reset_rx();
   notify_peer();

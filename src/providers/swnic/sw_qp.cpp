@@ -67,8 +67,21 @@ status sw_qp::validate_send(const send_wr& wr) const noexcept {
   return errc::ok;
 }
 
+bool sw_qp::copy_inline(const sge& s, std::byte* to) noexcept {
+  // Copied now, from memory that a live region of this PD covers, and under
+  // that region's key: a stale or forged SGE (an address that is no longer,
+  // or never was, registered) is a protection error, never a read of
+  // whatever is there now.
+  detail::key_table::guard g;
+  std::byte* p = nullptr;
+  if (pd_->dev().keys().acquire(s.lkey, pd_->id(), s.addr, s.length, access::none, g, &p) !=
+      key_check::ok)
+    return false;
+  std::memcpy(to, p, s.length);
+  return true;
+}
+
 bool sw_qp::local_sges_ok(const send_wr& wr) noexcept {
-  if (has(wr.flags, send_flags::inline_data)) return true;
   const access need = writes_local(wr.opcode) ? access::local_write : access::none;
   for (const auto& s : wr.sg_list) {
     if (s.length == 0) continue;
@@ -121,14 +134,16 @@ status sw_qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) noexcept
       w.swap = wr.swap;
       // As in verbs, a bad lkey or range is not a posting error: the request
       // completes with loc_prot_err when it reaches the transport, and the QP fails.
-      w.status = local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
+      // Inline data is checked the same way, as it is copied.
+      w.status = w.inl || local_sges_ok(wr) ? wc_status::success : wc_status::loc_prot_err;
       std::uint64_t total = 0;
       sge* dst = sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
       std::byte* inl = sq_inline_.data() + std::size_t(idx) * caps_.max_inline_data;
       for (std::uint32_t k = 0; k < w.nsge; ++k) {
         const sge& s = wr.sg_list[k];
         if (w.inl) {
-          if (s.length) std::memcpy(inl + total, reinterpret_cast<const void*>(s.addr), s.length);
+          if (s.length && w.status == wc_status::success && !copy_inline(s, inl + total))
+            w.status = wc_status::loc_prot_err;
         } else {
           dst[k] = s;
         }

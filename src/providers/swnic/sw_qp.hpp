@@ -102,6 +102,8 @@ class sw_qp : public detail::qp_impl {
   result<void> check_connect(const connect_options& opts) const;
   // The local SGEs of wr name live memory of this PD with the rights it needs.
   bool local_sges_ok(const send_wr& wr) noexcept;
+  // Copies inline SGE s to `to` if a live region of this PD covers it.
+  bool copy_inline(const sge& s, std::byte* to) noexcept;
   const sge* sq_sges(std::uint32_t idx) const noexcept {
     return sq_sge_.data() + std::size_t(idx) * caps_.max_send_sge;
   }

@@ -161,7 +161,24 @@ class soft_qp final : public swnic::sw_qp {
   void stop_reading_locked() noexcept;
   void linger_step(std::uint32_t events) noexcept;
   void close_socket() noexcept;  // after the engine detached it
-  int plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int max) noexcept;
+  // Where payload bytes [off, off+len) of the current FPDU go: at most
+  // max_place_iov pieces in out, each under a key guard held until
+  // rx_release. place_flushed: the request is gone (flushed meanwhile) or the
+  // peer's tagged access is refused; place_revoked: a local sink (a READ's or
+  // a receive's) was deregistered, see local_sink_revoked.
+  static constexpr int max_place_iov = 32;
+  static constexpr int place_flushed = -1, place_revoked = -2;
+  int plan_payload(std::uint64_t off, std::uint64_t len, iovec* out) noexcept;
+  // Maps [moff, moff+len) of a local SGE list onto out, acquiring each piece's
+  // lkey with local_write into rx_guards_ (a lock that a flush takes is held).
+  int plan_local(const sge* s, std::uint32_t nsge, std::uint64_t moff, std::uint64_t len,
+                 iovec* out) noexcept;
+  // The READ response or SEND being placed lost its local sink: the request
+  // completes with loc_prot_err, the QP fails and the peer gets a Terminate
+  // (rem_op_err there), as on shm.
+  void local_sink_revoked() noexcept;
+  // rx_payload: plan_payload refused the step (why < 0).
+  void placement_refused(int why) noexcept;
   void handle_read_request(const wire::read_request& rr) noexcept;
   void handle_atomic_request(const wire::atomic_request& a) noexcept;
   void handle_terminate(const wire::terminate_msg& t) noexcept;
@@ -223,7 +240,11 @@ class soft_qp final : public swnic::sw_qp {
   enum class rx_phase : std::uint8_t { header, payload, trailer } rx_phase_ = rx_phase::header;
   wire::fpdu_header h_{};
   std::uint32_t rx_crc_ = 0;
-  detail::key_table::guard rx_guard_;  // the tagged key held during one placement step
+  // The keys held during one placement step: the tagged WRITE's, or the
+  // lkey of every piece of a READ's sink or a receive (a deregistration waits
+  // for this step and no longer, and no byte lands in it afterwards).
+  detail::key_table::guard rx_guards_[max_place_iov];
+  int rx_nguards_ = 0;
   // A step copying payload into a posted request's buffers (a READ response's
   // sink, a SEND's receive) runs from plan_payload to rx_release without a
   // lock. A flush by another thread waits for it (wait_placement), so no

@@ -203,18 +203,24 @@ bool soft_qp::rx_header() noexcept {
   return true;
 }
 
+void soft_qp::placement_refused(int why) noexcept {
+  if (state() == qp_state::error) return;  // flushed meanwhile: nothing to report
+  if (why == place_revoked)
+    local_sink_revoked();
+  else
+    protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag, wc_status::success);
+}
+
 bool soft_qp::rx_payload() noexcept {
-  iovec v[36];
+  iovec v[max_place_iov + 4];
   while (rx_done_ < h_.payload_len) {
     const std::uint64_t remaining = h_.payload_len - rx_done_;
     const std::size_t buffered = rx_end_ - rx_beg_;
     if (buffered > 0) {
       const std::uint64_t n = std::min<std::uint64_t>(buffered, remaining);
-      const int k = plan_payload(rx_done_, n, v, 32);
+      const int k = plan_payload(rx_done_, n, v);
       if (k < 0) {
-        if (state() != qp_state::error)
-          protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag,
-                             wc_status::success);
+        placement_refused(k);
         return false;
       }
       const std::byte* src = rxbuf_.get() + rx_beg_;
@@ -233,11 +239,9 @@ bool soft_qp::rx_payload() noexcept {
       continue;
     }
     // Bulk: straight into the destination, then the trailer, then a look-ahead.
-    const int k = plan_payload(rx_done_, remaining, v, 32);
+    const int k = plan_payload(rx_done_, remaining, v);
     if (k < 0) {
-      if (state() != qp_state::error)
-        protocol_violation(term_layer::ddp, term::ddp_tagged, term::ddp_t_inv_stag,
-                           wc_status::success);
+      placement_refused(k);
       return false;
     }
     const std::size_t tl = h_.pad + crc_size;
@@ -428,7 +432,28 @@ bool soft_qp::rx_message_done() noexcept {
       confirm_before_locked(o.sq_pos);
       swqe& w = sq_[o.wqe];
       const sge& s = sq_sges(o.wqe)[0];
-      std::memcpy(reinterpret_cast<void*>(s.addr), &rx_ctl_value_, 8);
+      // The result's region may have been deregistered since the post.
+      detail::key_table::guard g;
+      std::byte* p = nullptr;
+      if (dev_->keys().acquire(s.lkey, pd_->id(), s.addr, 8, access::local_write, g, &p) !=
+          key_check::ok) {
+        complete_send_locked(w, wc_status::loc_prot_err);
+        term_bytes_ = encode_terminate({term_layer::rdmap,
+                                        term::rdmap_local_catastrophic,
+                                        term::rdmap_unspecified,
+                                        {},
+                                        {},
+                                        0,
+                                        false},
+                                       cp_.crc);
+        term_pending_ = true;
+        state_.store(qp_state::error);
+        flush_locked(wc_status::wr_flush_err, 0);
+        tx_progress_locked();
+        return false;
+      }
+      std::memcpy(p, &rx_ctl_value_, 8);
+      g.release();
       w.byte_len = 8;
       complete_send_locked(w, wc_status::success);
       retire_locked();

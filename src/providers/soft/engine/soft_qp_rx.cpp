@@ -164,63 +164,90 @@ void soft_qp::rx_progress() noexcept {
   }
 }
 
-int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out, int max) noexcept {
+int soft_qp::plan_payload(std::uint64_t off, std::uint64_t len, iovec* out) noexcept {
   // Destination of payload bytes [off, off+len) of the current FPDU.
   switch (h_.opcode) {
     case rdmap_op::write: {
-      // Validated again for every step, and held (rx_guard_) until the bytes
+      // Validated again for every step, and held (rx_guards_) until the bytes
       // are in: a deregistration waits for this step and no longer.
       std::byte* p = nullptr;
       if (dev_->keys().acquire(h_.stag, pd_->id(), h_.to + off, len, access::remote_write,
-                               rx_guard_, &p) != key_check::ok)
-        return -1;
+                               rx_guards_[0], &p) != key_check::ok)
+        return place_flushed;
+      rx_nguards_ = 1;
       out[0] = {p, len};
       return 1;
     }
     case rdmap_op::read_response: {
       std::lock_guard lk(tx_mu_);
-      if (out_reads_.empty()) return -1;  // flushed meanwhile
+      if (out_reads_.empty()) return place_flushed;  // flushed meanwhile
       const outstanding& o = out_reads_.front();
-      const swqe& w = sq_[o.wqe];
-      std::uint64_t moff = (h_.to - o.sink_to) + off;
-      const sge* s = sq_sges(o.wqe);
-      int n = 0;
-      for (std::uint32_t k = 0; k < w.nsge && len > 0 && n < max; ++k) {
-        if (moff >= s[k].length) {
-          moff -= s[k].length;
-          continue;
-        }
-        const std::uint64_t take = std::min<std::uint64_t>(s[k].length - moff, len);
-        out[n++] = {reinterpret_cast<void*>(s[k].addr + moff), take};
-        len -= take;
-        moff = 0;
-      }
-      if (len != 0) return -1;
-      begin_placement();  // under tx_mu_: a flush waits for the copy
+      const int n =
+          plan_local(sq_sges(o.wqe), sq_[o.wqe].nsge, (h_.to - o.sink_to) + off, len, out);
+      if (n > 0) begin_placement();  // under tx_mu_: a flush waits for the copy
       return n;
     }
     default: {  // send: the receive its first segment claimed
       std::lock_guard lk(rq_mu_);
-      if (!recv_claimed_locked()) return -1;  // flushed meanwhile
-      const sge* s = claimed_sges_locked();
-      const std::uint32_t nsge = claimed_locked().nsge;
-      std::uint64_t moff = rx_msg_off_ + off;
-      int n = 0;
-      for (std::uint32_t k = 0; k < nsge && len > 0 && n < max; ++k) {
-        if (moff >= s[k].length) {
-          moff -= s[k].length;
-          continue;
-        }
-        const std::uint64_t take = std::min<std::uint64_t>(s[k].length - moff, len);
-        out[n++] = {reinterpret_cast<void*>(s[k].addr + moff), take};
-        len -= take;
-        moff = 0;
-      }
-      if (len != 0) return -1;
-      begin_placement();  // under rq_mu_: a flush waits for the copy
+      if (!recv_claimed_locked()) return place_flushed;  // flushed meanwhile
+      const int n =
+          plan_local(claimed_sges_locked(), claimed_locked().nsge, rx_msg_off_ + off, len, out);
+      if (n > 0) begin_placement();  // under rq_mu_: a flush waits for the copy
       return n;
     }
   }
+}
+
+int soft_qp::plan_local(const sge* s, std::uint32_t nsge, std::uint64_t moff, std::uint64_t len,
+                        iovec* out) noexcept {
+  // The lkeys were checked when the request was posted; they are checked again
+  // for every step, because the application may deregister a sink while its
+  // request is outstanding: the bytes must then go nowhere, not into memory
+  // that is no longer the region (freed, reused, unmapped).
+  int n = 0;
+  for (std::uint32_t k = 0; k < nsge && len > 0 && n < max_place_iov; ++k) {
+    if (moff >= s[k].length) {
+      moff -= s[k].length;
+      continue;
+    }
+    const std::uint64_t take = std::min<std::uint64_t>(s[k].length - moff, len);
+    std::byte* p = nullptr;
+    if (dev_->keys().acquire(s[k].lkey, pd_->id(), s[k].addr + moff, take, access::local_write,
+                             rx_guards_[n], &p) != key_check::ok) {
+      rx_nguards_ = n;
+      rx_release();
+      return place_revoked;
+    }
+    out[n++] = {p, take};
+    len -= take;
+    moff = 0;
+  }
+  rx_nguards_ = n;
+  if (len != 0) {
+    rx_release();
+    return place_flushed;
+  }
+  return n;
+}
+
+void soft_qp::local_sink_revoked() noexcept {
+  if (h_.opcode == rdmap_op::read_response) {
+    std::lock_guard lk(tx_mu_);
+    if (!out_reads_.empty()) {
+      const outstanding& o = out_reads_.front();
+      // The response proves that the peer placed everything sent before the READ.
+      confirm_before_locked(o.sq_pos);
+      if (o.kind == outstanding::user_read)
+        complete_send_locked(sq_[o.wqe], wc_status::loc_prot_err);
+    }
+  } else {
+    std::lock_guard lk(rq_mu_);
+    complete_recv_error_locked(wc_status::loc_prot_err);
+  }
+  // The peer's request is named by the DDP header: its SEND (or, for a READ
+  // response, nothing of its own) fails with rem_op_err.
+  protocol_violation(term_layer::rdmap, term::rdmap_local_catastrophic, term::rdmap_unspecified,
+                     wc_status::wr_flush_err);
 }
 
 void soft_qp::begin_placement() noexcept {
@@ -229,7 +256,8 @@ void soft_qp::begin_placement() noexcept {
 }
 
 void soft_qp::rx_release() noexcept {
-  rx_guard_.release();
+  for (int i = 0; i < rx_nguards_; ++i) rx_guards_[i].release();
+  rx_nguards_ = 0;
   if (placing_.load(std::memory_order_relaxed)) placing_.store(false, std::memory_order_seq_cst);
 }
 
