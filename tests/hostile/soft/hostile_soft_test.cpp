@@ -51,16 +51,18 @@ struct arena {
   }
 };
 
-// A target: QP on PD A; regions: `a` (every right, PD A), `local` (local
-// write only, PD A), `b` (every right, PD B).
+// A target: QP on PD A; regions: `a` (every right, PD A, not remotely
+// invalidatable: a plain verbs MR), `inv` (every right and remote_invalidate,
+// PD A), `local` (local write only, PD A), `b` (every right and
+// remote_invalidate, PD B).
 struct target {
   device dev;
   protection_domain pd_a, pd_b;
   completion_queue cq;
   queue_pair qp;
   arena mem{12 * 1024 * 1024};
-  std::span<std::byte> a_buf, local_buf, b_buf, recv_buf;
-  memory_region a, local, b, recv;
+  std::span<std::byte> a_buf, local_buf, b_buf, recv_buf, inv_buf;
+  memory_region a, local, b, recv, inv;
   listener lis;
 
   explicit target(std::string_view provider = "soft", std::uint32_t max_dest_rd_atomic = 16) {
@@ -78,9 +80,11 @@ struct target {
     local_buf = mem.carve(64 * 1024);
     b_buf = mem.carve(64 * 1024);
     recv_buf = mem.carve(4096);
+    inv_buf = mem.carve(64 * 1024);
     a = pd_a.register_memory(a_buf, all).value();
     local = pd_a.register_memory(local_buf, conveyor::access::local_write).value();
-    b = pd_b.register_memory(b_buf, all).value();
+    b = pd_b.register_memory(b_buf, all | conveyor::access::remote_invalidate).value();
+    inv = pd_a.register_memory(inv_buf, all | conveyor::access::remote_invalidate).value();
     recv = pd_a.register_memory(recv_buf, conveyor::access::local_write).value();
     static int serial = 0;
     // Name check: address syntax (shm listens on "@name", soft on a TCP port).
@@ -230,6 +234,29 @@ TEST(soft_send_invalidate, a_local_only_region_is_refused_and_survives) {
   legit_client_is_served(t, t.pd_a, t.a);
 }
 
+TEST(soft_send_invalidate, a_remote_key_not_registered_invalidatable_is_refused_and_survives) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut);
+  ASSERT_TRUE(fut.get().has_value());
+  // `a` grants every remote right, as a store's exported region does, but was
+  // not registered with remote_invalidate.
+  auto term = send_with_invalidate(t, p, t.a.rkey());
+  ASSERT_TRUE(term.has_value()) << "no Terminate";
+  EXPECT_EQ(term->layer, term_layer::rdmap);
+  EXPECT_EQ(term->etype, term::rdmap_remote_prot);
+  EXPECT_EQ(term->ecode, term::rdmap_cannot_invalidate);
+  auto wc = t.cq.wait_one(5s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_EQ(wc->wr_id, 77u);
+  EXPECT_EQ(wc->status, wc_status::rem_inv_req_err);
+  EXPECT_FALSE(wc->with_inv);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+  // The key still serves another client: WRITE then READ with it.
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
 TEST(soft_send_invalidate, an_unknown_key_costs_the_connection) {
   target t;
   std::future<result<connection_info>> fut;
@@ -254,16 +281,16 @@ TEST(soft_send_invalidate, an_own_remote_key_is_invalidated) {
   ASSERT_EQ(t.qp.post_recv(t.recv.slice(0, 64), 77), errc::ok);
   auto payload = std::vector<std::byte>(8, std::byte{1});
   ASSERT_TRUE(p.send_all(
-      encode_untagged(rdmap_op::send_inv, true, qn::send, 1, 0, t.a.rkey(), payload, p.crc())));
+      encode_untagged(rdmap_op::send_inv, true, qn::send, 1, 0, t.inv.rkey(), payload, p.crc())));
   auto wc = t.cq.wait_one(5s);
   ASSERT_TRUE(wc.has_value());
   EXPECT_EQ(wc->status, wc_status::success);
   EXPECT_TRUE(wc->with_inv);
-  EXPECT_EQ(wc->invalidated_rkey, t.a.rkey());
+  EXPECT_EQ(wc->invalidated_rkey, t.inv.rkey());
   // The key is dead now: a WRITE to it is refused.
   std::vector<std::byte> data(16, std::byte{0xEE});
   ASSERT_TRUE(p.send_all(
-      encode_tagged(rdmap_op::write, true, t.a.rkey(), addr_of(t.a_buf), data, p.crc())));
+      encode_tagged(rdmap_op::write, true, t.inv.rkey(), addr_of(t.inv_buf), data, p.crc())));
   auto term = read_until_terminate(p);
   ASSERT_TRUE(term.has_value());
   EXPECT_EQ(term->layer, term_layer::ddp);
@@ -285,6 +312,7 @@ void conveyor_initiator_with_bad_invalidate_keys(const char* provider) {
   const bad_key cases[] = {
       {"other PD", [](target& t) { return t.b.rkey(); }, wc_status::rem_access_err},
       {"local only", [](target& t) { return t.local.lkey(); }, wc_status::rem_access_err},
+      {"not invalidatable", [](target& t) { return t.a.rkey(); }, wc_status::rem_access_err},
       {"unknown", [](target& t) { return t.a.rkey() ^ 0x5A5Au; }, wc_status::rem_inv_req_err},
   };
   for (const auto& c : cases) {
@@ -325,7 +353,7 @@ void conveyor_initiator_with_bad_invalidate_keys(const char* provider) {
   }
 }
 
-TEST(shm_send_invalidate, keys_of_another_pd_or_local_only_or_unknown_are_refused) {
+TEST(shm_send_invalidate, keys_of_another_pd_or_not_invalidatable_or_unknown_are_refused) {
   conveyor_initiator_with_bad_invalidate_keys("shm");
 }
 
