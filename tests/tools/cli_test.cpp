@@ -26,6 +26,7 @@
 #include "common/raw_tcp.hpp"
 #include "perf_session.hpp"
 #include "perftest.hpp"
+#include "providers/soft/wire/wire.hpp"
 
 namespace {
 
@@ -1108,6 +1109,39 @@ TEST(ping, failures_are_one_line_that_says_what_is_wrong) {
   r = run({"ping"}, 10s);
   EXPECT_EQ(exit_code(r), 2) << r.output;
   EXPECT_NE(r.output.find("address is missing"), std::string::npos) << r.output;
+}
+
+// Peers that send a valid ping request (MPA, "CVPG" hello) and never their
+// MPA RTR: the server's accept returns at once and each client is served on
+// its own thread, so a real ping behind three of them completes in a fraction
+// of the handshake timeout (5 s) instead of one timeout per silent peer.
+TEST(ping, peers_that_never_send_their_rtr_do_not_hold_the_server) {
+  server_process srv(server_process::raw_args{{"ping", "--server", "127.0.0.1:0"}});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto port =
+      static_cast<std::uint16_t>(std::stoi(srv.address().substr(srv.address().rfind(':') + 1)));
+  conveyor::wire::mpa_frame f;
+  f.revision = 2;
+  f.v2 = conveyor::wire::mpa_v2_words{4, 4, true, false, true, false};
+  f.private_data = {std::byte{'C'}, std::byte{'V'}, std::byte{'P'}, std::byte{'G'},
+                    std::byte{0},   std::byte{0},   std::byte{0},   std::byte{64}};
+  const auto request = conveyor::wire::encode_mpa(f);
+  std::vector<int> silent;
+  for (int i = 0; i < 3; ++i) {
+    std::string why;
+    const int fd = cvt::raw_connect(port, why);
+    ASSERT_GE(fd, 0) << why;
+    silent.push_back(fd);
+    ASSERT_TRUE(cvt::raw_send_all(fd, request));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run({"ping", srv.address(), "--timeout", "10"}, 30s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  for (int fd : silent) ::close(fd);
+  EXPECT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  EXPECT_NE(r.output.find("conveyor ping: OK"), std::string::npos) << r.output;
+  EXPECT_LT(took, cvt::scaled(2500ms)) << "the ping waited behind peers without RTR:\n"
+                                       << srv.drain_log();
 }
 
 // Begin and ready carry where each side runs; a latency loop whose peer is
