@@ -947,6 +947,32 @@ TEST(cli, a_client_started_as_the_last_one_exits_is_served_not_told_busy) {
   }
 }
 
+// A client that opens its control and data connections with a valid hello
+// and then says nothing held a --persistent server for a day (every other
+// client heard "server busy"): between phases the server waits --timeout at
+// most, says so, and serves the next client.
+TEST(cli, a_silent_client_between_phases_is_dropped_after_timeout_and_the_next_is_served) {
+  server_process srv({"--persistent", "--timeout", "2"});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto h = small_hello();
+  raw_client ctl;
+  auto ci = ctl.connect(srv.address(), h);
+  ASSERT_TRUE(ci) << ci.error().to_string();
+  auto dh = h;
+  dh.index = 1;
+  raw_client data;
+  auto di = data.connect(srv.address(), dh);
+  ASSERT_TRUE(di) << di.error().to_string();
+  ASSERT_TRUE(srv.wait_log("connected (1 data QPs)", cvt::scaled(5s))) << srv.drain_log();
+  // Silent from here on. After --timeout the server drops it and logs why.
+  ASSERT_TRUE(srv.wait_log("sent nothing for --timeout 2 s between phases", cvt::scaled(8s)))
+      << "the silent client still holds the server:\n"
+      << srv.drain_log();
+  const auto r = run({"perf", srv.address(), "--iters", "10", "--quiet"}, 60s);
+  EXPECT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  EXPECT_EQ(srv.wait_exit(100ms), -1) << "a --persistent server exited: " << srv.drain_log();
+}
+
 // CPU time (user + system) a process has used so far, in seconds.
 double cpu_seconds(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
