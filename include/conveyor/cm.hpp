@@ -61,6 +61,12 @@ class CONVEYOR_API connect_request {
   std::string peer_address() const;
 
   // Completes the handshake on `qp` (state INIT, same device); qp becomes RTS.
+  // Never waits for the peer's next step (as rdma_accept, whose connection is
+  // established later): on soft the initiator's RTR (RFC 6581) is read by the
+  // device afterwards; work posted meanwhile waits, and a QP whose RTR does
+  // not come within device_options::handshake_timeout_ms goes to ERROR (its
+  // work flushed with wr_flush_err). So a peer that stops mid-handshake holds
+  // no accepting thread.
   result<connection_info> accept(queue_pair& qp, std::span<const std::byte> private_data = {});
   // Refuses the peer; it sees errc::rejected with this reason.
   result<void> reject(std::span<const std::byte> reason = {});

@@ -170,6 +170,9 @@ struct device_attr {
   // word). `none` when atomics is false.
   atomic_scope atomic_cap = atomic_scope::none;
   bool immediate_data = false;  // likewise
+  // SEND with invalidate can be posted, and a peer's one is honoured for a
+  // region registered with access::remote_invalidate (soft, shm). false on
+  // verbs: register_memory makes plain MRs, which no peer can invalidate.
   bool send_with_invalidate = true;
   std::vector<port_attr> ports;
 };

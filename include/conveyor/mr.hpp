@@ -42,6 +42,16 @@ enum class access : std::uint32_t {
   remote_write = 1u << 1,   // peers may RDMA WRITE into it
   remote_read = 1u << 2,    // peers may RDMA READ from it
   remote_atomic = 1u << 3,  // peers may run atomics on it
+  // A peer's Send with Invalidate naming this region's rkey may revoke it
+  // (verbs: what memory windows and fast-registered keys allow). Without it
+  // (the default) the region is never remotely invalidatable: soft and shm
+  // refuse such a Send with a Terminate (the sender's SEND completes with
+  // rem_access_err, the receive with rem_inv_req_err, the connection fails)
+  // and the key stays valid. Only set it for a region whose rkey you hand to
+  // a peer that may end the region's use: every peer given the rkey can revoke
+  // it for every other peer of the protection domain. verbs: a plain MR cannot
+  // express it; the bit is accepted and grants nothing (docs/VERBS.md).
+  remote_invalidate = 1u << 4,
 };
 constexpr access operator|(access a, access b) noexcept {
   return static_cast<access>(static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b));

@@ -45,7 +45,9 @@ handshake_pump::handshake_pump(int listen_fd, std::string what, handshake_limits
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = listen_tag;
-  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) {
+  if (listen_fd_ < 0) {
+    listen_armed_ = false;  // adopted handshakes only: never re-armed
+  } else if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) {
     start_error_ = std::strerror(errno);
     return;
   }
@@ -70,6 +72,7 @@ handshake_pump::~handshake_pump() {
   pending_.clear();  // each handshake closes its socket
   by_fd_.clear();
   ready_.clear();  // each unaccepted request rejects its peer
+  adopted_.clear();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
@@ -85,6 +88,24 @@ result<std::unique_ptr<conn_request_impl>> handshake_pump::accept(
   auto r = std::move(ready_.front());
   ready_.pop_front();
   return r;
+}
+
+result<void> handshake_pump::started() const {
+  if (!start_error_.empty() || !thread_.joinable())
+    return make_error(errc::resource_exhausted,
+                      what_ + ": cannot start the handshake thread: " + start_error_);
+  return {};
+}
+
+result<void> handshake_pump::adopt(std::unique_ptr<pending_handshake> hs) {
+  if (auto ok = started(); !ok) return ok;
+  {
+    std::lock_guard lk(mu_);
+    adopted_.push_back(std::move(hs));
+  }
+  const std::uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  return {};
 }
 
 handshake_counters handshake_pump::counters() const {
@@ -128,20 +149,33 @@ void handshake_pump::accept_new() {
       return;  // EAGAIN, or an error of the listening socket (reported by nobody: accept() times
                // out)
     }
-    if (pending_.size() >= limits_.max_pending)
-      drop(pending_.begin(), "too many half-open handshakes: the oldest makes room",
-           &handshake_counters::evicted);
-    auto hs = make_(c);  // owns c
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.u64 = static_cast<std::uint64_t>(c);
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev) != 0) continue;  // hs closes c
-    pending_.push_back(entry{std::move(hs), clk::now() + limits_.deadline});
-    by_fd_[c] = std::prev(pending_.end());
-    std::lock_guard lk(mu_);
-    ++counters_.accepted;
-    counters_.pending = pending_.size();
+    add_pending(make_(c));  // owns c
   }
+}
+
+void handshake_pump::add_pending(std::unique_ptr<pending_handshake> hs) {
+  if (pending_.size() >= limits_.max_pending)
+    drop(pending_.begin(), "too many half-open handshakes: the oldest makes room",
+         &handshake_counters::evicted);
+  const int c = hs->fd();
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = static_cast<std::uint64_t>(c);
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev) != 0) return;  // hs closes c
+  pending_.push_back(entry{std::move(hs), clk::now() + limits_.deadline});
+  by_fd_[c] = std::prev(pending_.end());
+  std::lock_guard lk(mu_);
+  ++counters_.accepted;
+  counters_.pending = pending_.size();
+}
+
+void handshake_pump::take_adopted() {
+  std::vector<std::unique_ptr<pending_handshake>> in;
+  {
+    std::lock_guard lk(mu_);
+    in.swap(adopted_);
+  }
+  for (auto& hs : in) add_pending(std::move(hs));
 }
 
 void handshake_pump::on_event(int fd) {
@@ -173,8 +207,13 @@ void handshake_pump::on_event(int fd) {
     hs->refuse_busy();
     return;
   }
-  ready_.push_back(hs->take());
+  lk.unlock();
+  // Only this thread adds to ready_: it can only have shrunk meanwhile.
+  auto req = hs->take();
+  lk.lock();
   ++counters_.completed;
+  if (!req) return;
+  ready_.push_back(std::move(req));
   lk.unlock();
   cv_.notify_one();
 }
@@ -201,7 +240,7 @@ void handshake_pump::run() {
           std::chrono::ceil<std::chrono::milliseconds>(pending_.front().deadline - now).count();
       wait_ms = static_cast<int>(std::clamp<std::int64_t>(left, 0, wait_ms));
     }
-    if (!listen_armed_) {
+    if (listen_fd_ >= 0 && !listen_armed_) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(rearm_at_ - now).count();
       wait_ms = static_cast<int>(std::clamp<std::int64_t>(left, 0, wait_ms));
     }
@@ -222,8 +261,9 @@ void handshake_pump::run() {
         on_event(static_cast<int>(tag));
       }
     }
+    take_adopted();
     expire();
-    if (!listen_armed_ && clk::now() >= rearm_at_) {
+    if (listen_fd_ >= 0 && !listen_armed_ && clk::now() >= rearm_at_) {
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.u64 = listen_tag;

@@ -19,6 +19,11 @@
 // that are not a request, the peer's close, the deadline, eviction) is closed,
 // logged at info level and counted; it is the peer's failure, not the
 // listener's, and never reaches accept().
+//
+// A pump without a listening socket (listen_fd -1) drives the handshakes given
+// to it with adopt() under the same bounds: soft's responder hands it the
+// last step of an accepted connection (waiting for the initiator's RTR), so
+// connect_request::accept() never waits for a peer.
 #pragma once
 
 #include <chrono>
@@ -32,6 +37,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/impl.hpp"
 
@@ -59,7 +65,9 @@ class pending_handshake {
   // The socket is readable, or closed: take what is there without blocking and
   // never read past the request. failed: `why` says what went wrong.
   virtual step on_readable(std::string& why) = 0;
-  // After done: the request accept() hands out.
+  // After done: the request accept() hands out, or null when the handshake
+  // finished its own business (an adopted one) and nothing is handed out.
+  // Called on the pump's thread, without its lock.
   virtual std::unique_ptr<conn_request_impl> take() = 0;
   // After done, when the ready queue is full: refuse the peer (best effort,
   // never blocking), then the object is destroyed.
@@ -81,14 +89,21 @@ class handshake_pump {
   // make: wraps an accepted socket (non-blocking, close-on-exec) in the
   // provider's handshake; it owns the descriptor from then on.
   using make_fn = std::function<std::unique_ptr<pending_handshake>(int fd)>;
-  // listen_fd stays owned by the caller and must outlive the pump. `what`
-  // names the listener in messages ("accept on 127.0.0.1:7471").
+  // listen_fd stays owned by the caller and must outlive the pump; -1: no
+  // listening socket, handshakes come from adopt() only. `what` names the
+  // listener in messages ("accept on 127.0.0.1:7471").
   handshake_pump(int listen_fd, std::string what, handshake_limits limits, make_fn make);
   ~handshake_pump();  // stops the thread; closes every pending handshake and unaccepted request
   handshake_pump(const handshake_pump&) = delete;
   handshake_pump& operator=(const handshake_pump&) = delete;
 
   result<std::unique_ptr<conn_request_impl>> accept(std::chrono::milliseconds timeout);
+  // Drives `hs` (its socket non-blocking) like an accepted connection: same
+  // deadline from now, same max_pending bound (the oldest goes first). Any
+  // thread. Fails (destroying hs) only when the pump's thread could not start.
+  result<void> adopt(std::unique_ptr<pending_handshake> hs);
+  // Whether the thread runs (resource_exhausted naming why not).
+  result<void> started() const;
   handshake_counters counters() const;
 
  private:
@@ -98,6 +113,8 @@ class handshake_pump {
   };
   void run();
   void accept_new();
+  void add_pending(std::unique_ptr<pending_handshake> hs);
+  void take_adopted();
   void drop(std::list<entry>::iterator it, const char* why,
             std::uint64_t handshake_counters::*counter, const std::string& detail = {});
   void on_event(int fd);
@@ -119,6 +136,7 @@ class handshake_pump {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<conn_request_impl>> ready_;
+  std::vector<std::unique_ptr<pending_handshake>> adopted_;  // not yet in pending_
   handshake_counters counters_;
   bool stop_ = false;
   std::thread thread_;

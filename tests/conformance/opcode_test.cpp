@@ -1,6 +1,7 @@
 // Every opcode at every size, data verified byte for byte.
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <conveyor/conveyor.hpp>
@@ -139,9 +140,11 @@ TEST_P(opcodes, send_with_inv_invalidates_the_target_rkey) {
     SCOPED_TRACE("size " + std::to_string(size));
     if (!size_fits(size)) continue;
     const std::uint64_t sseed = 0x3100 + size, dseed = 0x3200 + size;
-    auto victim =
-        make_region(tgt.pd, 4096, access::local_write | access::remote_write | access::remote_read,
-                    vseed + size);
+    // Only a region registered invalidatable may be revoked by a peer.
+    auto victim = make_region(tgt.pd, 4096,
+                              access::local_write | access::remote_write | access::remote_read |
+                                  access::remote_invalidate,
+                              vseed + size);
     CVT_ASSERT_OK(victim);
     const std::uint32_t rkey = victim->mr.rkey();
     auto src = make_region(init.pd, size, access::local_write, sseed);
@@ -180,6 +183,71 @@ TEST_P(opcodes, send_with_inv_invalidates_the_target_rkey) {
   EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(std::chrono::milliseconds(5000))));
   EXPECT_TRUE(ok(check_pattern(v.bytes(), victim_seeds.back())))
       << "memory behind an invalidated rkey changed";
+}
+
+// A region registered without access::remote_invalidate (a plain verbs MR)
+// cannot be revoked by a peer, whatever remote rights it grants: the target
+// refuses the Send with Invalidate (the sender's SEND completes with
+// rem_access_err, the target's receive with rem_inv_req_err, both QPs fail)
+// and the key keeps serving: another QP READs the region afterwards.
+TEST_P(opcodes, send_with_inv_of_a_key_not_registered_invalidatable_is_refused_and_key_survives) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  if (!init.dev.attr().send_with_invalidate || !tgt.dev.attr().send_with_invalidate) {
+    if (conveyor_peer(param().provider))
+      FAIL() << "Conveyor's providers must support send_with_inv";
+    GTEST_SKIP() << "send_with_invalidate unsupported by the device";
+  }
+  // The published main region grants every remote right, not remote_invalidate.
+  ASSERT_FALSE(conveyor::has(tgt_main.mr.rights(), access::remote_invalidate));
+  auto src = make_region(init.pd, 64, access::local_write, 0x3500);
+  CVT_ASSERT_OK(src);
+  auto dst = make_region(tgt.pd, 128, access::local_write, 0x3501);
+  CVT_ASSERT_OK(dst);
+  CVT_ASSERT_POST_OK(tgt.qp.post_recv(dst->sge(0, 128), 351));
+  const sge s = src->sge(0, 64);
+  CVT_ASSERT_POST_OK(init.qp.post_send(send_wr{.wr_id = 352,
+                                               .opcode = wr_opcode::send_with_inv,
+                                               .sg_list = sgl(s, 64),
+                                               .invalidate_rkey = peer.rkey}));
+  std::vector<work_completion> iw, tw;
+  ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(64), iw));
+  EXPECT_TRUE(ok(check_wc(iw[0], wc_status::rem_access_err, wc_opcode::send, 352)));
+  ASSERT_TRUE(wait(tgt.recv_reader(), 1, op_timeout(64), tw));
+  EXPECT_EQ(tw[0].wr_id, 351u);
+  EXPECT_EQ(tw[0].status, wc_status::rem_inv_req_err);
+  EXPECT_FALSE(tw[0].with_inv);
+  EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(std::chrono::milliseconds(5000))));
+
+  // A second connection to the same protection domain READs the region with
+  // the same rkey.
+  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
+  CVT_ASSERT_OK(lis);
+  auto tqp2 = tgt.pd.create_qp({.send_cq = &tgt.scq, .recv_cq = &tgt.scq});
+  CVT_ASSERT_OK(tqp2);
+  auto iqp2 = init.pd.create_qp({.send_cq = &init.scq, .recv_cq = &init.scq});
+  CVT_ASSERT_OK(iqp2);
+  const auto timeout = scaled(std::chrono::milliseconds(10000));
+  std::string accept_err;
+  std::thread acceptor([&] {
+    auto req = lis->accept(timeout);
+    if (!req) {
+      accept_err = req.error().to_string();
+      return;
+    }
+    if (auto r = req->accept(*tqp2); !r) accept_err = r.error().to_string();
+  });
+  auto info = conveyor::connect(*iqp2, lis->address(), {.timeout = timeout});
+  acceptor.join();
+  CVT_ASSERT_OK(info);
+  ASSERT_EQ(accept_err, "");
+  auto sink = make_region(init.pd, 4096, access::local_write, 0x3502);
+  CVT_ASSERT_OK(sink);
+  CVT_ASSERT_POST_OK(iqp2->post_read(sink->sge(0, 4096), peer.slice(0, 4096), 353));
+  std::vector<work_completion> rw;
+  ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(4096), rw));
+  EXPECT_TRUE(ok(check_wc(rw[0], wc_status::success, wc_opcode::rdma_read, 353)))
+      << "the key was revoked by a peer although it was not registered invalidatable";
+  EXPECT_TRUE(ok(check_pattern(sink->bytes(), opts_.tgt_region_seed))) << "READ data";
 }
 
 // --- RDMA WRITE ---------------------------------------------------------------

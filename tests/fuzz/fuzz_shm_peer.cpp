@@ -123,9 +123,11 @@ struct world {
   void register_all() {
     mrs.clear();
     const access remote = access::remote_read | access::remote_write | access::remote_atomic;
-    const access rights[n_areas] = {access::local_write | remote, access::remote_read,
-                                    access::local_write | remote, access::local_write,
-                                    access::local_write};
+    // A and C are invalidatable; B and the local areas never are.
+    const access rights[n_areas] = {access::local_write | remote | access::remote_invalidate,
+                                    access::remote_read,
+                                    access::local_write | remote | access::remote_invalidate,
+                                    access::local_write, access::local_write};
     for (int a = 0; a < n_areas; ++a) {
       auto& pd = a == 2 ? pd2 : pd1;
       auto mr = pd.register_memory(std::span(area[a], area_len[a]), rights[a]);

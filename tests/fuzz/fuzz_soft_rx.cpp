@@ -159,11 +159,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   const conveyor::access all = conveyor::access::local_write | conveyor::access::remote_write |
                                conveyor::access::remote_read | conveyor::access::remote_atomic;
-  // Fresh registrations each input: a Send with Invalidate may have revoked one.
-  auto rw = w.pd_a.register_memory(w.bytes(w.rw), all).value();
+  // Fresh registrations each input: a Send with Invalidate may have revoked one
+  // (rw and other are invalidatable; ro, local and recv never are).
+  auto rw =
+      w.pd_a.register_memory(w.bytes(w.rw), all | conveyor::access::remote_invalidate).value();
   auto ro = w.pd_a.register_memory(w.bytes(w.ro), conveyor::access::remote_read).value();
   auto local = w.pd_a.register_memory(w.bytes(w.local), conveyor::access::local_write).value();
-  auto other = w.pd_b.register_memory(w.bytes(w.other), all).value();
+  auto other =
+      w.pd_b.register_memory(w.bytes(w.other), all | conveyor::access::remote_invalidate).value();
   auto recv = w.pd_a.register_memory(w.bytes(w.recv), conveyor::access::local_write).value();
   auto qp = w.pd_a.create_qp({.send_cq = &w.cq, .recv_cq = &w.cq, .max_dest_rd_atomic = 4}).value();
   for (std::uint32_t i = 0; i < 8; ++i) (void)qp.post_recv(recv.slice(i * 256, 256), i);

@@ -85,7 +85,7 @@ def test_send_with_invalidate(pair):
     i, t = pair.i, pair.t
     if not t.dev.attr.send_with_invalidate:
         pytest.skip("no send_with_invalidate")
-    victim = t.pd.register_memory(bytearray(64), conveyor.ALL_ACCESS)
+    victim = t.pd.register_memory(bytearray(64), conveyor.ALL_ACCESS | Access.remote_invalidate)
     rmr = t.pd.register_memory(bytearray(64), Access.local_write)
     t.qp.post_recv(rmr, 9)
     smr = i.pd.register_memory(bytearray(b"x" * 8), Access.local_write)

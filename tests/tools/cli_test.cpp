@@ -27,6 +27,7 @@
 #include "perf_report.hpp"
 #include "perf_session.hpp"
 #include "perftest.hpp"
+#include "providers/soft/wire/wire.hpp"
 
 namespace {
 
@@ -1044,6 +1045,32 @@ TEST(cli, a_client_started_as_the_last_one_exits_is_served_not_told_busy) {
   }
 }
 
+// A client that opens its control and data connections with a valid hello
+// and then says nothing held a --persistent server for a day (every other
+// client heard "server busy"): between phases the server waits --timeout at
+// most, says so, and serves the next client.
+TEST(cli, a_silent_client_between_phases_is_dropped_after_timeout_and_the_next_is_served) {
+  server_process srv({"--persistent", "--timeout", "2"});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto h = small_hello();
+  raw_client ctl;
+  auto ci = ctl.connect(srv.address(), h);
+  ASSERT_TRUE(ci) << ci.error().to_string();
+  auto dh = h;
+  dh.index = 1;
+  raw_client data;
+  auto di = data.connect(srv.address(), dh);
+  ASSERT_TRUE(di) << di.error().to_string();
+  ASSERT_TRUE(srv.wait_log("connected (1 data QPs)", cvt::scaled(5s))) << srv.drain_log();
+  // Silent from here on. After --timeout the server drops it and logs why.
+  ASSERT_TRUE(srv.wait_log("sent nothing for --timeout 2 s between phases", cvt::scaled(8s)))
+      << "the silent client still holds the server:\n"
+      << srv.drain_log();
+  const auto r = run({"perf", srv.address(), "--iters", "10", "--quiet"}, 60s);
+  EXPECT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  EXPECT_EQ(srv.wait_exit(100ms), -1) << "a --persistent server exited: " << srv.drain_log();
+}
+
 // CPU time (user + system) a process has used so far, in seconds.
 double cpu_seconds(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
@@ -1206,6 +1233,39 @@ TEST(ping, failures_are_one_line_that_says_what_is_wrong) {
   r = run({"ping"}, 10s);
   EXPECT_EQ(exit_code(r), 2) << r.output;
   EXPECT_NE(r.output.find("address is missing"), std::string::npos) << r.output;
+}
+
+// Peers that send a valid ping request (MPA, "CVPG" hello) and never their
+// MPA RTR: the server's accept returns at once and each client is served on
+// its own thread, so a real ping behind three of them completes in a fraction
+// of the handshake timeout (5 s) instead of one timeout per silent peer.
+TEST(ping, peers_that_never_send_their_rtr_do_not_hold_the_server) {
+  server_process srv(server_process::raw_args{{"ping", "--server", "127.0.0.1:0"}});
+  ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+  const auto port =
+      static_cast<std::uint16_t>(std::stoi(srv.address().substr(srv.address().rfind(':') + 1)));
+  conveyor::wire::mpa_frame f;
+  f.revision = 2;
+  f.v2 = conveyor::wire::mpa_v2_words{4, 4, true, false, true, false};
+  f.private_data = {std::byte{'C'}, std::byte{'V'}, std::byte{'P'}, std::byte{'G'},
+                    std::byte{0},   std::byte{0},   std::byte{0},   std::byte{64}};
+  const auto request = conveyor::wire::encode_mpa(f);
+  std::vector<int> silent;
+  for (int i = 0; i < 3; ++i) {
+    std::string why;
+    const int fd = cvt::raw_connect(port, why);
+    ASSERT_GE(fd, 0) << why;
+    silent.push_back(fd);
+    ASSERT_TRUE(cvt::raw_send_all(fd, request));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run({"ping", srv.address(), "--timeout", "10"}, 30s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  for (int fd : silent) ::close(fd);
+  EXPECT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+  EXPECT_NE(r.output.find("conveyor ping: OK"), std::string::npos) << r.output;
+  EXPECT_LT(took, cvt::scaled(2500ms)) << "the ping waited behind peers without RTR:\n"
+                                       << srv.drain_log();
 }
 
 // Begin and ready carry where each side runs; a latency loop whose peer is

@@ -107,14 +107,25 @@ TEST_F(fixture, remove_waits_for_an_access_in_progress) {
   EXPECT_TRUE(removed.load());
 }
 
-TEST_F(fixture, a_peer_invalidates_only_a_remote_key_of_its_own_protection_domain) {
-  auto remote = kt.add(buf.data(), 1024, access::local_write | access::remote_write, 1).value();
+TEST_F(fixture, a_peer_invalidates_only_an_invalidatable_key_of_its_own_protection_domain) {
+  auto remote = kt.add(buf.data(), 1024,
+                       access::local_write | access::remote_write | access::remote_invalidate, 1)
+                    .value();
   auto local = kt.add(buf.data() + 1024, 1024, access::local_write, 1).value();
-  auto other = kt.add(buf.data() + 2048, 1024, access::remote_read, 2).value();
+  auto other =
+      kt.add(buf.data() + 2048, 1024, access::remote_read | access::remote_invalidate, 2).value();
+  // Every remote right but not registered invalidatable: a plain verbs MR.
+  auto plain = kt.add(buf.data() + 3072, 1024,
+                      access::local_write | access::remote_write | access::remote_read |
+                          access::remote_atomic,
+                      1)
+                   .value();
   key_table::guard g;
   std::byte* p = nullptr;
   EXPECT_EQ(kt.invalidate_remote(other, 1), key_check::wrong_pd);
   EXPECT_EQ(kt.invalidate_remote(local, 1), key_check::no_access);
+  EXPECT_EQ(kt.invalidate_remote(plain, 1), key_check::no_access);
+  EXPECT_EQ(kt.acquire(plain, 1, base() + 3072, 8, access::remote_read, g, &p), key_check::ok);
   EXPECT_EQ(kt.invalidate_remote(remote ^ 0x5A5Au, 1), key_check::invalid_key);
   EXPECT_EQ(kt.invalidate_remote(0, 1), key_check::invalid_key);
   // The refused keys are untouched.

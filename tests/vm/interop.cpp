@@ -126,7 +126,8 @@ struct side {
     mr = pd.register_memory(std::span(region), all).value();
     smr = pd.register_memory(std::span(scratch), cvy::access::local_write).value();
     rmr = pd.register_memory(std::span(recvbuf), cvy::access::local_write).value();
-    imr = pd.register_memory(std::span(inv), cvy::access::local_write | cvy::access::remote_write)
+    imr = pd.register_memory(std::span(inv), cvy::access::local_write | cvy::access::remote_write |
+                                                 cvy::access::remote_invalidate)
               .value();
     for (std::uint64_t i = 0; i < 32; ++i)
       if (qp.post_recv(rmr.slice(i * 4096, 4096), 1000 + i) != cvy::errc::ok) return false;

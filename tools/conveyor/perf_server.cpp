@@ -379,8 +379,22 @@ void session::phase(const ctl_msg& b) {
 }
 
 void session::serve() {
+  // Between phases the client is one control message away (its next phase or
+  // its goodbye). One that stays silent holds the server, every other client
+  // hearing "server busy": after --timeout without a word it is dropped and
+  // the server goes on (a --persistent one to its next client).
+  const auto idle = std::chrono::duration<double>(ep_.opts().timeout);
   while (true) {
-    auto m = ep_.recv_ctl(std::chrono::hours(24));
+    const auto deadline = clk::now() + idle;
+    std::optional<ctl_msg> next;
+    while (!(next = ep_.wait_ctl(std::chrono::milliseconds(20))))
+      if (clk::now() >= deadline) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", ep_.opts().timeout);
+        fail(std::string("the client sent nothing for --timeout ") + secs + " s between phases (" +
+             ep_.describe() + "); dropped");
+      }
+    const ctl_msg m = *next;
     if (m.kind == ctl_kind::bye) return;
     if (m.kind != ctl_kind::begin) fail("unexpected control message (protocol error)");
     phase(m);

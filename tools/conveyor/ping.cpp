@@ -14,6 +14,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -108,6 +110,41 @@ std::string describe(const qp_connection_attr& c, const device& dev) {
   return s;
 }
 
+// One client, on its own PD, CQ, QP and regions; every step bounded by
+// --timeout. Failures are logged, never thrown.
+void serve_client(device& dev, connect_request req, std::uint32_t size,
+                  std::chrono::milliseconds timeout) {
+  const std::string peer = req.peer_address();
+  try {
+    auto pd = check(dev.alloc_pd(), "alloc_pd");
+    auto cq = check(dev.create_cq({.depth = 16}), "create_cq");
+    auto qp = check(pd.create_qp({.send_cq = &cq, .recv_cq = &cq}), "create_qp");
+    const auto rights = access::local_write | access::remote_read | access::remote_write;
+    auto target =
+        check(pd.allocate_memory(size, rights), "allocate " + std::to_string(size) + " B");
+    auto echo = check(pd.allocate_memory(size, access::local_write), "allocate the echo buffer");
+    check(qp.post_recv(echo.as_sge(), 1), "post the receive");
+    std::vector<std::byte> reply(4);
+    std::memcpy(reply.data(), magic, 4);
+    const auto key = target.remote().encode();
+    reply.insert(reply.end(), key.begin(), key.end());
+    check(req.accept(qp, reply), "accept " + peer);
+    auto wc = wait(cq, timeout, "the client's SEND");
+    check(qp.post_send_msg(echo.slice(0, wc.byte_len), 2), "echo the SEND");
+    wait(cq, timeout, "the echo");
+    // The client WRITEs and READs on its own; it disconnects when done.
+    for (auto left = timeout; qp.state() != qp_state::error && left.count() > 0;
+         left -= std::chrono::milliseconds(50))
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::fprintf(stderr, "conveyor ping server: %s pinged\n", peer.c_str());
+  } catch (const ping_failure& f) {
+    std::fprintf(stderr, "conveyor ping server: client %s: %s\n", peer.c_str(), f.what.c_str());
+  }
+}
+
+// Clients served at once; one more is told the server is busy.
+constexpr std::size_t max_ping_clients = 16;
+
 int serve(const ping_options& o) {
   device dev = open_device(o);
   auto lis = check(listener::bind(dev, o.address), "listen on " + o.address);
@@ -118,52 +155,54 @@ int serve(const ping_options& o) {
   std::fprintf(stderr, "conveyor ping server: listening on %s (provider %s, device %s)\n",
                lis.address().c_str(), dev.attr().provider.c_str(), dev.attr().name.c_str());
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
+  // Each client is served on its own thread, so one that stalls (before or
+  // after its handshake) holds up no other; --once serves the first one here.
+  struct shared {
+    std::mutex mu;
+    std::size_t active = 0;
+  };
+  auto st = std::make_shared<shared>();
   for (;;) {
     auto req = lis.accept(std::chrono::hours(1));
     if (!req) continue;
     const std::string peer = req->peer_address();
-    try {
-      auto pd = check(dev.alloc_pd(), "alloc_pd");
-      auto cq = check(dev.create_cq({.depth = 16}), "create_cq");
-      auto qp = check(pd.create_qp({.send_cq = &cq, .recv_cq = &cq}), "create_qp");
-      // The client's hello: "CVPG" and the size it will move (big-endian), at most 16 MiB.
-      const auto pdata = req->private_data();
-      if (pdata.size() < 8 || std::memcmp(pdata.data(), magic, 4) != 0) {
-        std::fprintf(stderr, "conveyor ping server: refusing %s: not a conveyor ping client\n",
-                     peer.c_str());
-        (void)req->reject(
-            "this is a conveyor ping server; its clients run `conveyor ping ADDRESS`");
-        continue;
-      }
-      std::uint32_t size = 0;
-      for (int i = 4; i < 8; ++i)
-        size = (size << 8) | std::to_integer<std::uint32_t>(pdata[static_cast<std::size_t>(i)]);
-      if (size < 8 || size > (16u << 20)) {
-        (void)req->reject("ping size " + std::to_string(size) + " is outside 8 .. 16 MiB");
-        continue;
-      }
-      const auto rights = access::local_write | access::remote_read | access::remote_write;
-      auto target =
-          check(pd.allocate_memory(size, rights), "allocate " + std::to_string(size) + " B");
-      auto echo = check(pd.allocate_memory(size, access::local_write), "allocate the echo buffer");
-      check(qp.post_recv(echo.as_sge(), 1), "post the receive");
-      std::vector<std::byte> reply(4);
-      std::memcpy(reply.data(), magic, 4);
-      const auto key = target.remote().encode();
-      reply.insert(reply.end(), key.begin(), key.end());
-      check(req->accept(qp, reply), "accept " + peer);
-      auto wc = wait(cq, timeout, "the client's SEND");
-      check(qp.post_send_msg(echo.slice(0, wc.byte_len), 2), "echo the SEND");
-      wait(cq, timeout, "the echo");
-      // The client WRITEs and READs on its own; it disconnects when done.
-      for (auto left = timeout; qp.state() != qp_state::error && left.count() > 0;
-           left -= std::chrono::milliseconds(50))
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      std::fprintf(stderr, "conveyor ping server: %s pinged\n", peer.c_str());
-    } catch (const ping_failure& f) {
-      std::fprintf(stderr, "conveyor ping server: client %s: %s\n", peer.c_str(), f.what.c_str());
+    // The client's hello: "CVPG" and the size it will move (big-endian), at most 16 MiB.
+    const auto pdata = req->private_data();
+    if (pdata.size() < 8 || std::memcmp(pdata.data(), magic, 4) != 0) {
+      std::fprintf(stderr, "conveyor ping server: refusing %s: not a conveyor ping client\n",
+                   peer.c_str());
+      (void)req->reject("this is a conveyor ping server; its clients run `conveyor ping ADDRESS`");
+      continue;
     }
-    if (o.once) return 0;
+    std::uint32_t size = 0;
+    for (int i = 4; i < 8; ++i)
+      size = (size << 8) | std::to_integer<std::uint32_t>(pdata[static_cast<std::size_t>(i)]);
+    if (size < 8 || size > (16u << 20)) {
+      (void)req->reject("ping size " + std::to_string(size) + " is outside 8 .. 16 MiB");
+      continue;
+    }
+    if (o.once) {
+      serve_client(dev, std::move(*req), size, timeout);
+      return 0;
+    }
+    {
+      std::lock_guard lk(st->mu);
+      if (st->active >= max_ping_clients) {
+        const std::string busy = "server busy: " + std::to_string(max_ping_clients) +
+                                 " clients are being served; try again";
+        std::fprintf(stderr, "conveyor ping server: refusing %s: %s\n", peer.c_str(), busy.c_str());
+        (void)req->reject(busy);
+        continue;
+      }
+      ++st->active;
+    }
+    // Detached: the server runs until it is interrupted; each thread owns
+    // what it uses (a handle of the device, the request, the shared count).
+    std::thread([d = dev.share(), r = std::move(*req), size, timeout, st]() mutable {
+      serve_client(d, std::move(r), size, timeout);
+      std::lock_guard lk(st->mu);
+      --st->active;
+    }).detach();
   }
 }
 

@@ -95,6 +95,7 @@ class Access(_enum.IntFlag):
     remote_write = 1 << 1  # peers may RDMA WRITE into it
     remote_read = 1 << 2  # peers may RDMA READ from it
     remote_atomic = 1 << 3  # peers may run atomics on it
+    remote_invalidate = 1 << 4  # a peer's SEND with invalidate may revoke it (not in ALL_ACCESS)
 
 
 class SendFlags(_enum.IntFlag):

@@ -119,6 +119,7 @@ class Access(enum.IntFlag):
     remote_write: int
     remote_read: int
     remote_atomic: int
+    remote_invalidate: int
 
 class SendFlags(enum.IntFlag):
     none: int

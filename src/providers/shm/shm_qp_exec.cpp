@@ -179,11 +179,11 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
   if (std::uint64_t id; !finish_recv(id)) return exec::done;  // flushed meanwhile
   const bool inv = m.flags & msg_flag::with_inv;
   if (inv) {
-    // Only a key of this QP's protection domain whose region grants some
-    // remote right is invalidated; anything else fails the request and the QP
-    // (the peer gets one guess per connection), with soft's statuses: a
-    // protection refusal (other PD, local only) is rem_access_err at the
-    // initiator, an unknown key rem_inv_req_err.
+    // Only a key of this QP's protection domain registered with
+    // access::remote_invalidate is invalidated; anything else fails the
+    // request and the QP (the peer gets one guess per connection), with soft's
+    // statuses: a protection refusal (other PD, not invalidatable) is
+    // rem_access_err at the initiator, an unknown key rem_inv_req_err.
     const key_check kc = dev_->keys().invalidate_remote(m.imm, pd_->id());
     if (kc != key_check::ok) {
       complete_recv(rx_recv_, wc_status::rem_inv_req_err, wc_opcode::recv, m.total, false, 0, false,

@@ -2,10 +2,12 @@
 // providers/swnic with the soft engine, TCP listeners and soft QPs.
 #pragma once
 
+#include "core/handshake_pump.hpp"
 #include "providers/soft/engine/engine.hpp"
 #include "providers/swnic/sw_device.hpp"
 
 #include <memory>
+#include <mutex>
 
 namespace conveyor::soft {
 
@@ -16,9 +18,18 @@ class soft_device final : public swnic::sw_device {
   result<std::unique_ptr<detail::listener_impl>> bind_listener(std::string_view address,
                                                                int backlog) override;
   soft::engine& eng() noexcept { return *engine_owned_; }
+  // Reads the last step of every accepted connection of this device (the
+  // initiator's RTR, soft_cm.cpp), so accept() never waits for a peer; its
+  // thread starts with the first such accept. Bounded as a listener's
+  // handshakes are: device_options::max_pending_handshakes at a time, each
+  // within handshake_timeout_ms.
+  result<detail::handshake_pump*> rtr_pump();
+  ~soft_device() override;
 
  private:
   std::unique_ptr<soft::engine> engine_owned_;
+  std::mutex rtr_mu_;
+  std::unique_ptr<detail::handshake_pump> rtr_pump_;  // last: stops before the engine goes
 };
 
 class soft_pd final : public swnic::sw_pd {

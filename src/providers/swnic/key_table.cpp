@@ -58,8 +58,7 @@ key_check key_table::invalidate_remote(std::uint32_t key, std::uint32_t pd_id) n
     rc = key_check::invalid_key;
   else if (s.pd_id != pd_id)
     rc = key_check::wrong_pd;
-  else if (!has(s.rights, access::remote_read) && !has(s.rights, access::remote_write) &&
-           !has(s.rights, access::remote_atomic))
+  else if (!has(s.rights, access::remote_invalidate))
     rc = key_check::no_access;
   s.inflight.fetch_sub(1, std::memory_order_seq_cst);
   if (rc == key_check::ok) remove(key);  // a racing deregistration makes this a no-op

@@ -33,9 +33,10 @@ class key_table {
   // Revokes `key`; returns once no access holds it.
   void remove(std::uint32_t key) noexcept;
   // A peer's Send with Invalidate: revokes `key` only if it names a live
-  // region of protection domain `pd_id` that grants some remote right (one the
-  // peer could have been given); otherwise leaves the table as it is and says
-  // why (invalid_key, wrong_pd, no_access).
+  // region of protection domain `pd_id` registered with
+  // access::remote_invalidate (as verbs allows it only for memory windows and
+  // fast-registered keys, never for a plain MR); otherwise leaves the table as
+  // it is and says why (invalid_key, wrong_pd, no_access).
   key_check invalidate_remote(std::uint32_t key, std::uint32_t pd_id) noexcept;
   // The slot a key names (< capacity + 1): stable for the key's lifetime.
   static constexpr std::uint32_t slot_of(std::uint32_t key) noexcept { return key >> 16; }

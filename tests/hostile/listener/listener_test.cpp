@@ -24,6 +24,7 @@
 
 #include "common/env.hpp"
 #include "crowd.hpp"
+#include "providers/soft/wire/wire.hpp"
 
 namespace {
 
@@ -291,6 +292,93 @@ TEST(listener_crowd, a_half_open_handshake_is_closed_at_its_deadline) {
   EXPECT_EQ(c.closed_by_target(), 6u) << "every half-open handshake ends at its deadline";
   EXPECT_GE(took, hs - 50ms) << "closed before the deadline (the dripping ones were still sending)";
   EXPECT_GT(c.dripped(), 6u) << "the dripping peers did drip";
+}
+
+// A raw TCP peer that sends a valid MPA request (peer-to-peer, asking for an
+// RTR) and never sends its RTR: connected and blocking, or -1. The target's
+// Reply is read (so accept() has answered it) when `read_reply`.
+int no_rtr_peer(std::uint16_t port, bool read_reply) {
+  const int fd = cvh::start_connect(port);
+  if (fd < 0) return -1;
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, 2000) != 1) {
+    ::close(fd);
+    return -1;
+  }
+  conveyor::wire::mpa_frame f;
+  f.reply = false;
+  f.revision = 2;
+  f.v2 = conveyor::wire::mpa_v2_words{4, 4, true, false, true, false};
+  const auto req = conveyor::wire::encode_mpa(f);
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    ::close(fd);
+    return -1;
+  }
+  if (read_reply) {  // the whole Reply: its header, then PD_Length bytes
+    std::vector<std::byte> rep(conveyor::wire::mpa_header_size);
+    std::size_t got = 0;
+    const auto until = clk::now() + 5s;
+    while (got < rep.size() && clk::now() < until) {
+      pollfd q{fd, POLLIN, 0};
+      if (::poll(&q, 1, 100) != 1) continue;
+      const ssize_t n = ::recv(fd, rep.data() + got, rep.size() - got, MSG_DONTWAIT);
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+      if (got == conveyor::wire::mpa_header_size && rep.size() == got)
+        rep.resize(got + ((std::to_integer<std::size_t>(rep[18]) << 8) |
+                          std::to_integer<std::size_t>(rep[19])));
+    }
+    if (got < rep.size()) {
+      ::close(fd);
+      return -1;
+    }
+  }
+  return fd;
+}
+
+// The responder's accept() does not wait for the initiator's RTR (RFC 6581):
+// as rdma_accept, it answers and returns; the RTR is read by the device and
+// a QP whose RTR never comes fails at the handshake deadline. A peer that
+// sends a request and never its RTR (three of them, one after another) holds
+// no one up: a client behind them is accepted, WRITEs and READs, in a fraction
+// of the handshake timeout, by the same single acceptor thread.
+TEST(listener_crowd, peers_that_never_send_their_rtr_do_not_hold_the_acceptor) {
+  const auto hs = scaled(3000ms);
+  target t(hs, 16);
+  std::vector<int> silent;
+  const auto t0 = clk::now();
+  for (int i = 0; i < 3; ++i) {
+    // Each waits for the acceptor's Reply: accept() has taken it.
+    const int fd = no_rtr_peer(t.lis.port(), true);
+    ASSERT_GE(fd, 0) << "peer " << i << " got no MPA Reply";
+    silent.push_back(fd);
+  }
+  client cl;
+  std::string why;
+  const double ms = cl.run(t.address(), 0, 2 * hs, true, why);
+  const auto served = clk::now() - t0;
+  ASSERT_GE(ms, 0) << why;
+  EXPECT_LT(served, hs / 4) << "the acceptor waited for RTRs that never came";
+  // The QPs of the silent peers fail at their deadline: the peers see their
+  // connection closed, and the target's QPs go to ERROR.
+  for (int fd : silent) {
+    pollfd p{fd, POLLIN, 0};
+    const int left = static_cast<int>(ms_of(hs + scaled(3000ms) - (clk::now() - t0)));
+    ASSERT_EQ(::poll(&p, 1, std::max(left, 1)), 1) << "the target kept a connection without RTR";
+    char b;
+    EXPECT_LE(::recv(fd, &b, 1, MSG_DONTWAIT), 0) << "the target sent a byte before the RTR";
+    ::close(fd);
+  }
+  EXPECT_GE(clk::now() - t0, hs - 100ms) << "a connection failed before its handshake deadline";
+  {
+    // Accepted in order: the three silent peers (each saw its Reply before
+    // the next connected), then the client (gone by now: its QP too).
+    std::lock_guard lk(t.mu);
+    ASSERT_EQ(t.qps.size(), 4u);
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(t.qps[i].state(), qp_state::error) << "the QP of peer " << i << " without RTR";
+  }
+  EXPECT_EQ(t.accept_errors.load(), 0);
 }
 
 // The same for shm's listener (a Unix socket): silent, dripping and junk

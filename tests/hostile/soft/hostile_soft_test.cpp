@@ -9,11 +9,13 @@
 #include <conveyor/conveyor.hpp>
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <future>
+#include <optional>
 #include <thread>
 
 using namespace conveyor;
@@ -51,16 +53,18 @@ struct arena {
   }
 };
 
-// A target: QP on PD A; regions: `a` (every right, PD A), `local` (local
-// write only, PD A), `b` (every right, PD B).
+// A target: QP on PD A; regions: `a` (every right, PD A, not remotely
+// invalidatable: a plain verbs MR), `inv` (every right and remote_invalidate,
+// PD A), `local` (local write only, PD A), `b` (every right and
+// remote_invalidate, PD B).
 struct target {
   device dev;
   protection_domain pd_a, pd_b;
   completion_queue cq;
   queue_pair qp;
   arena mem{12 * 1024 * 1024};
-  std::span<std::byte> a_buf, local_buf, b_buf, recv_buf;
-  memory_region a, local, b, recv;
+  std::span<std::byte> a_buf, local_buf, b_buf, recv_buf, inv_buf;
+  memory_region a, local, b, recv, inv;
   listener lis;
 
   explicit target(std::string_view provider = "soft", std::uint32_t max_dest_rd_atomic = 16) {
@@ -78,9 +82,11 @@ struct target {
     local_buf = mem.carve(64 * 1024);
     b_buf = mem.carve(64 * 1024);
     recv_buf = mem.carve(4096);
+    inv_buf = mem.carve(64 * 1024);
     a = pd_a.register_memory(a_buf, all).value();
     local = pd_a.register_memory(local_buf, conveyor::access::local_write).value();
-    b = pd_b.register_memory(b_buf, all).value();
+    b = pd_b.register_memory(b_buf, all | conveyor::access::remote_invalidate).value();
+    inv = pd_a.register_memory(inv_buf, all | conveyor::access::remote_invalidate).value();
     recv = pd_a.register_memory(recv_buf, conveyor::access::local_write).value();
     static int serial = 0;
     // Name check: address syntax (shm listens on "@name", soft on a TCP port).
@@ -136,7 +142,8 @@ void legit_client_is_served(target& t, protection_domain& pd, const memory_regio
 
 // Connects a raw peer (MPA v2, Write RTR; `ext` offers RFC 7306) to t.qp.
 raw_peer connect_raw(target& t, std::future<result<connection_info>>& fut, std::uint16_t ord = 4,
-                     bool ext = false, int rcvbuf = 0, mpa_frame* reply = nullptr) {
+                     bool ext = false, int rcvbuf = 0, mpa_frame* reply = nullptr,
+                     bool send_rtr = true) {
   fut = t.accept_async(t.qp);
   raw_peer p = raw_peer::connect_to(t.lis.port(), rcvbuf);
   mpa_frame f;
@@ -148,11 +155,18 @@ raw_peer connect_raw(target& t, std::future<result<connection_info>>& fut, std::
   if (!rep) return raw_peer(-1);
   if (reply) *reply = *rep;
   p.set_crc(rep->crc());
+  if (!send_rtr) return p;
   std::vector<std::byte> rtr(fpdu_size(ddp::tagged_hdr));
   write_tagged_header(rtr.data(), rdmap_op::write, true, 1, 0, 0);
   finish_fpdu(rtr, p.crc());
   p.send_all(rtr);
   return p;
+}
+
+// True if the socket has a byte to read (or EOF) within `t`.
+bool readable_within(const raw_peer& p, std::chrono::milliseconds t) {
+  pollfd f{p.fd(), POLLIN, 0};
+  return ::poll(&f, 1, static_cast<int>(t.count())) == 1;
 }
 
 std::optional<terminate_msg> read_until_terminate(raw_peer& p) {
@@ -184,6 +198,72 @@ std::optional<terminate_msg> send_with_invalidate(target& t, raw_peer& p, std::u
 }
 
 }  // namespace
+
+// ---- accept() does not wait for the RTR --------------------------------------
+
+// accept() returns once the Reply is out, before the initiator's RTR (as
+// rdma_accept): the QP is RTS and takes work, but sends nothing until the RTR
+// has arrived (RFC 6581); then the queued SEND goes out, and the connection
+// works both ways.
+TEST(soft_accept, work_posted_before_the_rtr_waits_for_it) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut, 4, false, 0, nullptr, /*send_rtr=*/false);
+  ASSERT_GE(p.fd(), 0);
+  ASSERT_EQ(fut.wait_for(5s), std::future_status::ready) << "accept() waited for the RTR";
+  auto info = fut.get();
+  ASSERT_TRUE(info.has_value()) << info.error().to_string();
+  EXPECT_EQ(t.qp.state(), qp_state::rts);
+  ASSERT_EQ(t.qp.post_send_msg(t.a.slice(0, 16), 9), errc::ok);
+  EXPECT_FALSE(readable_within(p, 300ms)) << "the target sent before the initiator's RTR";
+  std::vector<std::byte> rtr(fpdu_size(ddp::tagged_hdr));
+  write_tagged_header(rtr.data(), rdmap_op::write, true, 1, 0, 0);
+  finish_fpdu(rtr, p.crc());
+  ASSERT_TRUE(p.send_all(rtr));
+  auto f = p.read_fpdu();
+  ASSERT_TRUE(f.has_value()) << "the queued SEND never came";
+  auto h = parse_fpdu_header(*f);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->opcode, rdmap_op::send);
+  EXPECT_EQ(h->payload_len, 16u);
+  // And the other way: a WRITE from the peer lands (seen once the SEND after
+  // it completes: RDMA places the WRITE first).
+  ASSERT_EQ(t.qp.post_recv(t.recv.slice(0, 64), 78), errc::ok);
+  std::vector<std::byte> data(16, std::byte{0x7E});
+  ASSERT_TRUE(p.send_all(
+      encode_tagged(rdmap_op::write, true, t.a.rkey(), addr_of(t.a_buf) + 64, data, p.crc())));
+  ASSERT_TRUE(p.send_all(encode_untagged(rdmap_op::send, true, qn::send, 1, 0, 0, data, p.crc())));
+  std::optional<work_completion> recv;
+  for (int i = 0; i < 10 && !recv; ++i)
+    if (auto wc = t.cq.wait_one(1s); wc && wc->wr_id == 78) recv = *wc;
+  ASSERT_TRUE(recv.has_value()) << "the peer's SEND after its WRITE did not arrive";
+  EXPECT_EQ(recv->status, wc_status::success);
+  EXPECT_EQ(t.a_buf[64], std::byte{0x7E});
+  EXPECT_EQ(t.qp.state(), qp_state::rts);
+}
+
+// A peer whose RTR is not one: the accepted QP fails, its queued work is
+// flushed and the socket is closed.
+TEST(soft_accept, a_bad_rtr_fails_the_accepted_qp_and_flushes_its_work) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut, 4, false, 0, nullptr, /*send_rtr=*/false);
+  ASSERT_GE(p.fd(), 0);
+  ASSERT_TRUE(fut.get().has_value());
+  ASSERT_EQ(t.qp.post_send_msg(t.a.slice(0, 16), 9), errc::ok);
+  // A SEND where the zero-length Write RTR belongs.
+  const std::string s = "not an RTR";
+  ASSERT_TRUE(p.send_all(encode_untagged(rdmap_op::send, true, qn::send, 1, 0, 0,
+                                         std::as_bytes(std::span(s.data(), s.size())), p.crc())));
+  auto wc = t.cq.wait_one(5s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_EQ(wc->wr_id, 9u);
+  EXPECT_EQ(wc->status, wc_status::wr_flush_err);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(p.sees_eof(5s)) << "the target kept the connection";
+  EXPECT_TRUE(t.mem.untouched_except({}));
+  legit_client_is_served(t, t.pd_a, t.a);
+}
 
 // ---- finding 3: Send with Invalidate -----------------------------------------
 
@@ -230,6 +310,29 @@ TEST(soft_send_invalidate, a_local_only_region_is_refused_and_survives) {
   legit_client_is_served(t, t.pd_a, t.a);
 }
 
+TEST(soft_send_invalidate, a_remote_key_not_registered_invalidatable_is_refused_and_survives) {
+  target t;
+  std::future<result<connection_info>> fut;
+  raw_peer p = connect_raw(t, fut);
+  ASSERT_TRUE(fut.get().has_value());
+  // `a` grants every remote right, as a store's exported region does, but was
+  // not registered with remote_invalidate.
+  auto term = send_with_invalidate(t, p, t.a.rkey());
+  ASSERT_TRUE(term.has_value()) << "no Terminate";
+  EXPECT_EQ(term->layer, term_layer::rdmap);
+  EXPECT_EQ(term->etype, term::rdmap_remote_prot);
+  EXPECT_EQ(term->ecode, term::rdmap_cannot_invalidate);
+  auto wc = t.cq.wait_one(5s);
+  ASSERT_TRUE(wc.has_value());
+  EXPECT_EQ(wc->wr_id, 77u);
+  EXPECT_EQ(wc->status, wc_status::rem_inv_req_err);
+  EXPECT_FALSE(wc->with_inv);
+  EXPECT_TRUE(t.wait_error());
+  EXPECT_TRUE(t.mem.untouched_except({t.recv_buf}));
+  // The key still serves another client: WRITE then READ with it.
+  legit_client_is_served(t, t.pd_a, t.a);
+}
+
 TEST(soft_send_invalidate, an_unknown_key_costs_the_connection) {
   target t;
   std::future<result<connection_info>> fut;
@@ -254,16 +357,16 @@ TEST(soft_send_invalidate, an_own_remote_key_is_invalidated) {
   ASSERT_EQ(t.qp.post_recv(t.recv.slice(0, 64), 77), errc::ok);
   auto payload = std::vector<std::byte>(8, std::byte{1});
   ASSERT_TRUE(p.send_all(
-      encode_untagged(rdmap_op::send_inv, true, qn::send, 1, 0, t.a.rkey(), payload, p.crc())));
+      encode_untagged(rdmap_op::send_inv, true, qn::send, 1, 0, t.inv.rkey(), payload, p.crc())));
   auto wc = t.cq.wait_one(5s);
   ASSERT_TRUE(wc.has_value());
   EXPECT_EQ(wc->status, wc_status::success);
   EXPECT_TRUE(wc->with_inv);
-  EXPECT_EQ(wc->invalidated_rkey, t.a.rkey());
+  EXPECT_EQ(wc->invalidated_rkey, t.inv.rkey());
   // The key is dead now: a WRITE to it is refused.
   std::vector<std::byte> data(16, std::byte{0xEE});
   ASSERT_TRUE(p.send_all(
-      encode_tagged(rdmap_op::write, true, t.a.rkey(), addr_of(t.a_buf), data, p.crc())));
+      encode_tagged(rdmap_op::write, true, t.inv.rkey(), addr_of(t.inv_buf), data, p.crc())));
   auto term = read_until_terminate(p);
   ASSERT_TRUE(term.has_value());
   EXPECT_EQ(term->layer, term_layer::ddp);
@@ -285,6 +388,7 @@ void conveyor_initiator_with_bad_invalidate_keys(const char* provider) {
   const bad_key cases[] = {
       {"other PD", [](target& t) { return t.b.rkey(); }, wc_status::rem_access_err},
       {"local only", [](target& t) { return t.local.lkey(); }, wc_status::rem_access_err},
+      {"not invalidatable", [](target& t) { return t.a.rkey(); }, wc_status::rem_access_err},
       {"unknown", [](target& t) { return t.a.rkey() ^ 0x5A5Au; }, wc_status::rem_inv_req_err},
   };
   for (const auto& c : cases) {
@@ -325,7 +429,7 @@ void conveyor_initiator_with_bad_invalidate_keys(const char* provider) {
   }
 }
 
-TEST(shm_send_invalidate, keys_of_another_pd_or_local_only_or_unknown_are_refused) {
+TEST(shm_send_invalidate, keys_of_another_pd_or_not_invalidatable_or_unknown_are_refused) {
   conveyor_initiator_with_bad_invalidate_keys("shm");
 }
 

@@ -7,6 +7,8 @@
 // as the first FPDU. Responder: accepts rev 1 and rev 2 requests, refuses
 // markers, echoes C and A, picks the Write RTR when offered (else Read), and
 // answers the extension offer with ext_ack (never by echoing the offer).
+// accept() returns once the Reply is sent; the device's RTR pump reads the
+// initiator's RTR and then starts the QP (or fails it at the deadline).
 #include "core/handshake_pump.hpp"
 #include "providers/soft/engine/soft_qp.hpp"
 #include "providers/soft/soft_device.hpp"
@@ -184,6 +186,80 @@ class mpa_request_reader final : public detail::pending_handshake {
   mpa_frame req_;
 };
 
+// The responder's last handshake step, on the device's RTR pump: exactly the
+// initiator's RTR (a zero-length FPDU, never a byte more: what follows belongs
+// to the QP), then the QP goes live. Destroyed without it (the peer closed,
+// sent something else, or missed the deadline, or the pump evicted it to stay
+// within max_pending_handshakes), it fails the QP and closes the socket.
+class rtr_reader final : public detail::pending_handshake {
+ public:
+  rtr_reader(net::fd_guard fd, std::shared_ptr<rtr_link> link, bool read_rtr, bool crc,
+             std::string peer)
+      : fd_(std::move(fd)),
+        link_(std::move(link)),
+        read_rtr_(read_rtr),
+        crc_(crc),
+        n_(read_rtr ? fpdu_size(ddp::untagged_hdr + read_request_hdr) : fpdu_size(ddp::tagged_hdr)),
+        peer_(std::move(peer)) {}
+  ~rtr_reader() override {
+    if (done_) return;
+    std::lock_guard lk(link_->mu);
+    if (link_->qp)
+      link_->qp->fail_rtr(
+          why_.empty() ? "no MPA RTR from " + peer_ + " within the handshake timeout" : why_);
+  }
+  int fd() const noexcept override { return fd_.get(); }
+  step on_readable(std::string& why) override {
+    while (got_ < n_) {
+      const ssize_t r = ::recv(fd_.get(), buf_ + got_, n_ - got_, MSG_DONTWAIT);
+      if (r == 0) {
+        why = why_ = "MPA handshake with " + peer_ + ": the peer closed before its RTR";
+        return step::failed;
+      }
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return step::more;
+        why = why_ = "MPA RTR from " + peer_ + ": " + std::strerror(errno);
+        return step::failed;
+      }
+      got_ += static_cast<std::size_t>(r);
+    }
+    const std::span<const std::byte> f(buf_, n_);
+    auto h = parse_fpdu_header(f);
+    const bool ok =
+        h && h->total() == n_ && h->payload_len == 0 &&
+        (read_rtr_ ? h->opcode == rdmap_op::read_request : h->opcode == rdmap_op::write) &&
+        (!crc_ || check_fpdu_crc(f));
+    if (!ok) {
+      why = why_ = "MPA handshake with " + peer_ + ": bad RTR frame";
+      return step::failed;
+    }
+    if (read_rtr_ && h->msn != 1) {
+      why = why_ = "MPA handshake with " + peer_ + ": read RTR MSN != 1";
+      return step::failed;
+    }
+    return step::done;
+  }
+  std::unique_ptr<detail::conn_request_impl> take() override {
+    done_ = true;
+    std::lock_guard lk(link_->mu);
+    if (link_->qp) (void)link_->qp->resume_after_rtr(std::move(fd_));
+    return nullptr;  // fd_, if not taken, closes: the QP left the wait
+  }
+  void refuse_busy() noexcept override {}
+
+ private:
+  net::fd_guard fd_;
+  std::shared_ptr<rtr_link> link_;
+  bool read_rtr_, crc_;
+  std::size_t n_;
+  std::string peer_;
+  std::string why_;
+  std::byte buf_[64];
+  std::size_t got_ = 0;
+  bool done_ = false;
+};
+
 class soft_listener final : public detail::listener_impl {
  public:
   soft_listener(std::shared_ptr<soft_device> dev, net::fd_guard fd, int backlog)
@@ -282,33 +358,21 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
     cp.ord = sq->want_ord();
   }
   rep.private_data.assign(pd.begin(), pd.end());
+  // With peer-to-peer, the RTR is read by the device's RTR pump, not here:
+  // accept() returns once the Reply is sent (as rdma_accept does; the
+  // connection is established later), so a peer that never sends its RTR
+  // holds no thread, and its QP fails at the handshake deadline. Get the pump
+  // before anything is sent: a failure leaves the QP in INIT.
+  detail::handshake_pump* pump = nullptr;
+  if (p2p) {
+    auto r = dev_->rtr_pump();
+    if (!r) return std::unexpected(r.error());
+    pump = *r;
+  }
   auto bytes = encode_mpa(rep);
   auto w = net::write_all(fd_.get(), bytes, deadline, "MPA reply to " + peer_);
   if (!w) return std::unexpected(w.error());
-  if (p2p) {
-    // Nothing may be sent before the initiator's RTR arrives; read exactly it.
-    const std::size_t n =
-        read_rtr ? fpdu_size(ddp::untagged_hdr + read_request_hdr) : fpdu_size(ddp::tagged_hdr);
-    std::byte buf[64];
-    auto r = net::read_exact(fd_.get(), std::span(buf, n), deadline, "MPA RTR from " + peer_);
-    if (!r) {
-      if (r.error().code == errc::timed_out)
-        return make_error(errc::timed_out, "MPA handshake with " + peer_ + " timed out after " +
-                                               seconds_text(hs) + " (no RTR)");
-      return std::unexpected(r.error());
-    }
-    auto h = parse_fpdu_header(std::span(buf, n));
-    const bool ok =
-        h && h->total() == n && h->payload_len == 0 &&
-        (read_rtr ? h->opcode == rdmap_op::read_request : h->opcode == rdmap_op::write) &&
-        (!crc || check_fpdu_crc(std::span(buf, n)));
-    if (!ok)
-      return make_error(errc::protocol_error, "MPA handshake with " + peer_ + ": bad RTR frame");
-    if (read_rtr && h->msn != 1)
-      return make_error(errc::protocol_error,
-                        "MPA handshake with " + peer_ + ": read RTR MSN != 1");
-    cp.answer_read_rtr = read_rtr;
-  }
+  cp.answer_read_rtr = p2p && read_rtr;
   qp_connection_attr attr;
   attr.local_address = net::local_endpoint(fd_.get()).to_string();
   attr.peer_address = peer_;
@@ -316,7 +380,16 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
   attr.ord = cp.ord;
   attr.extensions = ext;
   attr.iwarp = iwarp_connection_attr{.mpa_revision = rep.revision, .crc = crc, .rtr = rtr};
-  sq->start(std::move(fd_), cp, attr, false);
+  if (!p2p) {
+    sq->start(std::move(fd_), cp, attr, false);
+  } else {
+    auto link = std::make_shared<rtr_link>();
+    sq->await_rtr(fd_.get(), cp, attr, link);
+    // Fails only when the pump's thread is gone, which rtr_pump() ruled out; the
+    // reader then fails the QP as it is destroyed.
+    auto a = pump->adopt(std::make_unique<rtr_reader>(std::move(fd_), link, read_rtr, crc, peer_));
+    if (!a) return std::unexpected(a.error());
+  }
   connection_info info{req_.private_data, *sq->connection()};
   return info;
 }
@@ -332,6 +405,23 @@ result<std::unique_ptr<detail::listener_impl>> soft_device::bind_listener(std::s
   auto self = std::static_pointer_cast<soft_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(
       new soft_listener(std::move(self), std::move(*fd), backlog));
+}
+
+soft_device::~soft_device() = default;
+
+result<detail::handshake_pump*> soft_device::rtr_pump() {
+  std::lock_guard lk(rtr_mu_);
+  if (!rtr_pump_) {
+    detail::handshake_limits l;
+    l.max_pending = std::max<std::uint32_t>(1, options().max_pending_handshakes);
+    l.deadline = std::chrono::milliseconds(options().handshake_timeout_ms);
+    l.max_ready = 1;  // nothing is handed out
+    rtr_pump_ = std::make_unique<detail::handshake_pump>(
+        -1, attr().name + ": MPA RTR of accepted connections", l,
+        [](int) -> std::unique_ptr<detail::pending_handshake> { return nullptr; });
+  }
+  if (auto ok = rtr_pump_->started(); !ok) return std::unexpected(ok.error());
+  return rtr_pump_.get();
 }
 
 result<connection_info> soft_qp::connect(std::string_view address, const connect_options& opts) {

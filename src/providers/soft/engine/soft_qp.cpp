@@ -87,6 +87,7 @@ void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
     first = wc_status::wr_flush_err;
   }
   state_.store(qp_state::error);
+  awaiting_rtr_ = false;  // an RTR that comes now finds the QP failed
   flush_locked(first, vendor);
   if (term_pending_)
     tx_progress_locked();  // sends the Terminate, then FIN
@@ -95,6 +96,7 @@ void soft_qp::enter_error(wc_status first, std::uint32_t vendor) noexcept {
 }
 
 void soft_qp::disconnect() noexcept {
+  cancel_rtr_wait();
   if (state() == qp_state::rts && attached_.load()) {
     // Answer what the peer has already sent (e.g. the zero-length Read that
     // confirms its last SEND) before closing, as a NIC would have acknowledged
@@ -113,10 +115,24 @@ void soft_qp::disconnect() noexcept {
 }
 
 void soft_qp::teardown_for_reset() noexcept {
+  cancel_rtr_wait();
   if (fd_ >= 0) disconnect();
 }
 
+void soft_qp::cancel_rtr_wait() noexcept {
+  std::shared_ptr<rtr_link> link;
+  {
+    std::lock_guard lk(tx_mu_);
+    link = std::move(rtr_link_);
+    awaiting_rtr_ = false;
+  }
+  if (!link) return;
+  std::lock_guard lk(link->mu);  // waits for the reader to finish a step on this QP
+  link->qp = nullptr;
+}
+
 void soft_qp::reset_locked() noexcept {
+  awaiting_rtr_ = false;
   for (auto& m : tx_msn_) m = 1;
   for (auto& m : rx_msn_) m = 1;
   term_pending_ = term_sent_ = false;
@@ -158,6 +174,59 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
       ++ord_used_;
     }
   }
+  go_live();
+}
+
+void soft_qp::await_rtr(int fd, const conn_params& p, qp_connection_attr attr,
+                        std::shared_ptr<rtr_link> link) {
+  link->qp = this;  // not yet shared with the reader
+  std::lock_guard lk(tx_mu_);
+  cp_ = p;
+  if (p.crc && !stage_) stage_.reset(new std::byte[stage_size]);
+  auto& iw = attr.iwarp.value();
+  iw.mss = net::tcp_mss(fd);
+  max_fpdu_ = std::min<std::size_t>(iw.mss, max_fpdu_size) & ~std::size_t(7);
+  iw.max_fpdu = static_cast<std::uint32_t>(max_fpdu_);
+  attr_ = attr;
+  awaiting_rtr_ = true;
+  rtr_link_ = std::move(link);
+  // RTS with no socket yet: posts are accepted and queued (tx_progress_locked
+  // sends nothing without one), as a NIC holds them until the connection is
+  // established.
+  state_.store(qp_state::rts);
+}
+
+bool soft_qp::resume_after_rtr(net::fd_guard fd) noexcept {
+  {
+    std::lock_guard lk(tx_mu_);
+    if (!awaiting_rtr_ || state() != qp_state::rts) return false;
+    awaiting_rtr_ = false;
+    rtr_link_.reset();  // the reader holds the link until it returns
+    fd_ = fd.release();
+    if (cp_.answer_read_rtr) {
+      rx_msn_[qn::read_request] = 2;
+      irq_.push_back({response::read, 1, 0, 0, 0, 0, 0, 0, 0});
+    }
+  }
+  go_live();
+  return true;
+}
+
+void soft_qp::fail_rtr(const std::string& why) noexcept {
+  {
+    std::lock_guard lk(tx_mu_);
+    if (!awaiting_rtr_) return;
+    awaiting_rtr_ = false;
+    rtr_link_.reset();
+  }
+  if (detail::log_enabled(detail::log_level::info))
+    detail::log_line(detail::log_level::info, dev_->attr().name + " QP " + std::to_string(qpn_) +
+                                                  " accepted from " + attr_.peer_address +
+                                                  " fails: " + why);
+  enter_error(wc_status::wr_flush_err, 0);
+}
+
+void soft_qp::go_live() noexcept {
   if (detail::log_enabled(detail::log_level::info)) {
     const auto& iw = *attr_.iwarp;
     detail::log_line(detail::log_level::info,

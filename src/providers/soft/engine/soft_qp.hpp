@@ -25,7 +25,9 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +35,15 @@ namespace conveyor::soft {
 
 class soft_pd;
 class soft_device;
+class soft_qp;
+
+// Between an accepted QP and the device's RTR reader (soft_cm.cpp): the
+// reader acts on the QP only under mu and while qp is set; the QP clears it
+// (cancel_rtr_wait) before it is torn down or reset.
+struct rtr_link {
+  std::mutex mu;
+  soft_qp* qp = nullptr;
+};
 
 struct conn_params {
   bool crc = false;
@@ -58,6 +69,18 @@ class soft_qp final : public swnic::sw_qp {
   // Connection manager: the handshake is done; take the socket and go to RTS.
   // sent_read_rtr: we (initiator) sent a zero-length Read RTR and await its response.
   void start(net::fd_guard fd, const conn_params& p, qp_connection_attr attr, bool sent_read_rtr);
+  // Responder (accept): the Reply is sent, the initiator's RTR is still to
+  // come (RFC 6581: nothing may be sent before it). The QP is RTS at once:
+  // work posted now waits in the queues; nothing goes out until
+  // resume_after_rtr. `fd` (still owned by the RTR reader) gives the MSS.
+  void await_rtr(int fd, const conn_params& p, qp_connection_attr attr,
+                 std::shared_ptr<rtr_link> link);
+  // The reader (holding link->mu, link->qp == this): the RTR arrived; take
+  // the socket and go on as start() does. false (the socket is closed) when
+  // the QP left the wait meanwhile (ERROR, reset).
+  bool resume_after_rtr(net::fd_guard fd) noexcept;
+  // The reader (holding link->mu): no valid RTR in time; the QP goes to ERROR.
+  void fail_rtr(const std::string& why) noexcept;
   // How long a QP in ERROR keeps its socket for the Terminate to leave.
   static constexpr std::chrono::milliseconds linger_time{1000};
 
@@ -188,6 +211,11 @@ class soft_qp final : public swnic::sw_qp {
 
   // ---- errors and teardown ----
   void enter_error(wc_status first_status, std::uint32_t vendor) noexcept;
+  // Ends a wait for the RTR: the reader no longer touches this QP. Called
+  // without tx_mu_ (the reader takes it under link->mu).
+  void cancel_rtr_wait() noexcept;
+  // start()'s second half: the connected log line, the engine, transmission.
+  void go_live() noexcept;
   void flush_locked(wc_status first_status, std::uint32_t vendor) noexcept;
 
   soft_device* dev_;
@@ -196,7 +224,9 @@ class soft_qp final : public swnic::sw_qp {
   int fd_ = -1;
   std::atomic<bool> attached_{false};
   conn_params cp_;
-  std::size_t max_fpdu_ = 1460;  // tx_mu_ once connected
+  bool awaiting_rtr_ = false;           // tx_mu_: accepted, RTR not yet read
+  std::shared_ptr<rtr_link> rtr_link_;  // tx_mu_
+  std::size_t max_fpdu_ = 1460;         // tx_mu_ once connected
   // TCP's MSS starts bounded by half the initial window (32 KiB on loopback)
   // and grows with it (to 65483 there): bulk framing re-reads it, as Linux siw
   // does, so FPDUs follow it (tx_mu_).
