@@ -201,7 +201,10 @@ bool soft_qp::resume_after_rtr(net::fd_guard fd) noexcept {
     std::lock_guard lk(tx_mu_);
     if (!awaiting_rtr_ || state() != qp_state::rts) return false;
     awaiting_rtr_ = false;
-    rtr_link_.reset();  // the reader holds the link until it returns
+    // rtr_link_ stays until cancel_rtr_wait: a teardown racing with this call
+    // must find it and wait on its mutex (the reader holds it until go_live
+    // below has returned); dropped here, the QP could be destroyed while go_live
+    // still attached it to the engine.
     fd_ = fd.release();
     if (cp_.answer_read_rtr) {
       rx_msn_[qn::read_request] = 2;
@@ -216,8 +219,7 @@ void soft_qp::fail_rtr(const std::string& why) noexcept {
   {
     std::lock_guard lk(tx_mu_);
     if (!awaiting_rtr_) return;
-    awaiting_rtr_ = false;
-    rtr_link_.reset();
+    awaiting_rtr_ = false;  // rtr_link_ stays, as in resume_after_rtr
   }
   if (detail::log_enabled(detail::log_level::info))
     detail::log_line(detail::log_level::info, dev_->attr().name + " QP " + std::to_string(qpn_) +
