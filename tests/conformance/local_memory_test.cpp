@@ -68,6 +68,18 @@ std::string canary_damage(std::span<const std::byte> b) {
 
 class local_memory : public pair_test {
  protected:
+  // Name check: on verbs, deregistering memory that an outstanding work request
+  // uses is the application's error (the verbs contract); the kernel's
+  // providers answer it each their own way (rxe: local QP operation error;
+  // siw: general error, the sender told success, and a READ's response still
+  // lands in the pages the registration had pinned), so there is no one
+  // behaviour to hold them to. soft and shm promise it: these cases check them.
+  void skip_on_verbs() {
+    if (param().provider == "verbs")
+      GTEST_SKIP() << "verbs: deregistering memory an outstanding request uses is the "
+                      "application's error; kernel providers differ in how they report it";
+  }
+
   // After the failure: a new connection with new regions READs and SENDs as usual.
   void expect_fresh_pair_works() {
     reset_pair();
@@ -91,6 +103,7 @@ class local_memory : public pair_test {
 };
 
 TEST_P(local_memory, receive_into_deregistered_region_writes_nothing_and_is_loc_prot_err) {
+  skip_on_verbs();
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   guarded_sink s;
   ASSERT_TRUE(make_guarded(tgt.pd, 3000, s));
@@ -117,6 +130,7 @@ TEST_P(local_memory, read_sink_deregistered_while_outstanding_gets_no_more_bytes
   // Large enough that the response is still streaming when the sink goes
   // (with manual progress nothing of it has been placed yet).
   constexpr std::size_t len = 64 * MiB;
+  skip_on_verbs();
   pair_options o;
   o.tgt_region_size = len;
   ASSERT_NO_FATAL_FAILURE(connect_pair(o));
