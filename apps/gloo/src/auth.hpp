@@ -23,7 +23,7 @@ using mac = std::array<std::uint8_t, wire::mac_size>;
 // Which message a MAC belongs to: a hello's MAC never passes as a reply's.
 enum class role { hello, reply };
 
-// HMAC-SHA256 under the pair's key over: a label naming the role, the
+// HMAC-SHA256 (its first wire::mac_size bytes) under the pair's key over: a label naming the role, the
 // connector's and the acceptor's rank, the acceptor's nonce, the connector's.
 // Every field has a fixed length, so no two inputs encode alike.
 inline mac compute(const std::uint8_t (&key)[wire::key_size], role r, std::uint32_t connector,
@@ -40,12 +40,14 @@ inline mac compute(const std::uint8_t (&key)[wire::key_size], role r, std::uint3
   wire::put32(msg.data() + off + 4, acceptor);
   std::memcpy(msg.data() + off + 8, acceptor_nonce, wire::nonce_size);
   std::memcpy(msg.data() + off + 8 + wire::nonce_size, connector_nonce, wire::nonce_size);
-  mac out{};
+  std::array<std::uint8_t, 32> full{};
   unsigned int len = 0;
+  mac out{};
   if (::HMAC(EVP_sha256(), key, int(wire::key_size), reinterpret_cast<unsigned char*>(msg.data()),
-             msg.size(), out.data(), &len) == nullptr ||
-      len != out.size())
-    out.fill(0);  // never equal to a MAC that checks: verify() also refuses an all-zero one
+             msg.size(), full.data(), &len) == nullptr ||
+      len != full.size())
+    return out;  // all zero: never equal to a MAC that checks (verify() refuses it)
+  std::memcpy(out.data(), full.data(), out.size());  // truncated (wire.hpp, mac_size)
   return out;
 }
 

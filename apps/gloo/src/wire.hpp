@@ -98,7 +98,11 @@ inline constexpr std::uint32_t addr_magic = 0x43564732;  // "CVG2" (v1, "CVGL", 
 inline constexpr std::size_t addr_size = 184;            // <= gloo's kMaxByteSize (192)
 inline constexpr std::size_t key_size = 16;              // 128-bit pair secret
 inline constexpr std::size_t nonce_size = 16;
-inline constexpr std::size_t mac_size = 32;  // HMAC-SHA256
+// HMAC-SHA256 truncated to its first 192 bits (RFC 2104 section 5 allows
+// truncation to no less than half the output): the whole 32 bytes would make
+// the hello 60 bytes, past the 55 bytes of private data a connection request
+// carries over RoCE (rxe: "private data of 60 bytes exceeds 55").
+inline constexpr std::size_t mac_size = 24;
 
 struct address {
   std::uint32_t rank = 0;
@@ -172,8 +176,11 @@ inline std::optional<address> decode_address(const std::vector<char>& bytes) {
 // HMAC(key, reply label, ranks, both nonces), which the connector checks.
 inline constexpr std::uint32_t hello_magic = 0x43564748;                      // "CVGH"
 inline constexpr std::uint32_t reply_magic = 0x43564752;                      // "CVGR"
-inline constexpr std::size_t hello_size = 4 + 4 + 4 + nonce_size + mac_size;  // 60
-inline constexpr std::size_t reply_size = 4 + 4 + mac_size;                   // 40
+inline constexpr std::size_t hello_size = 4 + 4 + 4 + nonce_size + mac_size;  // 52
+inline constexpr std::size_t reply_size = 4 + 4 + mac_size;                   // 32
+// The smallest private data any transport's connection request carries (verbs
+// over InfiniBand/RoCE: 56 bytes of the CM REQ less rdma_cm's, 55 on rxe).
+static_assert(hello_size <= 52 && reply_size <= 52);
 
 struct hello {
   std::uint32_t from_rank = 0;  // the connector
