@@ -23,9 +23,9 @@ using mac = std::array<std::uint8_t, wire::mac_size>;
 // Which message a MAC belongs to: a hello's MAC never passes as a reply's.
 enum class role { hello, reply };
 
-// HMAC-SHA256 (its first wire::mac_size bytes) under the pair's key over: a label naming the role, the
-// connector's and the acceptor's rank, the acceptor's nonce, the connector's.
-// Every field has a fixed length, so no two inputs encode alike.
+// HMAC-SHA256 (its first wire::mac_size bytes) under the pair's key over: a label naming the role,
+// the connector's and the acceptor's rank, the acceptor's nonce, the connector's. Every field has a
+// fixed length, so no two inputs encode alike.
 inline mac compute(const std::uint8_t (&key)[wire::key_size], role r, std::uint32_t connector,
                    std::uint32_t acceptor, const std::uint8_t (&acceptor_nonce)[wire::nonce_size],
                    const std::uint8_t (&connector_nonce)[wire::nonce_size]) {
