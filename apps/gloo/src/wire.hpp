@@ -179,8 +179,9 @@ inline constexpr std::uint32_t reply_magic = 0x43564752;                      //
 inline constexpr std::size_t hello_size = 4 + 4 + 4 + nonce_size + mac_size;  // 52
 inline constexpr std::size_t reply_size = 4 + 4 + mac_size;                   // 32
 // The smallest private data any transport's connection request carries (verbs
-// over InfiniBand/RoCE: 56 bytes of the CM REQ less rdma_cm's, 55 on rxe).
-static_assert(hello_size <= 52 && reply_size <= 52);
+// over InfiniBand/RoCE, as rxe reports it); the hello and its reply must fit.
+inline constexpr std::size_t min_connect_private_data = 55;
+static_assert(hello_size <= min_connect_private_data && reply_size <= min_connect_private_data);
 
 struct hello {
   std::uint32_t from_rank = 0;  // the connector
