@@ -8,8 +8,9 @@
 // A memory_region owns its registration: destroying it (or calling
 // deregister()) revokes the keys at once. Operations in flight that use the key
 // afterwards fail with rem_access_err / loc_prot_err; the memory is never touched
-// after deregister() returns (soft; shm on its staged path: its cross-memory
-// attach path lets the peer write a READ's sink by address, docs/SHM.md).
+// after deregister() returns, by this process's own requests either (a SEND or
+// WRITE still reading it, a receive or READ sink, on soft and shm alike;
+// verbs leaves that case to the application, docs/VERBS.md).
 // Thread safety: a memory_region is thread-compatible; its keys are checked by
 // the provider engine concurrently and safely.
 //

@@ -8,6 +8,7 @@
 // sink here is a registered sub-range of a larger buffer the test keeps alive,
 // so a stray write shows as changed bytes (inside or around the old region)
 // instead of a crash.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -137,13 +138,6 @@ TEST_P(local_memory, read_sink_deregistered_while_outstanding_gets_no_more_bytes
   pair_options o;
   o.tgt_region_size = len;
   ASSERT_NO_FATAL_FAILURE(connect_pair(o));
-  // Known gap: on shm's cross-memory-attach path the target's engine writes
-  // a READ's response straight into the initiator's sink by address
-  // (process_vm_writev), so the initiator's deregistration cannot stop it
-  // (docs/SHM.md, "Data paths"). The staged path (ctest -R shm_staged) is checked.
-  if (auto c = init.qp.connection(); c && c->shm && c->shm->data_path == "cma")
-    GTEST_SKIP() << "shm over cross-memory attach: the peer places a READ's response by "
-                    "address, so deregistering the sink does not stop it (docs/SHM.md)";
   guarded_sink s;
   ASSERT_TRUE(make_guarded(init.pd, len, s));
   CVT_ASSERT_POST_OK(init.qp.post_read(s.whole(), peer.slice(0, len), 0x61));
@@ -164,6 +158,47 @@ TEST_P(local_memory, read_sink_deregistered_while_outstanding_gets_no_more_bytes
   }
   EXPECT_TRUE(ok(check_wc(iw[0], wc_status::loc_prot_err, wc_opcode::rdma_read, 0x61)));
   EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
+  expect_fresh_pair_works();
+}
+
+TEST_P(local_memory, write_source_deregistered_while_outstanding_sends_none_of_its_later_bytes) {
+  // Large enough that the WRITE is still being gathered (soft) or served by
+  // the peer (shm over cross-memory attach) when its source goes.
+  constexpr std::size_t len = 64 * MiB;
+  constexpr std::byte before{0x5A}, after{0xB7};
+  skip_on_verbs();
+  if (IsSkipped()) return;
+  pair_options o;
+  o.tgt_region_size = len;
+  ASSERT_NO_FATAL_FAILURE(connect_pair(o));
+  const std::vector<std::byte> tgt_before(tgt_main.bytes().begin(), tgt_main.bytes().end());
+  guarded_sink s;
+  ASSERT_TRUE(make_guarded(init.pd, len, s));
+  std::memset(s.sink(), static_cast<int>(before), len);
+  CVT_ASSERT_POST_OK(init.qp.post_write(s.whole(), peer.slice(0, len), 0x62));
+  s.mr.deregister();
+  // The memory is reused at once: none of these bytes may reach the peer.
+  std::memset(s.sink(), static_cast<int>(after), len);
+
+  std::vector<work_completion> iw;
+  ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(len), iw));
+  if (iw[0].status != wc_status::success) {
+    EXPECT_TRUE(ok(check_wc(iw[0], wc_status::loc_prot_err, wc_opcode::rdma_write, 0x62)));
+    EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
+    ASSERT_TRUE(wait_state(tgt.qp, qp_state::error, scaled(milliseconds(5000))));
+  }
+  // Every target byte is its old value or the source's value before deregistration.
+  const auto got = tgt_main.bytes();
+  std::size_t leaked = 0, first = 0;
+  for (std::size_t i = 0; i < len; ++i)
+    if (got[i] != tgt_before[i] && got[i] != before && leaked++ == 0) first = i;
+  EXPECT_EQ(leaked, 0u) << "bytes of the source written after its deregistration reached the "
+                           "peer, the first at offset "
+                        << first;
+  if (iw[0].status == wc_status::success) {
+    EXPECT_EQ(std::count(got.begin(), got.begin() + len, before), std::ptrdiff_t(len));
+    GTEST_SKIP() << "the WRITE completed before its source was deregistered";
+  }
   expect_fresh_pair_works();
 }
 

@@ -94,6 +94,11 @@ void engine::attach(shm_qp* qp, int fd) noexcept {
   kick();
 }
 
+void engine::fence_local_key(std::uint32_t key) noexcept {
+  std::lock_guard lk(mu_);
+  for (shm_qp* qp : live_) qp->fence_local_key(key);
+}
+
 void engine::detach(shm_qp* qp, int fd) noexcept {
   std::lock_guard lk(mu_);
   auto it = std::find(live_.begin(), live_.end(), qp);

@@ -41,6 +41,8 @@ class engine final : public swnic::sw_engine {
   void give_hint_bit(std::uint32_t bit) noexcept;
 
   void attach(shm_qp* qp, int fd) noexcept;
+  // Every attached QP fails what still uses `key` (shm_qp::fence_local_key).
+  void fence_local_key(std::uint32_t key) noexcept;
   // On return the engine no longer touches qp.
   void detach(shm_qp* qp, int fd) noexcept;
 
@@ -117,6 +119,7 @@ class shm_device final : public swnic::sw_device {
   // first, so a peer's next access fails. lookup fills the answer to map_req.
   result<void> publish_direct(std::uint32_t key, direct_region r);
   void revoke_direct(std::uint32_t key) noexcept;
+  void key_revoked(std::uint32_t key) noexcept override { eng().fence_local_key(key); }
   bool lookup_direct(std::uint32_t key, std::uint32_t pd_id, map_answer& out) noexcept;
   // Direct mapping, mapping side: peers' files as this device's QPs map them.
   peer_mappings& peer_maps() noexcept { return peer_maps_; }

@@ -21,7 +21,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 namespace conveyor::shm {
@@ -62,14 +65,82 @@ bool shm_qp::sq_accept_locked(std::uint32_t idx) noexcept {
   return true;
 }
 
+// ------------------------------------------------- deregistration fence ----
+// A work request that names `key` in its local SGEs and has not completed:
+// one not (wholly) in the ring yet never leaves (its status is the protection
+// error, so tx_progress_locked fails it and the QP when it comes to it, and no
+// byte of the dead region is gathered); one the peer serves by cross-memory
+// attach (its READ sink, its SEND/WRITE source, by address) fails now with the
+// QP, and flush_locked fences the peer first, so nothing touches the region
+// once its deregistration returned. Staged requests in flight need nothing:
+// their bytes were copied into the ring, and our engine places their responses
+// only through the key table.
+void shm_qp::fence_local_key(std::uint32_t key) noexcept {
+  bool fail_now = false;
+  {
+    std::lock_guard lk(tx_mu_);
+    if (state() != qp_state::rts) return;
+    for (std::uint64_t i = sq_head_; i < sq_tail_; ++i) {
+      const std::uint32_t idx = static_cast<std::uint32_t>(i % caps_.max_send_wr);
+      swqe& w = sq_[idx];
+      if (w.done || w.inl || w.status != wc_status::success) continue;
+      const sge* s = sq_sges(idx);
+      bool names = false;
+      for (std::uint32_t k = 0; k < w.nsge && !names; ++k) names = s[k].lkey == key;
+      if (!names) continue;
+      const bool sent = i < sq_next_;
+      if (sent && !w.cma) continue;
+      w.status = wc_status::loc_prot_err;
+      fail_now = fail_now || sent;
+    }
+  }
+  if (fail_now) enter_error(wc_status::wr_flush_err);
+}
+
+// Before any request the peer may still be serving by cross-memory attach
+// completes without its tail having passed it: we raise our fence and wait
+// for an access of the peer already under way (shm_segment.hpp, cma_fence).
+// Bounded: a peer that dies inside one, or never leaves it, is given up on
+// after fence_wait (a peer with the ptrace permission CMA needs is trusted
+// with all of our memory anyway: docs/SHM.md, "Ptrace scope").
+void shm_qp::fence_peer_locked() noexcept {
+  if (seg_.hdr == nullptr || !cma_tx_) return;
+  bool any = false;
+  for (std::uint64_t i = sq_head_; i < sq_next_ && !any; ++i) {
+    const swqe& w = sq_[i % caps_.max_send_wr];
+    any = w.cma && !w.done;
+  }
+  if (!any) return;
+  seg_.cma_fence(seg_.side).store(1, std::memory_order_seq_cst);
+  auto& busy = seg_.cma_busy(1 - seg_.side);
+  const std::uint64_t b = busy.load(std::memory_order_seq_cst);
+  if ((b & 1) == 0) return;
+  constexpr auto fence_wait = std::chrono::seconds(5);
+  const auto until = std::chrono::steady_clock::now() + fence_wait;
+  while (busy.load(std::memory_order_seq_cst) == b) {
+    if (peer_gone_.load() || (::kill(peer_pid_, 0) != 0 && errno == ESRCH)) return;
+    if (std::chrono::steady_clock::now() >= until) {
+      detail::log_line(detail::log_level::warn,
+                       dev_->attr().name + " QP " + std::to_string(qpn_) + ": peer " +
+                           attr_.peer_address +
+                           " stayed inside a cross-memory access for 5 s after our fence");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 void shm_qp::flush_locked(wc_status first) noexcept {
+  fence_peer_locked();
   bool first_used = false;
   for (std::uint64_t i = sq_head_; i < sq_tail_; ++i) {
     swqe& w = sq_[i % caps_.max_send_wr];
     if (w.done) continue;
     const bool in_flight = i < sq_next_;
-    wc_status st = wc_status::wr_flush_err;
-    if (!first_used && in_flight && first != wc_status::success &&
+    // A READ whose sink was deregistered in flight (fence_cma_sink_locked)
+    // keeps its protection error.
+    wc_status st = in_flight && w.status != wc_status::success ? w.status : wc_status::wr_flush_err;
+    if (!first_used && in_flight && st == wc_status::wr_flush_err && first != wc_status::success &&
         first != wc_status::wr_flush_err) {
       st = first;
       first_used = true;

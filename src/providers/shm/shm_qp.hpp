@@ -20,6 +20,7 @@
 #include "providers/swnic/sw_qp.hpp"
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <deque>
@@ -76,6 +77,11 @@ class shm_qp final : public swnic::sw_qp {
   std::int64_t eng_idle_since_ns = 0;  // 0: it moved at the last look
   int socket_fd() const noexcept { return sock_; }
 
+  // ---- the device, when a region of it is deregistered (engine's lock held) ----
+  // Fails what still uses `key` locally before the deregistration returns
+  // (shm_qp.cpp, "deregistration fence").
+  void fence_local_key(std::uint32_t key) noexcept;
+
   // ---- connection manager ----
   void start(conn_setup&& s);
 
@@ -114,6 +120,7 @@ class shm_qp final : public swnic::sw_qp {
                               std::uint64_t len) noexcept;
   bool retire_locked() noexcept;
   void flush_locked(wc_status first) noexcept;
+  void fence_peer_locked() noexcept;  // the peer's cross-memory accesses are over
   bool check_peer_error_locked() noexcept;
   // direct mapping (tx_mu_)
   bool try_direct_locked(swqe& w, std::uint32_t idx) noexcept;  // served it now
@@ -134,6 +141,10 @@ class shm_qp final : public swnic::sw_qp {
   exec rx_read(const msg_header& m, const std::byte* payload) noexcept;
   exec rx_atomic(const msg_header& m) noexcept;
   exec rx_map(const msg_header& m) noexcept;
+  // process_vm_writev (into_peer) or _readv on the peer's memory, unless the
+  // peer fenced us (shm_segment.hpp, cma_fence): -1 then.
+  ssize_t peer_cma(bool into_peer, const iovec* local, unsigned nl, const iovec* remote,
+                   unsigned nr) noexcept;
   bool take_recv(rwqe& out, sge* sges) noexcept;
   void complete_recv(const rwqe& r, wc_status st, wc_opcode op, std::uint64_t len, bool imm,
                      std::uint32_t imm_data, bool inv, std::uint32_t inv_key) noexcept;

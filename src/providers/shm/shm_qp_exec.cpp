@@ -157,7 +157,7 @@ shm_qp::exec shm_qp::rx_send(const msg_header& m, const std::byte* payload) noex
       left -= take;
     }
     const ssize_t got =
-        m.total == 0 ? 0 : ::process_vm_readv(peer_pid_, local, nl, remote, m.nsge, 0);
+        m.total == 0 ? 0 : peer_cma(false, local, static_cast<unsigned>(nl), remote, m.nsge);
     if (got != static_cast<ssize_t>(m.total)) {
       fail_request(wc_status::rem_op_err, wc_status::success);
       return exec::failed;
@@ -252,7 +252,7 @@ shm_qp::exec shm_qp::rx_write(const msg_header& m, const std::byte* payload) noe
       return exec::failed;
     }
     iovec local{p, static_cast<std::size_t>(m.total)};
-    const ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, remote, m.nsge, 0);
+    const ssize_t got = peer_cma(false, &local, 1, remote, m.nsge);
     if (got != static_cast<ssize_t>(m.total)) {
       g.release();
       fail_request(wc_status::rem_op_err, wc_status::success);
@@ -262,6 +262,21 @@ shm_qp::exec shm_qp::rx_write(const msg_header& m, const std::byte* payload) noe
   }
   if (m.flags & msg_flag::last) c_writes_.fetch_add(1, std::memory_order_relaxed);
   return exec::done;
+}
+
+// The peer's fence (shm_segment.hpp, cma_fence) is read after our busy count
+// turned odd: a peer that fenced either sees us inside this access and waits
+// for it, or we see its fence and touch nothing (-1, and the request fails).
+ssize_t shm_qp::peer_cma(bool into_peer, const iovec* local, unsigned nl, const iovec* remote,
+                         unsigned nr) noexcept {
+  auto& busy = seg_.cma_busy(seg_.side);
+  busy.fetch_add(1, std::memory_order_seq_cst);
+  ssize_t r = -1;
+  if (seg_.cma_fence(1 - seg_.side).load(std::memory_order_seq_cst) == 0)
+    r = into_peer ? ::process_vm_writev(peer_pid_, local, nl, remote, nr, 0)
+                  : ::process_vm_readv(peer_pid_, local, nl, remote, nr, 0);
+  busy.fetch_add(1, std::memory_order_seq_cst);
+  return r;
 }
 
 shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noexcept {
@@ -281,7 +296,7 @@ shm_qp::exec shm_qp::rx_read(const msg_header& m, const std::byte* payload) noex
     }
     if (m.total > 0) {
       iovec local{p, static_cast<std::size_t>(m.total)};
-      const ssize_t put = ::process_vm_writev(peer_pid_, &local, 1, remote, m.nsge, 0);
+      const ssize_t put = peer_cma(true, &local, 1, remote, m.nsge);
       if (put != static_cast<ssize_t>(m.total)) {
         g.release();
         fail_request(wc_status::rem_op_err, wc_status::success);

@@ -29,9 +29,9 @@
 namespace conveyor::shm {
 
 inline constexpr std::uint32_t seg_magic = 0x43565348;  // "CVSH"
-inline constexpr std::uint32_t seg_version = 3;         // 2: map_req/map_resp, 3: hints
-inline constexpr std::uint32_t ring_slots = 256;        // per ring, power of two
-inline constexpr std::uint32_t slot_size = 8192;        // header + payload
+inline constexpr std::uint32_t seg_version = 4;   // 2: map_req/map_resp, 3: hints, 4: CMA fence
+inline constexpr std::uint32_t ring_slots = 256;  // per ring, power of two
+inline constexpr std::uint32_t slot_size = 8192;  // header + payload
 inline constexpr std::uint32_t slot_header = 64;
 inline constexpr std::uint32_t slot_payload = slot_size - slot_header;
 
@@ -112,6 +112,17 @@ struct alignas(64) seg_header {
   std::atomic<std::uint32_t> cold0{0};
   alignas(64) std::atomic<std::uint32_t> sleeping1{0};
   std::atomic<std::uint32_t> cold1{0};
+  // The cross-memory-attach fence (docs/SHM.md, "Data paths"). Side s sets
+  // cma_fence<s> when a region that is the sink of one of its outstanding
+  // READs is deregistered: from then on the peer writes nothing more into
+  // side s's memory. cma_busy<s> is odd while side s's engine is inside a
+  // process_vm_writev into its peer; side s raises it before it reads the
+  // peer's fence word, so the fencing side, having set its word, waits only
+  // for a write already under way (Dekker, every access seq_cst).
+  alignas(64) std::atomic<std::uint32_t> cma_fence0{0};
+  std::atomic<std::uint32_t> cma_fence1{0};
+  alignas(64) std::atomic<std::uint64_t> cma_busy0{0};
+  alignas(64) std::atomic<std::uint64_t> cma_busy1{0};
   ring_ctl req[2];
   ring_ctl resp[2];
 };
@@ -147,6 +158,12 @@ struct seg_view {
   }
   std::atomic<std::uint32_t>& cold(int s) const noexcept {
     return s == 0 ? hdr->cold0 : hdr->cold1;
+  }
+  std::atomic<std::uint32_t>& cma_fence(int s) const noexcept {
+    return s == 0 ? hdr->cma_fence0 : hdr->cma_fence1;
+  }
+  std::atomic<std::uint64_t>& cma_busy(int s) const noexcept {
+    return s == 0 ? hdr->cma_busy0 : hdr->cma_busy1;
   }
   // ring index: req[0]=0, req[1]=1, resp[0]=2, resp[1]=3
   std::byte* slot(int ring, std::uint64_t pos) const noexcept {

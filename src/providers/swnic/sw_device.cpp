@@ -161,7 +161,10 @@ sw_mr::sw_mr(std::shared_ptr<sw_pd> pd, std::span<std::byte> buf, access rights,
 }
 
 void sw_mr::deregister() noexcept {
-  if (live_.exchange(false)) pd_->dev().keys().remove(rkey_);
+  if (live_.exchange(false)) {
+    pd_->dev().keys().remove(rkey_);
+    pd_->dev().key_revoked(rkey_);
+  }
 }
 
 }  // namespace conveyor::swnic

@@ -46,6 +46,10 @@ class sw_device : public detail::device_impl {
   // An SRQ number, or 0 when max_srq SRQs exist; srq_gone() returns the place.
   std::uint32_t add_srq() noexcept;
   void srq_gone() noexcept { srqs_.fetch_sub(1); }
+  // A region's key was just revoked (sw_mr::deregister): a provider whose
+  // peers reach local memory by address fences them here, before the
+  // deregistration returns.
+  virtual void key_revoked(std::uint32_t /*key*/) noexcept {}
 
  protected:
   // Fills the attributes every software device has; the provider adds its port.

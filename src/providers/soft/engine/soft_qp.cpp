@@ -40,6 +40,7 @@ bool soft_qp::sq_accept_locked(std::uint32_t idx) noexcept {
   w.st = wqe_st::queued;
   w.msn = 0;
   w.atomic_result = 0;
+  w.src_revoked = false;
   return true;
 }
 
@@ -56,8 +57,8 @@ void soft_qp::flush_locked(wc_status first, std::uint32_t vendor) noexcept {
     swqe& w = sq_[i % caps_.max_send_wr];
     if (w.st == wqe_st::done) continue;
     const bool in_flight = w.st != wqe_st::queued;
-    wc_status st = wc_status::wr_flush_err;
-    if (!first_used && in_flight && first != wc_status::success &&
+    wc_status st = w.src_revoked ? wc_status::loc_prot_err : wc_status::wr_flush_err;
+    if (!first_used && in_flight && !w.src_revoked && first != wc_status::success &&
         first != wc_status::wr_flush_err) {
       st = first;
       first_used = true;

@@ -90,6 +90,7 @@ class soft_qp final : public swnic::sw_qp {
     wqe_st st = wqe_st::queued;
     std::uint32_t msn = 0;            // untagged MSN used (send/read/atomic) for Terminate matching
     std::uint64_t atomic_result = 0;  // fetched original value
+    bool src_revoked = false;         // its source was deregistered while it was being sent
   };
   // An outbound READ/atomic/confirm waiting for its response.
   struct outstanding {
@@ -131,10 +132,14 @@ class soft_qp final : public swnic::sw_qp {
     enum kind_t : std::uint8_t { sq, resp, term } kind;
     std::uint32_t idx;
   };
+  // A region the batch's unsent bytes are read from at sendmsg: a READ
+  // response's source (remote_read) or a SEND/WRITE's source (sq_idx).
   struct batch_key {
     std::uint32_t key;
     std::uint64_t addr, len;
     std::size_t end;
+    std::uint32_t sq_idx = no_sq;
+    static constexpr std::uint32_t no_sq = ~std::uint32_t(0);
   };
 
   // ---- sw_qp hooks ----
@@ -161,6 +166,13 @@ class soft_qp final : public swnic::sw_qp {
   void refresh_fpdu_size_locked(std::uint64_t pending) noexcept;
   void retire_locked() noexcept;
   void complete_send_locked(swqe& w, wc_status st) noexcept;
+  // Whether every local SGE of SQ entry idx still names a live region.
+  bool sq_sources_live_locked(const swqe& w, std::uint32_t idx) noexcept;
+  // Frames [cur_off_, cur_off_+chunk) of a SEND/WRITE: its sources checked and
+  // held while framed, then named in batch_keys_ for sendmsg. False: the
+  // batch is full, or (w.src_revoked) a source was deregistered mid-message.
+  bool frame_sq_chunk_locked(swqe& w, std::uint32_t idx, std::uint64_t chunk, bool tagged,
+                             wire::rdmap_op op, bool last, std::uint32_t inv) noexcept;
   std::size_t gather_sq(const swqe& w, std::uint32_t idx, std::uint64_t off, std::uint64_t len,
                         iovec* out, int max) noexcept;
   void confirm_before_locked(std::uint64_t sq_pos) noexcept;

@@ -39,6 +39,74 @@ std::size_t soft_qp::gather_sq(const swqe& w, std::uint32_t idx, std::uint64_t o
   return n;
 }
 
+bool soft_qp::sq_sources_live_locked(const swqe& w, std::uint32_t idx) noexcept {
+  if (w.inl || !(is_send_op(w.op) || is_write_op(w.op))) return true;
+  const sge* s = sq_sges(idx);
+  for (std::uint32_t k = 0; k < w.nsge; ++k) {
+    if (s[k].length == 0) continue;
+    detail::key_table::guard g;
+    std::byte* p = nullptr;
+    if (dev_->keys().acquire(s[k].lkey, pd_->id(), s[k].addr, s[k].length, access::none, g, &p) !=
+        key_check::ok)
+      return false;
+  }
+  return true;
+}
+
+bool soft_qp::frame_sq_chunk_locked(swqe& w, std::uint32_t idx, std::uint64_t chunk, bool tagged,
+                                    rdmap_op op, bool last, std::uint32_t inv) noexcept {
+  iovec pv[32];
+  const std::size_t n = gather_sq(w, idx, cur_off_, chunk, pv, 32);
+  const bool copied = chunk <= small_inline_copy;
+  if (!w.inl && !copied && batch_keys_.size() + n > max_batch_keys) return false;
+  // Each piece's key, checked now and held while add_data_fpdu_locked copies
+  // or sums it: a deregistration waits for that, and one that came first
+  // stops the message here (the stream cannot go on mid-message).
+  detail::key_table::guard guards[32];
+  std::uint32_t keys[32];
+  if (!w.inl) {
+    const sge* s = sq_sges(idx);
+    std::uint64_t off = cur_off_;
+    std::size_t piece = 0;
+    for (std::uint32_t k = 0; k < w.nsge && piece < n; ++k) {
+      if (off >= s[k].length) {
+        off -= s[k].length;
+        continue;
+      }
+      std::byte* p = nullptr;
+      if (dev_->keys().acquire(s[k].lkey, pd_->id(), s[k].addr + off, pv[piece].iov_len,
+                               access::none, guards[piece], &p) != key_check::ok) {
+        w.src_revoked = true;
+        if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // the engine sees the hang-up and flushes
+        return false;
+      }
+      keys[piece++] = s[k].lkey;
+      off = 0;
+    }
+  }
+  if (!add_data_fpdu_locked(tagged, op, last, tagged ? w.rkey : 0,
+                            tagged ? w.remote_addr + cur_off_ : 0, tagged ? 0 : qn::send,
+                            tagged ? 0 : w.msn, tagged ? 0 : static_cast<std::uint32_t>(cur_off_),
+                            inv, std::span(pv, n), chunk))
+    return false;
+  if (!w.inl && !copied) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const auto addr = reinterpret_cast<std::uint64_t>(pv[k].iov_base);
+      if (!batch_keys_.empty()) {
+        batch_key& b = batch_keys_.back();
+        if (b.sq_idx == idx && b.key == keys[k] && b.addr + b.len == addr) {
+          b.len += pv[k].iov_len;
+          b.end = batch_bytes_;
+          continue;
+        }
+      }
+      batch_keys_.push_back({keys[k], addr, pv[k].iov_len, batch_bytes_, idx});
+    }
+  }
+  cur_off_ += chunk;
+  return true;
+}
+
 bool soft_qp::add_control_locked(std::span<const std::byte> fpdu) noexcept {
   if (arena_used_ + fpdu.size() > arena_size || niov_ + 1 >= max_iov) return false;
   std::byte* p = arena_.get() + arena_used_;
@@ -124,7 +192,6 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
   if (is_write_op(w.op) || is_send_op(w.op)) refresh_fpdu_size_locked(w.len - cur_off_);
   const std::size_t max_t = (max_fpdu_ - tagged_header_size - crc_size) & ~std::size_t(3);
   const std::size_t max_u = (max_fpdu_ - untagged_header_size - crc_size) & ~std::size_t(3);
-  iovec pv[32];
   std::byte ctl[control_fpdu_max];
   auto imm_fpdu = [&](bool for_send) -> bool {
     const std::uint64_t v = (for_send ? (1ull << 63) : 0) | ((w.len & 0x7FFFFFFFull) << 32) | w.imm;
@@ -137,12 +204,9 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
     if (!cur_imm_sent_) {
       do {
         const std::uint64_t chunk = std::min<std::uint64_t>(w.len - cur_off_, max_t);
-        const std::size_t n = gather_sq(w, idx, cur_off_, chunk, pv, 32);
-        const bool last = cur_off_ + chunk == w.len;
-        if (!add_data_fpdu_locked(true, rdmap_op::write, last, w.rkey, w.remote_addr + cur_off_, 0,
-                                  0, 0, 0, std::span(pv, n), chunk))
+        if (!frame_sq_chunk_locked(w, idx, chunk, true, rdmap_op::write, cur_off_ + chunk == w.len,
+                                   0))
           return false;
-        cur_off_ += chunk;
       } while (cur_off_ < w.len);
       cur_imm_sent_ = true;  // write part done
     }
@@ -158,13 +222,9 @@ bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {
     w.msn = tx_msn_[qn::send];
     do {
       const std::uint64_t chunk = std::min<std::uint64_t>(w.len - cur_off_, max_u);
-      const std::size_t n = gather_sq(w, idx, cur_off_, chunk, pv, 32);
-      const bool last = cur_off_ + chunk == w.len;
-      if (!add_data_fpdu_locked(false, op, last, 0, 0, qn::send, w.msn,
-                                static_cast<std::uint32_t>(cur_off_), inv ? w.inv : 0,
-                                std::span(pv, n), chunk))
+      if (!frame_sq_chunk_locked(w, idx, chunk, false, op, cur_off_ + chunk == w.len,
+                                 inv ? w.inv : 0))
         return false;
-      cur_off_ += chunk;
     } while (cur_off_ < w.len);
     ++tx_msn_[qn::send];
   } else if (w.op == wr_opcode::rdma_read) {
@@ -297,6 +357,10 @@ bool soft_qp::build_batch_locked() noexcept {
       const bool needs_ord = w.op == wr_opcode::rdma_read || is_atomic_op(w.op);
       if (!sq_mid && needs_ord && ord_used_ >= cp_.ord) break;
       if (!sq_mid && w.fence && (ord_used_ > 0 || need_confirm_)) break;
+      // A source deregistered since the post (not a byte of it framed yet)
+      // fails like one that was never registered.
+      if (!sq_mid && w.status == wc_status::success && !sq_sources_live_locked(w, idx))
+        sq_[idx].status = wc_status::loc_prot_err;
       if (!sq_mid && w.status != wc_status::success) {  // local protection error
         sq_[idx].st = wqe_st::done;
         ++sq_next_;
@@ -383,8 +447,9 @@ void soft_qp::tx_progress_locked() noexcept {
       if (bk.end <= batch_sent_) continue;
       std::byte* p;
       detail::key_table::guard g;
-      if (dev_->keys().acquire(bk.key, pd_->id(), bk.addr, bk.len, access::remote_read, g, &p) !=
-          key_check::ok) {
+      const access need = bk.sq_idx == batch_key::no_sq ? access::remote_read : access::none;
+      if (dev_->keys().acquire(bk.key, pd_->id(), bk.addr, bk.len, need, g, &p) != key_check::ok) {
+        if (bk.sq_idx != batch_key::no_sq) sq_[bk.sq_idx].src_revoked = true;
         revoked = true;
         break;
       }
