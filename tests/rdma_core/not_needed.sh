@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# verbs_rdma_core_not_needed: libconveyor.so (and the programs given after it)
-# neither lists libibverbs or librdmacm as NEEDED nor leaves an ibv_*/rdma_*
+# verbs_rdma_core_not_needed: libconveyor.so (and the programs given after it,
+# linked with it or with the static archive) neither lists libibverbs or librdmacm as NEEDED nor leaves an ibv_*/rdma_*
 # symbol for the loader to bind: the verbs provider dlopen()s rdma-core when a
 # verbs device is first used (src/providers/verbs/rdma_core_loader.hpp).
 # Usage: not_needed.sh <libconveyor.so> [program...]
