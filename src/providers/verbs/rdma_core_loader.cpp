@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -109,7 +110,11 @@ const rdma_core_api& rdma_core() noexcept {
 }
 
 int query_port(ibv_context* ctx, std::uint8_t port, ibv_port_attr* attr) {
-  if (verbs_context* vctx = verbs_get_ctx_op(ctx, query_port))
+  // verbs_get_ctx_op(ctx, query_port), spelled out: the macro is a GNU
+  // statement expression, which clang's -Wpedantic refuses outside the header.
+  verbs_context* vctx = verbs_get_ctx(ctx);
+  if (vctx != nullptr && vctx->sz >= sizeof(*vctx) - offsetof(verbs_context, query_port) &&
+      vctx->query_port != nullptr)
     return vctx->query_port(ctx, port, attr, sizeof(*attr));
   std::memset(attr, 0, sizeof(*attr));
   // (Parenthesized: ibv_query_port is also a function-like macro.)
