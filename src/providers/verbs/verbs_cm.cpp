@@ -33,17 +33,18 @@ void watch(std::shared_ptr<conn_state> c) {
       pollfd p{c->ch->fd, POLLIN, 0};
       ::poll(&p, 1, 50);
       rdma_cm_event* ev = nullptr;
-      while (rdma_get_cm_event(c->ch, &ev) == 0) {
+      while (rdma_core().rdma_get_cm_event(c->ch, &ev) == 0) {
         const auto e = ev->event;
-        rdma_ack_cm_event(ev);
+        rdma_core().rdma_ack_cm_event(ev);
         if (e == RDMA_CM_EVENT_DISCONNECTED || e == RDMA_CM_EVENT_DEVICE_REMOVAL ||
             e == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
           if (!c->closing) {
-            log(detail::log_level::info, c->where + ": " + rdma_event_str(e) + " (peer closed)");
+            log(detail::log_level::info,
+                c->where + ": " + rdma_core().rdma_event_str(e) + " (peer closed)");
             c->peer_gone = true;
             std::lock_guard lk(c->mu);
             if (c->qp != nullptr) move_to_error(c->qp);
-            rdma_disconnect(c->id);  // answers the peer's DREQ at once (IB CM)
+            rdma_core().rdma_disconnect(c->id);  // answers the peer's DREQ at once (IB CM)
           }
           if (c->closing) done = true;
         }
@@ -79,11 +80,11 @@ result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32
   ibv_qp_attr a{};
   int mask = 0;
   a.qp_state = IBV_QPS_INIT;
-  if (rdma_init_qp_attr(id, &a, &mask) == 0)
-    ibv_modify_qp(qp_, &a, mask);  // port/pkey of the route
+  if (rdma_core().rdma_init_qp_attr(id, &a, &mask) == 0)
+    rdma_core().ibv_modify_qp(qp_, &a, mask);  // port/pkey of the route
   a = ibv_qp_attr{};
   a.qp_state = IBV_QPS_RTR;
-  if (rdma_init_qp_attr(id, &a, &mask) != 0)
+  if (rdma_core().rdma_init_qp_attr(id, &a, &mask) != 0)
     return make_error(errc::io_error,
                       "connect " + where() + ": rdma_init_qp_attr(RTR): " + err_text(errno), errno);
   if (pd_->dev().gid_override() >= 0)
@@ -101,7 +102,7 @@ result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32
     a.path_mtu = mtu_from_bytes(want.path_mtu_bytes);
     mask |= IBV_QP_PATH_MTU;
   }
-  if (int rc = ibv_modify_qp(qp_, &a, mask); rc != 0)
+  if (int rc = rdma_core().ibv_modify_qp(qp_, &a, mask); rc != 0)
     return make_error(errc::io_error,
                       "connect " + where() + ": modify to RTR (mtu " + mtu_name(a.path_mtu) +
                           ", sgid index " + std::to_string(a.ah_attr.grh.sgid_index) +
@@ -114,7 +115,7 @@ result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32
                                    ", min_rnr_timer " + std::to_string(a.min_rnr_timer));
   a = ibv_qp_attr{};
   a.qp_state = IBV_QPS_RTS;
-  if (rdma_init_qp_attr(id, &a, &mask) != 0)
+  if (rdma_core().rdma_init_qp_attr(id, &a, &mask) != 0)
     return make_error(errc::io_error,
                       "connect " + where() + ": rdma_init_qp_attr(RTS): " + err_text(errno), errno);
   a.max_rd_atomic = static_cast<std::uint8_t>(ord);
@@ -123,7 +124,7 @@ result<void> verbs_qp::ib_rtr_rts(rdma_cm_id* id, std::uint32_t ird, std::uint32
   a.rnr_retry = rts.rnr_retry;
   a.timeout = rts.timeout;
   mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
-  if (int rc = ibv_modify_qp(qp_, &a, mask); rc != 0)
+  if (int rc = rdma_core().ibv_modify_qp(qp_, &a, mask); rc != 0)
     return make_error(errc::io_error,
                       "connect " + where() + ": modify to RTS (timeout " +
                           std::to_string(a.timeout) + ", retry_cnt " + std::to_string(a.retry_cnt) +
@@ -143,10 +144,11 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
   ibv_qp_attr qa{};
   ibv_qp_init_attr qi{};
   const bool timed = !pd_->dev().iwarp();  // IB/RoCE: the QP's own timeout and retries
-  if (ibv_query_qp(qp_, &qa,
-                   IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PATH_MTU |
-                       IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY,
-                   &qi) == 0) {
+  if (rdma_core().ibv_query_qp(qp_, &qa,
+                               IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                   IBV_QP_PATH_MTU | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                   IBV_QP_RNR_RETRY,
+                               &qi) == 0) {
     // What the device set after negotiation (iWARP: MPA v2 IRD/ORD in the kernel).
     if (qa.max_rd_atomic > 0) cattr_.ord = qa.max_rd_atomic;
     if (qa.max_dest_rd_atomic > 0) cattr_.ird = qa.max_dest_rd_atomic;
@@ -165,7 +167,7 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
                                      std::to_string(port_down_grace_.count()) + " ms fails it");
   if (!timed) va.path_mtu = 0;  // iWARP: TCP segments (the kernel's or NIC's, not exposed)
   ibv_port_attr pa{};
-  if (ibv_query_port(pd_->dev().ctx(), pd_->dev().port(), &pa) == 0)
+  if (query_port(pd_->dev().ctx(), pd_->dev().port(), &pa) == 0)
     va.port_mtu = mtu_bytes(pa.active_mtu);
   // iWARP: the kernel or the NIC negotiated MPA and tells us none of it, so
   // cattr_.iwarp stays empty.
@@ -207,7 +209,7 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
   };
   const auto deadline = clock_type::now() + opts.timeout;
   const int tmo = static_cast<int>(std::max<long long>(opts.timeout.count(), 100));
-  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&*dst), tmo) != 0)
+  if (rdma_core().rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&*dst), tmo) != 0)
     return fail(errc::address_error, "rdma_resolve_addr: " + err_text(errno), errno);
   std::uint32_t ird =
       std::min<std::uint32_t>(want_ird_, static_cast<std::uint32_t>(dev.dattr().max_qp_rd_atom));
@@ -227,16 +229,18 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
     rdma_conn_param param = ev->param.conn;
     std::vector<std::byte> pdata =
         unwrap_private(dev.iwarp(), param.private_data, param.private_data_len);
-    rdma_ack_cm_event(ev);
+    rdma_core().rdma_ack_cm_event(ev);
     switch (e) {
       case RDMA_CM_EVENT_ADDR_RESOLVED: {
-        if (id->verbs == nullptr || ibv_get_device_name(id->verbs->device) != dev.ibdev())
-          return fail(
-              errc::address_error,
-              "the address routes through device " +
-                  std::string(id->verbs ? ibv_get_device_name(id->verbs->device) : "(none)") +
-                  ", not " + dev.ibdev() + " (open that device, or use an address on this one)");
-        if (rdma_resolve_route(id, tmo) != 0)
+        if (id->verbs == nullptr ||
+            rdma_core().ibv_get_device_name(id->verbs->device) != dev.ibdev())
+          return fail(errc::address_error,
+                      "the address routes through device " +
+                          std::string(id->verbs ? rdma_core().ibv_get_device_name(id->verbs->device)
+                                                : "(none)") +
+                          ", not " + dev.ibdev() +
+                          " (open that device, or use an address on this one)");
+        if (rdma_core().rdma_resolve_route(id, tmo) != 0)
           return fail(errc::address_error, "rdma_resolve_route: " + err_text(errno), errno);
         break;
       }
@@ -247,9 +251,10 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
           ibv_qp_attr a{};
           int mask = 0;
           a.qp_state = IBV_QPS_INIT;
-          if (rdma_init_qp_attr(id, &a, &mask) == 0) ibv_modify_qp(qp_, &a, mask);
+          if (rdma_core().rdma_init_qp_attr(id, &a, &mask) == 0)
+            rdma_core().ibv_modify_qp(qp_, &a, mask);
         }
-        if (rdma_connect(id, &cp) != 0) {
+        if (rdma_core().rdma_connect(id, &cp) != 0) {
           const int ce = errno;  // iWARP connects TCP synchronously: a RST shows here
           if (ce == ECONNREFUSED)
             return fail(errc::connection_refused, "connection refused (nothing listens there)", ce);
@@ -263,10 +268,10 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
         ord = std::min<std::uint32_t>(ord, param.responder_resources);
         ird = std::min<std::uint32_t>(ird, param.initiator_depth);
         if (auto r = ib_rtr_rts(id, ird, ord); !r) {
-          rdma_reject(id, nullptr, 0);
+          rdma_core().rdma_reject(id, nullptr, 0);
           return fail(r.error().code, r.error().context, r.error().sys_errno);
         }
-        if (rdma_establish(id) != 0)
+        if (rdma_core().rdma_establish(id) != 0)
           return fail(errc::io_error, "rdma_establish: " + err_text(errno), errno);
         finish(id, ch, ird, ord);
         handed_off = true;
@@ -306,7 +311,8 @@ result<connection_info> verbs_qp::connect(std::string_view address, const connec
       case RDMA_CM_EVENT_CONNECT_ERROR:
         return fail(errc::connection_reset, "connect error (status " + std::to_string(st) + ")");
       default:
-        return fail(errc::protocol_error, std::string("unexpected CM event ") + rdma_event_str(e));
+        return fail(errc::protocol_error,
+                    std::string("unexpected CM event ") + rdma_core().rdma_event_str(e));
     }
   }
 }
@@ -324,11 +330,12 @@ result<connection_info> verbs_qp::accept_on(rdma_cm_id* id, rdma_event_channel* 
   };
   if (state() != qp_state::init)
     return fail(errc::invalid_state, "QP is " + std::string(to_string(state())) + ", not INIT");
-  if (id->verbs == nullptr || ibv_get_device_name(id->verbs->device) != dev.ibdev())
-    return fail(errc::invalid_argument,
-                "the request arrived on device " +
-                    std::string(id->verbs ? ibv_get_device_name(id->verbs->device) : "?") +
-                    ", the QP belongs to " + dev.ibdev());
+  if (id->verbs == nullptr || rdma_core().ibv_get_device_name(id->verbs->device) != dev.ibdev())
+    return fail(
+        errc::invalid_argument,
+        "the request arrived on device " +
+            std::string(id->verbs ? rdma_core().ibv_get_device_name(id->verbs->device) : "?") +
+            ", the QP belongs to " + dev.ibdev());
   const std::size_t limit = dev.iwarp() ? max_private_data : ib_rep_private;
   if (pdata.size() > limit)
     return fail(errc::invalid_argument, "private data of " + std::to_string(pdata.size()) +
@@ -342,13 +349,13 @@ result<connection_info> verbs_qp::accept_on(rdma_cm_id* id, rdma_event_channel* 
        std::max<std::uint32_t>(req.responder_resources, 1)});
   if (!dev.iwarp()) {
     if (auto r = ib_rtr_rts(id, ird, ord); !r) {
-      rdma_reject(id, nullptr, 0);
+      rdma_core().rdma_reject(id, nullptr, 0);
       return fail(r.error().code, r.error().context, r.error().sys_errno);
     }
   }
   const auto wrapped = wrap_private(dev.iwarp(), pdata);
   rdma_conn_param cp = conn_param(wrapped, ird, ord);
-  if (rdma_accept(id, &cp) != 0)
+  if (rdma_core().rdma_accept(id, &cp) != 0)
     return fail(errc::io_error, "rdma_accept: " + err_text(errno), errno);
   const auto deadline = clock_type::now() + timeout;
   for (;;) {
@@ -364,7 +371,7 @@ result<connection_info> verbs_qp::accept_on(rdma_cm_id* id, rdma_event_channel* 
     }
     const auto e = ev->event;
     const int st = ev->status;
-    rdma_ack_cm_event(ev);
+    rdma_core().rdma_ack_cm_event(ev);
     if (e == RDMA_CM_EVENT_ESTABLISHED) {
       finish(id, ch, ird, ord);
       connection_info info;
@@ -373,9 +380,9 @@ result<connection_info> verbs_qp::accept_on(rdma_cm_id* id, rdma_event_channel* 
     }
     move_to_error(qp_);
     state_ = qp_state::error;
-    return fail(errc::connection_reset, std::string("peer ") + peer + ": " + rdma_event_str(e) +
-                                            " (status " + std::to_string(st) +
-                                            ") instead of ESTABLISHED");
+    return fail(errc::connection_reset, std::string("peer ") + peer + ": " +
+                                            rdma_core().rdma_event_str(e) + " (status " +
+                                            std::to_string(st) + ") instead of ESTABLISHED");
   }
 }
 
@@ -392,7 +399,7 @@ class verbs_request final : public detail::conn_request_impl {
   }
   ~verbs_request() override {
     if (id_ != nullptr) {
-      rdma_reject(id_, nullptr, 0);
+      rdma_core().rdma_reject(id_, nullptr, 0);
       destroy_id_detached(id_, ch_);
     }
   }
@@ -413,7 +420,7 @@ class verbs_request final : public detail::conn_request_impl {
     auto wrapped = wrap_private(
         dev_->iwarp(), reason.subspan(0, std::min(reason.size(), dev_->iwarp() ? max_private_data
                                                                                : ib_rej_private)));
-    int rc = rdma_reject(id, wrapped.data(), static_cast<std::uint8_t>(wrapped.size()));
+    int rc = rdma_core().rdma_reject(id, wrapped.data(), static_cast<std::uint8_t>(wrapped.size()));
     int e = errno;
     destroy_id_detached(id, ch_);
     if (rc != 0)
@@ -440,11 +447,11 @@ class verbs_listener final : public detail::listener_impl {
   ~verbs_listener() override {
     // Refuse what is queued, then release the port before returning.
     drain_events(ch_);
-    rdma_destroy_id(id_);
-    rdma_destroy_event_channel(ch_);
+    rdma_core().rdma_destroy_id(id_);
+    rdma_core().rdma_destroy_event_channel(ch_);
   }
   std::string address() const override { return addr_; }
-  std::uint16_t port() const noexcept override { return ntohs(rdma_get_src_port(id_)); }
+  std::uint16_t port() const noexcept override { return ntohs(rdma_core().rdma_get_src_port(id_)); }
   result<std::unique_ptr<detail::conn_request_impl>> accept(
       std::chrono::milliseconds timeout) override {
     const auto deadline = clock_type::now() + timeout;
@@ -459,20 +466,20 @@ class verbs_listener final : public detail::listener_impl {
       }
       if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
         log(detail::log_level::debug,
-            "listener " + addr_ + ": ignoring " + rdma_event_str(ev->event));
-        rdma_ack_cm_event(ev);
+            "listener " + addr_ + ": ignoring " + rdma_core().rdma_event_str(ev->event));
+        rdma_core().rdma_ack_cm_event(ev);
         continue;
       }
       rdma_cm_id* child = ev->id;
       rdma_conn_param p = ev->param.conn;
       auto pdata = unwrap_private(dev_->iwarp(), p.private_data, p.private_data_len);
-      rdma_ack_cm_event(ev);
-      rdma_event_channel* ch = rdma_create_event_channel();
-      if (ch == nullptr || rdma_migrate_id(child, ch) != 0) {
+      rdma_core().rdma_ack_cm_event(ev);
+      rdma_event_channel* ch = rdma_core().rdma_create_event_channel();
+      if (ch == nullptr || rdma_core().rdma_migrate_id(child, ch) != 0) {
         int e = errno;
-        rdma_reject(child, nullptr, 0);
-        rdma_destroy_id(child);
-        if (ch) rdma_destroy_event_channel(ch);
+        rdma_core().rdma_reject(child, nullptr, 0);
+        rdma_core().rdma_destroy_id(child);
+        if (ch) rdma_core().rdma_destroy_event_channel(ch);
         return make_error(errc::resource_exhausted,
                           "accept on " + addr_ + ": event channel: " + err_text(e), e);
       }
@@ -502,18 +509,19 @@ result<std::unique_ptr<detail::listener_impl>> verbs_device::bind_listener(std::
   rdma_event_channel* ch = ep->ch;
   rdma_cm_id* id = ep->id;
   auto fail = [&](errc code, std::string what, int e) -> std::unexpected<error> {
-    rdma_destroy_id(id);
-    rdma_destroy_event_channel(ch);
+    rdma_core().rdma_destroy_id(id);
+    rdma_core().rdma_destroy_event_channel(ch);
     return make_error(code, w + ": " + what, e);
   };
-  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&*sa)) != 0)
+  if (rdma_core().rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&*sa)) != 0)
     return fail(errc::address_error, "rdma_bind_addr: " + err_text(errno), errno);
-  if (id->verbs != nullptr && ibv_get_device_name(id->verbs->device) != ibdev_)
+  if (id->verbs != nullptr && rdma_core().ibv_get_device_name(id->verbs->device) != ibdev_)
     return fail(errc::address_error,
                 "the address belongs to device " +
-                    std::string(ibv_get_device_name(id->verbs->device)) + ", not " + ibdev_,
+                    std::string(rdma_core().ibv_get_device_name(id->verbs->device)) + ", not " +
+                    ibdev_,
                 0);
-  if (rdma_listen(id, backlog) != 0)
+  if (rdma_core().rdma_listen(id, backlog) != 0)
     return fail(errc::address_error, "rdma_listen: " + err_text(errno), errno);
   auto self = std::static_pointer_cast<verbs_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(

@@ -30,9 +30,9 @@ verbs_cq::verbs_cq(std::shared_ptr<verbs_device> dev, ibv_comp_channel* ch, ibv_
 verbs_cq::~verbs_cq() {
   if (epfd_ >= 0) ::close(epfd_);
   if (efd_ >= 0) ::close(efd_);
-  if (unacked_ > 0) ibv_ack_cq_events(cq_, unacked_);
-  ibv_destroy_cq(cq_);
-  ibv_destroy_comp_channel(ch_);
+  if (unacked_ > 0) rdma_core().ibv_ack_cq_events(cq_, unacked_);
+  rdma_core().ibv_destroy_cq(cq_);
+  rdma_core().ibv_destroy_comp_channel(ch_);
 }
 
 std::expected<std::size_t, errc> verbs_cq::poll(std::span<work_completion> out) noexcept {
@@ -137,9 +137,9 @@ void verbs_cq::arm() noexcept {
 void verbs_cq::consume_events() noexcept {
   ibv_cq* ev_cq = nullptr;
   void* ctx = nullptr;
-  while (ibv_get_cq_event(ch_, &ev_cq, &ctx) == 0) {
+  while (rdma_core().ibv_get_cq_event(ch_, &ev_cq, &ctx) == 0) {
     if (++unacked_ >= 64) {
-      ibv_ack_cq_events(cq_, unacked_);
+      rdma_core().ibv_ack_cq_events(cq_, unacked_);
       unacked_ = 0;
     }
   }

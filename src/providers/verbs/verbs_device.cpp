@@ -26,13 +26,13 @@ static_assert(sizeof(sge) == sizeof(ibv_sge) && offsetof(sge, addr) == offsetof(
 
 verbs_device::verbs_device(ibv_context* ctx, const device_options& opts) : ctx_(ctx) {
   opts_ = opts;
-  ibv_query_device(ctx_, &dattr_);
-  ibdev_ = ibv_get_device_name(ctx_->device);
+  rdma_core().ibv_query_device(ctx_, &dattr_);
+  ibdev_ = rdma_core().ibv_get_device_name(ctx_->device);
   attr_.name = "verbs:" + ibdev_;
   attr_.provider = "verbs";
   const bool iwarp = ctx_->device->transport_type == IBV_TRANSPORT_IWARP;
   ports_.resize(dattr_.phys_port_cnt);
-  for (std::uint8_t p = 1; p <= dattr_.phys_port_cnt; ++p) ibv_query_port(ctx_, p, &ports_[p - 1]);
+  for (std::uint8_t p = 1; p <= dattr_.phys_port_cnt; ++p) query_port(ctx_, p, &ports_[p - 1]);
   port_ = 1;
   for (std::uint8_t p = 1; p <= dattr_.phys_port_cnt; ++p) {
     if (ports_[p - 1].state == IBV_PORT_ACTIVE) {
@@ -80,7 +80,7 @@ verbs_device::verbs_device(ibv_context* ctx, const device_options& opts) : ctx_(
 verbs_device::~verbs_device() {
   stop_ = true;
   if (async_thread_.joinable()) async_thread_.join();
-  ibv_close_device(ctx_);
+  rdma_core().ibv_close_device(ctx_);
   // librdmacm keeps a context of its own per device it has used and closes
   // that of a removed device only when it rescans the device list (and the
   // device's last cm_id is gone); the kernel's removal waits for it (rxe and
@@ -89,7 +89,7 @@ verbs_device::~verbs_device() {
   // with the process.
   if (fatal_ && !dev_path_.empty() && ::access(dev_path_.c_str(), F_OK) != 0) {
     int n = -1;
-    if (ibv_context** l = rdma_get_devices(&n)) rdma_free_devices(l);
+    if (ibv_context** l = rdma_core().rdma_get_devices(&n)) rdma_core().rdma_free_devices(l);
     log(detail::log_level::info, "device " + ibdev_ + " closed after its removal (" +
                                      std::to_string(n) + " RDMA devices left)");
   }
@@ -107,7 +107,7 @@ port_attr verbs_device::describe_port(std::uint8_t p) const {
       a.active_mtu >= IBV_MTU_256 && a.active_mtu <= IBV_MTU_4096 ? mtu_bytes(a.active_mtu) : 0u;
   for (int i = 0; i < a.gid_tbl_len; ++i) {
     ibv_gid gid{};
-    if (ibv_query_gid(ctx_, p, i, &gid) != 0) break;
+    if (rdma_core().ibv_query_gid(ctx_, p, i, &gid) != 0) break;
     if (std::all_of(std::begin(gid.raw), std::end(gid.raw), [](std::uint8_t b) { return b == 0; }))
       continue;
     char text[INET6_ADDRSTRLEN] = {};
@@ -281,7 +281,7 @@ void verbs_device::async_loop() {
       continue;
     }
     ibv_async_event ev{};
-    while (ibv_get_async_event(ctx_, &ev) == 0) {
+    while (rdma_core().ibv_get_async_event(ctx_, &ev) == 0) {
       async_event_fields f{.type = ev.event_type, .ibdev = ibdev_, .device_port = port_};
       verbs_qp* q = nullptr;
       verbs_cq* c = nullptr;
@@ -357,7 +357,7 @@ void verbs_device::async_loop() {
           }
           break;
       }
-      ibv_ack_async_event(&ev);
+      rdma_core().ibv_ack_async_event(&ev);
       if (!failed.empty())
         t.event.description += " (" + std::to_string(failed.size()) + " QP" +
                                (failed.size() == 1 ? "" : "s") + " on it: qp_error events follow)";
@@ -380,7 +380,7 @@ void verbs_device::async_loop() {
 }
 
 result<std::shared_ptr<detail::pd_impl>> verbs_device::alloc_pd() {
-  ibv_pd* pd = ibv_alloc_pd(ctx_);
+  ibv_pd* pd = rdma_core().ibv_alloc_pd(ctx_);
   if (pd == nullptr)
     return make_error(errno == ENOMEM ? errc::resource_exhausted : errc::io_error,
                       "alloc_pd on " + where() + ": " + err_text(errno), errno);
@@ -393,15 +393,15 @@ result<std::shared_ptr<detail::cq_impl>> verbs_device::create_cq(const cq_option
   if (opts.depth == 0 || opts.depth > attr_.max_cqe)
     return make_error(errc::invalid_argument, w + ": depth " + std::to_string(opts.depth) +
                                                   " must be 1.." + std::to_string(attr_.max_cqe));
-  ibv_comp_channel* ch = ibv_create_comp_channel(ctx_);
+  ibv_comp_channel* ch = rdma_core().ibv_create_comp_channel(ctx_);
   if (ch == nullptr)
     return make_error(errc::resource_exhausted, w + ": completion channel: " + err_text(errno),
                       errno);
   set_nonblock(ch->fd);
-  ibv_cq* cq = ibv_create_cq(ctx_, static_cast<int>(opts.depth), nullptr, ch, 0);
+  ibv_cq* cq = rdma_core().ibv_create_cq(ctx_, static_cast<int>(opts.depth), nullptr, ch, 0);
   if (cq == nullptr) {
     int e = errno;
-    ibv_destroy_comp_channel(ch);
+    rdma_core().ibv_destroy_comp_channel(ch);
     return make_error(e == ENOMEM ? errc::resource_exhausted : errc::io_error,
                       w + ": " + err_text(e), e);
   }
@@ -416,9 +416,9 @@ namespace {
 struct device_list {
   ibv_device** list = nullptr;
   int n = 0;
-  device_list() { list = ibv_get_device_list(&n); }
+  device_list() { list = rdma_core().ibv_get_device_list(&n); }
   ~device_list() {
-    if (list) ibv_free_device_list(list);
+    if (list) rdma_core().ibv_free_device_list(list);
   }
 };
 
@@ -426,13 +426,18 @@ struct device_list {
 
 std::vector<device_info> list_devices() {
   std::vector<device_info> out;
+  // rdma-core is loaded here, on first use: without it the provider lists one
+  // unavailable entry that says what to install.
+  std::string missing;
+  if (load_rdma_core(&missing) == nullptr)
+    return {device_info{"verbs", "verbs", transport::infiniband, false, std::move(missing)}};
   device_list dl;
   for (int i = 0; dl.list != nullptr && i < dl.n; ++i) {
     ibv_device* d = dl.list[i];
     device_info info;
-    info.name = std::string("verbs:") + ibv_get_device_name(d);
+    info.name = std::string("verbs:") + rdma_core().ibv_get_device_name(d);
     info.provider = "verbs";
-    ibv_context* ctx = ibv_open_device(d);
+    ibv_context* ctx = rdma_core().ibv_open_device(d);
     if (ctx == nullptr) {
       info.available = false;
       info.reason = "ibv_open_device: " + err_text(errno);
@@ -440,13 +445,13 @@ std::vector<device_info> list_devices() {
       continue;
     }
     ibv_device_attr da{};
-    ibv_query_device(ctx, &da);
+    rdma_core().ibv_query_device(ctx, &da);
     bool active = false;
     std::string ports;
     bool eth = false;
     for (std::uint8_t p = 1; p <= da.phys_port_cnt; ++p) {
       ibv_port_attr pa{};
-      if (ibv_query_port(ctx, p, &pa) != 0) continue;
+      if (query_port(ctx, p, &pa) != 0) continue;
       if (p == 1) eth = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
       active = active || pa.state == IBV_PORT_ACTIVE;
       if (!ports.empty()) ports += ", ";
@@ -457,7 +462,7 @@ std::vector<device_info> list_devices() {
                                                                    : transport::infiniband;
     info.available = active;
     if (!active) info.reason = "no active port (" + ports + ")";
-    ibv_close_device(ctx);
+    rdma_core().ibv_close_device(ctx);
     out.push_back(std::move(info));
   }
   if (out.empty()) {
@@ -473,6 +478,9 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
                                                          const device_options& opts) {
   std::string want;
   if (auto c = name.find(':'); c != std::string_view::npos) want = std::string(name.substr(c + 1));
+  std::string missing;
+  if (load_rdma_core(&missing) == nullptr)
+    return make_error(errc::unsupported, "open " + std::string(name) + ": " + missing);
   device_list dl;
   if (dl.list == nullptr || dl.n == 0)
     return make_error(
@@ -482,7 +490,7 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
   ibv_device* pick = nullptr;
   std::string known;
   for (int i = 0; i < dl.n; ++i) {
-    std::string n = ibv_get_device_name(dl.list[i]);
+    std::string n = rdma_core().ibv_get_device_name(dl.list[i]);
     if (!known.empty()) known += ", ";
     known += "verbs:" + n;
     if (!want.empty() && n == want) pick = dl.list[i];
@@ -491,11 +499,11 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
   if (pick == nullptr)
     return make_error(errc::not_found, "open " + std::string(name) +
                                            ": no such verbs device (known: " + known + ")");
-  ibv_context* ctx = ibv_open_device(pick);
+  ibv_context* ctx = rdma_core().ibv_open_device(pick);
   if (ctx == nullptr)
     return make_error(errc::io_error,
                       "open " + std::string(name) + ": ibv_open_device(" +
-                          ibv_get_device_name(pick) + "): " + err_text(errno),
+                          rdma_core().ibv_get_device_name(pick) + "): " + err_text(errno),
                       errno);
   auto dev = std::make_shared<verbs_device>(ctx, opts);
   log(detail::log_level::info, "opened device " + dev->attr().name + ": " + dev->describe());

@@ -1,9 +1,11 @@
 #include "providers/verbs/verbs_events.hpp"
 
+#include "providers/verbs/rdma_core_loader.hpp"
+
 namespace conveyor::verbs {
 
 async_translation translate_async_event(const async_event_fields& f) {
-  const std::string name = ibv_event_type_str(f.type);
+  const std::string name = rdma_core().ibv_event_type_str(f.type);
   const std::string dev = "device " + std::string(f.ibdev);
   const std::string dev_port = dev + " port " + std::to_string(f.device_port);
   async_translation t;

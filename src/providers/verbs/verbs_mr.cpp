@@ -25,7 +25,7 @@ class verbs_mr final : public detail::mr_impl {
   void deregister() noexcept override {
     std::lock_guard lk(mu_);
     if (mr_ != nullptr) {
-      ibv_dereg_mr(mr_);
+      rdma_core().ibv_dereg_mr(mr_);
       mr_ = nullptr;
     }
   }
@@ -49,7 +49,7 @@ result<std::shared_ptr<detail::mr_impl>> verbs_pd::register_memory(std::span<std
                       w + ": remote_write and remote_atomic require local_write (as in verbs)");
   // remote_atomic on a device without atomics grants nothing more (atomics are
   // refused at post time with errc::unsupported), as a verbs MR would.
-  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(), ibv_access(rights, dev_->attr().atomics));
+  ibv_mr* mr = reg_mr(pd_, buf.data(), buf.size(), ibv_access(rights, dev_->attr().atomics));
   if (mr == nullptr) {
     int e = errno;
     if (e == ENOMEM || e == EPERM || e == EAGAIN) {

@@ -131,7 +131,7 @@ class verbs_device final : public detail::device_impl {
 class verbs_pd final : public detail::pd_impl {
  public:
   verbs_pd(std::shared_ptr<verbs_device> dev, ibv_pd* pd) : dev_(std::move(dev)), pd_(pd) {}
-  ~verbs_pd() override { ibv_dealloc_pd(pd_); }
+  ~verbs_pd() override { rdma_core().ibv_dealloc_pd(pd_); }
   result<std::shared_ptr<detail::mr_impl>> register_memory(std::span<std::byte> buf,
                                                            access rights) override;  // verbs_mr.cpp
   result<std::shared_ptr<detail::qp_impl>> create_qp(

@@ -34,7 +34,7 @@ verbs_qp::~verbs_qp() {
     conn_->qp = nullptr;
   }
   pd_->dev().remove_qp(qp_->qp_num);
-  ibv_destroy_qp(qp_);
+  rdma_core().ibv_destroy_qp(qp_);
 }
 
 qp_state verbs_qp::state() const noexcept {
@@ -44,7 +44,7 @@ qp_state verbs_qp::state() const noexcept {
     // The device may have moved the QP to ERROR (a remote error, a Terminate).
     ibv_qp_attr a{};
     ibv_qp_init_attr ia{};
-    if (ibv_query_qp(qp_, &a, IBV_QP_STATE, &ia) == 0 &&
+    if (rdma_core().ibv_query_qp(qp_, &a, IBV_QP_STATE, &ia) == 0 &&
         (a.qp_state == IBV_QPS_ERR || a.qp_state == IBV_QPS_SQE)) {
       state_.store(qp_state::error,
                    std::memory_order_relaxed);  // posts now refuse with qp_in_error
@@ -220,7 +220,7 @@ result<void> verbs_qp::modify(qp_state target) {
                         "modify " + where() + " to reset: the QP was connected; create a new QP");
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RESET;
-    if (int rc = ibv_modify_qp(qp_, &a, IBV_QP_STATE); rc != 0)
+    if (int rc = rdma_core().ibv_modify_qp(qp_, &a, IBV_QP_STATE); rc != 0)
       return make_error(errc::io_error, "modify " + where() + " to reset: " + err_text(rc), rc);
     state_ = qp_state::reset;
     return {};
@@ -242,7 +242,7 @@ result<void> verbs_qp::to_init() {
     a.port_num = pd_->dev().port();
     mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT;
   }
-  if (int rc = ibv_modify_qp(qp_, &a, mask); rc != 0)
+  if (int rc = rdma_core().ibv_modify_qp(qp_, &a, mask); rc != 0)
     return make_error(errc::io_error, "modify " + where() + " to INIT: " + err_text(rc), rc);
   state_ = qp_state::init;
   return {};
@@ -264,7 +264,7 @@ void verbs_qp::disconnect() noexcept {
   }
   {
     std::lock_guard lk(conn_->mu);
-    if (conn_->id != nullptr) rdma_disconnect(conn_->id);
+    if (conn_->id != nullptr) rdma_core().rdma_disconnect(conn_->id);
   }
   move_to_error(qp_);
   state_ = qp_state::error;
@@ -325,14 +325,14 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   ia.cap.max_recv_sge = c.max_recv_sge;
   ia.cap.max_inline_data = c.max_inline_data;
   ia.srq = srq ? srq->ibv() : nullptr;
-  ibv_qp* qp = ibv_create_qp(pd_, &ia);
+  ibv_qp* qp = rdma_core().ibv_create_qp(pd_, &ia);
   // Devices cap inline data differently (siw: a few hundred bytes less than
   // rxe) and say so only by refusing: retry with less inline data; the QP's
   // caps report what was granted, and longer inline posts are refused.
   for (std::uint32_t inl = c.max_inline_data / 2;
        qp == nullptr && errno == EINVAL && c.max_inline_data > 0; inl /= 2) {
     ia.cap.max_inline_data = inl;
-    qp = ibv_create_qp(pd_, &ia);
+    qp = rdma_core().ibv_create_qp(pd_, &ia);
     if (inl == 0) break;
   }
   if (qp == nullptr) {
@@ -355,7 +355,7 @@ result<std::shared_ptr<detail::qp_impl>> verbs_pd::create_qp(const qp_init_attr&
   {
     ibv_qp_attr qa{};
     ibv_qp_init_attr qia{};
-    if (ibv_query_qp(qp, &qa, IBV_QP_CAP, &qia) == 0) {
+    if (rdma_core().ibv_query_qp(qp, &qa, IBV_QP_CAP, &qia) == 0) {
       a.cap.max_send_wr = std::max(a.cap.max_send_wr, qa.cap.max_send_wr);
       a.cap.max_recv_wr = std::max(a.cap.max_recv_wr, qa.cap.max_recv_wr);
     }

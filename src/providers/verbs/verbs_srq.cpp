@@ -19,7 +19,7 @@ verbs_srq::verbs_srq(std::shared_ptr<verbs_pd> pd, ibv_srq* srq, const srq_attr&
 }
 
 verbs_srq::~verbs_srq() {
-  ibv_destroy_srq(srq_);
+  rdma_core().ibv_destroy_srq(srq_);
 }
 
 std::string verbs_srq::where() const {
@@ -41,7 +41,7 @@ result<void> verbs_srq::arm_limit(std::uint32_t limit) {
   a.srq_limit = limit;
   // Armed before the device may fire it, so the event finds the limit it reports.
   const std::uint32_t before = limit_.exchange(limit);
-  if (int rc = ibv_modify_srq(srq_, &a, IBV_SRQ_LIMIT); rc != 0) {
+  if (int rc = rdma_core().ibv_modify_srq(srq_, &a, IBV_SRQ_LIMIT); rc != 0) {
     limit_.store(before);
     return make_error(rc == EINVAL ? errc::invalid_argument : errc::io_error,
                       "arm_limit " + std::to_string(limit) + " on " + where() +
@@ -53,7 +53,7 @@ result<void> verbs_srq::arm_limit(std::uint32_t limit) {
 
 result<srq_attr> verbs_srq::query() const {
   ibv_srq_attr a{};
-  const int rc = ibv_query_srq(srq_, &a);
+  const int rc = rdma_core().ibv_query_srq(srq_, &a);
   // siw's provider does not implement the query: what creation granted stands.
   if (rc == EOPNOTSUPP || rc == ENOSYS) return srq_attr{max_wr_, max_sge_, limit_.load()};
   if (rc != 0)
@@ -77,7 +77,7 @@ result<std::shared_ptr<detail::srq_impl>> verbs_pd::create_srq(const srq_attr& a
   ibv_srq_init_attr ia{};
   ia.attr.max_wr = attr.max_wr;
   ia.attr.max_sge = attr.max_sge;
-  ibv_srq* srq = ibv_create_srq(pd_, &ia);
+  ibv_srq* srq = rdma_core().ibv_create_srq(pd_, &ia);
   if (srq == nullptr) {
     const int e = errno;
     return make_error(e == ENOMEM ? errc::resource_exhausted : errc::invalid_argument,
@@ -89,7 +89,7 @@ result<std::shared_ptr<detail::srq_impl>> verbs_pd::create_srq(const srq_attr& a
   // minimum): the SRQ reports what it has.
   srq_attr granted{std::max(attr.max_wr, ia.attr.max_wr), std::max(attr.max_sge, ia.attr.max_sge),
                    0};
-  if (ibv_srq_attr qa{}; ibv_query_srq(srq, &qa) == 0) {
+  if (ibv_srq_attr qa{}; rdma_core().ibv_query_srq(srq, &qa) == 0) {
     granted.max_wr = std::max(granted.max_wr, qa.max_wr);
     granted.max_sge = std::max(granted.max_sge, qa.max_sge);
   }

@@ -104,7 +104,7 @@ bool set_nonblock(int fd) {
 rdma_cm_event* next_event(rdma_event_channel* ch, clock_type::time_point deadline) {
   for (;;) {
     rdma_cm_event* ev = nullptr;
-    if (rdma_get_cm_event(ch, &ev) == 0) return ev;
+    if (rdma_core().rdma_get_cm_event(ch, &ev) == 0) return ev;
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return nullptr;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
     if (left.count() <= 0) {
@@ -118,29 +118,29 @@ rdma_cm_event* next_event(rdma_event_channel* ch, clock_type::time_point deadlin
 
 void drain_events(rdma_event_channel* ch) {
   rdma_cm_event* ev = nullptr;
-  while (rdma_get_cm_event(ch, &ev) == 0) {
+  while (rdma_core().rdma_get_cm_event(ch, &ev) == 0) {
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
       rdma_cm_id* child = ev->id;
-      rdma_reject(child, nullptr, 0);
-      rdma_ack_cm_event(ev);
-      rdma_destroy_id(child);
+      rdma_core().rdma_reject(child, nullptr, 0);
+      rdma_core().rdma_ack_cm_event(ev);
+      rdma_core().rdma_destroy_id(child);
     } else {
-      rdma_ack_cm_event(ev);
+      rdma_core().rdma_ack_cm_event(ev);
     }
   }
 }
 
 result<cm_endpoint> create_cm_id(const std::string& what) {
-  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_event_channel* ch = rdma_core().rdma_create_event_channel();
   if (ch == nullptr)
     return make_error(
         errc::io_error,
         what + ": rdma_create_event_channel: " + err_text(errno) + " (is rdma_ucm loaded?)", errno);
   set_nonblock(ch->fd);
   rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
+  if (rdma_core().rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
     int e = errno;
-    rdma_destroy_event_channel(ch);
+    rdma_core().rdma_destroy_event_channel(ch);
     return make_error(errc::io_error, what + ": rdma_create_id: " + err_text(e), e);
   }
   return cm_endpoint{ch, id};
@@ -150,8 +150,8 @@ void destroy_id_detached(rdma_cm_id* id, rdma_event_channel* ch) {
   std::thread([id, ch] {
     // Drain events already queued so rdma_destroy_id does not wait for their ack.
     if (ch != nullptr) drain_events(ch);
-    if (id != nullptr) rdma_destroy_id(id);
-    if (ch != nullptr) rdma_destroy_event_channel(ch);
+    if (id != nullptr) rdma_core().rdma_destroy_id(id);
+    if (ch != nullptr) rdma_core().rdma_destroy_event_channel(ch);
   }).detach();
 }
 
@@ -243,7 +243,7 @@ std::vector<std::byte> unwrap_private(bool iwarp, const void* p, std::size_t len
 void move_to_error(ibv_qp* qp) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
-  ibv_modify_qp(qp, &a, IBV_QP_STATE);
+  rdma_core().ibv_modify_qp(qp, &a, IBV_QP_STATE);
 }
 
 }  // namespace conveyor::verbs

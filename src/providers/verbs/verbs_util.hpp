@@ -9,6 +9,7 @@
 #include "conveyor/mr.hpp"
 #include "conveyor/qp.hpp"
 #include "core/log.hpp"
+#include "providers/verbs/rdma_core_loader.hpp"
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -47,7 +48,7 @@ inline std::uint32_t mtu_bytes(ibv_mtu m) {
   return 128u << static_cast<int>(m);
 }
 inline const char* port_state_name(ibv_port_state s) {
-  return ibv_port_state_str(s);
+  return rdma_core().ibv_port_state_str(s);
 }
 
 // "ip:port" or "[ipv6]:port", numeric only (rdma_cm resolves addresses, not names).
