@@ -10,6 +10,7 @@
 
 #include "address.hpp"
 #include "context.hpp"
+#include "log.hpp"
 
 #pragma GCC visibility push(hidden)
 namespace conveyor_gloo::detail {
@@ -42,6 +43,9 @@ Device::Device(const attr& a) : forced_(forced_from_env(a.device)) {
     const char* env = std::getenv("GLOO_SOCKET_IFNAME");
     if (iface.empty() && a.hostname.empty() && env != nullptr) iface = env;
     ip_ = choose_ipv4(iface, a.hostname);
+    ip_from_ = !iface.empty()        ? "interface " + iface
+               : !a.hostname.empty() ? "host name " + a.hostname
+                                     : "this host's name";
   }
   conveyor::device_options opts;
   opts.handshake_timeout_ms = 30000;
@@ -90,7 +94,19 @@ Device::Device(const attr& a) : forced_(forced_from_env(a.device)) {
   str_ = o.str();
 }
 
+// The device does not know its rank: the line comes when torch (or a C++
+// program) makes the rank's context, right after the device.
 std::shared_ptr<::gloo::transport::Context> Device::createContext(int rank, int size) {
+  if (log_enabled(log_level::info)) {
+    std::string devs;
+    for (auto& p : providers_) devs += (devs.empty() ? "" : ",") + std::string(p.dev.name());
+    log_line(log_level::info, "rank " + std::to_string(rank) + "/" + std::to_string(size) +
+                                  ": transport conveyor, provider " +
+                                  (forced_.empty() ? "auto (per pair: shm on one host, else soft)"
+                                                   : forced_ + " (CONVEYOR_GLOO_DEVICE)") +
+                                  ", devices " + devs + ", address " +
+                                  (ip_.empty() ? "none (shm only)" : ip_ + " (" + ip_from_ + ")"));
+  }
   return std::make_shared<Context>(shared_from_this(), rank, size);
 }
 

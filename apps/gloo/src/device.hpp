@@ -40,7 +40,7 @@ class Device final : public ::gloo::transport::Device, public std::enable_shared
   const std::uint8_t* host_id() const { return host_id_; }
 
  private:
-  std::string forced_, forced_base_, ip_, str_, pci_;
+  std::string forced_, forced_base_, ip_, ip_from_, str_, pci_;
   std::uint8_t host_id_[24];
   std::vector<provider> providers_;
 };

@@ -10,11 +10,24 @@
 #include <cstring>
 
 #include "auth.hpp"
+#include "log.hpp"
 #include "pair.hpp"
 
 #pragma GCC visibility push(hidden)
 namespace conveyor_gloo::detail {
 namespace {
+
+// What a connection negotiated, for CONVEYOR_GLOO_DEBUG=INFO's line.
+std::string describe(const conveyor::qp_connection_attr& a) {
+  std::string s = "local " + a.local_address + ", peer " + a.peer_address + ", ird " +
+                  std::to_string(a.ird) + " ord " + std::to_string(a.ord);
+  if (a.iwarp)
+    s += ", MPA rev " + std::to_string(a.iwarp->mpa_revision) + " CRC " +
+         (a.iwarp->crc ? "on" : "off") + " MSS " + std::to_string(a.iwarp->mss);
+  if (a.shm) s += ", " + a.shm->data_path + (a.shm->direct_mapping ? ", direct mapping" : "");
+  if (a.verbs) s += ", path MTU " + std::to_string(a.verbs->path_mtu);
+  return s;
+}
 
 // A pair's listener expects one peer: complete connection requests beyond
 // this many wait for accept() are refused ("listener busy"; the real peer
@@ -112,7 +125,20 @@ void Pair::make_qp() {
   }
 }
 
+// A pair that cannot connect is the failure users most need to see (torch
+// may report only the first rank's exception, or none while others wait):
+// each rank names its side on stderr whatever CONVEYOR_GLOO_DEBUG says.
 void Pair::connect(const std::vector<char>& bytes) {
+  try {
+    establish(bytes);
+  } catch (const std::exception& e) {
+    log_line(log_level::error, "rank " + std::to_string(ctx_.rank) + ": connecting to rank " +
+                                   std::to_string(peer_) + " failed: " + e.what());
+    throw;
+  }
+}
+
+void Pair::establish(const std::vector<char>& bytes) {
   auto pa = wire::decode_address(bytes);
   if (!pa || int(pa->rank) != peer_)
     GLOO_THROW_INVALID_OPERATION_EXCEPTION("conveyor-gloo: malformed address for rank ", peer_);
@@ -159,10 +185,8 @@ void Pair::connect(const std::vector<char>& bytes) {
         1ms, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()));
   };
   std::string last;
-  if (lower)
-    accept_peer(kind, target, deadline, remaining, last);
-  else
-    connect_peer(*pa, target, deadline, remaining, last);
+  auto attr = lower ? accept_peer(kind, target, deadline, remaining, last)
+                    : connect_peer(*pa, target, deadline, remaining, last);
   soft_lis_ = {};
   shm_lis_ = {};
   verbs_lis_ = {};
@@ -173,6 +197,11 @@ void Pair::connect(const std::vector<char>& bytes) {
     connected_ = true;
   }
   thread_ = std::thread([this] { progress_loop(); });
+  if (log_enabled(log_level::info))
+    log_line(log_level::info, "rank " + std::to_string(ctx_.rank) + " <-> rank " +
+                                  std::to_string(peer_) + ": connected over " + kind + " (" +
+                                  (lower ? "accepted on " : "to ") + target + "); " +
+                                  describe(attr));
 }
 
 // The lower rank's side of the handshake. Every connection request is checked
@@ -181,12 +210,14 @@ void Pair::connect(const std::vector<char>& bytes) {
 // a process of this user). Anything else is refused and logged, and the
 // listener goes on waiting for the real peer until the deadline.
 template <class Remaining>
-void Pair::accept_peer(const std::string& kind, const std::string& target,
-                       clock_type::time_point deadline, Remaining remaining, std::string& last) {
+conveyor::qp_connection_attr Pair::accept_peer(const std::string& kind, const std::string& target,
+                                               clock_type::time_point deadline, Remaining remaining,
+                                               std::string& last) {
   auto& lis = kind == "shm" ? shm_lis_ : kind == "soft" ? soft_lis_ : verbs_lis_;
   const wire::address& me = self_->value();
   unsigned refused = 0;
   bool need_qp = true;
+  conveyor::qp_connection_attr attr;
   while (true) {
     if (clock_type::now() >= deadline)
       GLOO_THROW_IO_EXCEPTION("conveyor-gloo: waiting for rank ", peer_, " on ", target,
@@ -222,13 +253,12 @@ void Pair::accept_peer(const std::string& kind, const std::string& target,
       (void)req->reject("conveyor-gloo: authentication failed");
       last = "refused " + peer + ": " + why;
       if (++refused <= max_refusals_logged)
-        std::fprintf(stderr, "conveyor-gloo warn: rank %d refused a connection on %s from %s: %s\n",
-                     ctx_.rank, target.c_str(), peer.c_str(), why.c_str());
+        log_line(log_level::warn, "rank " + std::to_string(ctx_.rank) +
+                                      " refused a connection on " + target + " from " + peer +
+                                      ": " + why);
       if (refused == max_refusals_logged)
-        std::fprintf(stderr,
-                     "conveyor-gloo warn: rank %d: further refusals on %s are counted, "
-                     "not logged\n",
-                     ctx_.rank, target.c_str());
+        log_line(log_level::warn, "rank " + std::to_string(ctx_.rank) + ": further refusals on " +
+                                      target + " are counted, not logged");
       continue;
     }
     wire::hello_reply r;
@@ -241,11 +271,14 @@ void Pair::accept_peer(const std::string& kind, const std::string& target,
       need_qp = true;  // the QP may have gone to error
       continue;
     }
+    attr = std::move(info->attr);
     break;
   }
   if (refused > max_refusals_logged)
-    std::fprintf(stderr, "conveyor-gloo warn: rank %d refused %u connections on %s in all\n",
-                 ctx_.rank, refused, target.c_str());
+    log_line(log_level::warn, "rank " + std::to_string(ctx_.rank) + " refused " +
+                                  std::to_string(refused) + " connections on " + target +
+                                  " in all");
+  return attr;
 }
 
 // The higher rank's side: a hello with a fresh nonce and its MAC; the reply
@@ -253,8 +286,10 @@ void Pair::accept_peer(const std::string& kind, const std::string& target,
 // again until the deadline; refused for authentication: the ranks do not share
 // the pair's key (mixed versions), which no retry mends.
 template <class Remaining>
-void Pair::connect_peer(const wire::address& acceptor, const std::string& target,
-                        clock_type::time_point deadline, Remaining remaining, std::string& last) {
+conveyor::qp_connection_attr Pair::connect_peer(const wire::address& acceptor,
+                                                const std::string& target,
+                                                clock_type::time_point deadline,
+                                                Remaining remaining, std::string& last) {
   while (true) {
     if (clock_type::now() >= deadline)
       GLOO_THROW_IO_EXCEPTION("conveyor-gloo: connecting to rank ", peer_, " (", target,
@@ -287,7 +322,7 @@ void Pair::connect_peer(const wire::address& acceptor, const std::string& target
       GLOO_THROW_IO_EXCEPTION("conveyor-gloo: ", target, " answered as rank ", peer_,
                               " without the pair's key");
     }
-    break;
+    return std::move(info->attr);
   }
 }
 

@@ -24,6 +24,10 @@ void Pair::fail(const std::string& why) {
   if (failed_) return;
   failed_ = true;
   error_ = "Connection closed by peer [" + peer_name_ + "]: " + why;
+  // At info only: a peer that ends its job first closes its pairs the same way
+  // a dead one does, so at warn this line would follow every normal exit.
+  // Not for this side's own shutdown (stop_ is set first).
+  if (!stop_) log_line(log_level::info, "rank " + std::to_string(ctx_.rank) + ": " + error_);
   for (auto& [tok, op] : recv_ops_) op->st->fail(error_);
   for (auto& [slot, q] : pending_sends_)
     for (auto& op : q) op->st->fail(error_);

@@ -92,13 +92,17 @@ class Pair final : public ::gloo::transport::Pair {
   std::string error_;
 
  private:
+  void establish(const std::vector<char>& bytes);
   void make_qp();
   template <class Remaining>
-  void accept_peer(const std::string& kind, const std::string& target,
-                   clock_type::time_point deadline, Remaining remaining, std::string& last);
+  conveyor::qp_connection_attr accept_peer(const std::string& kind, const std::string& target,
+                                           clock_type::time_point deadline, Remaining remaining,
+                                           std::string& last);
   template <class Remaining>
-  void connect_peer(const wire::address& acceptor, const std::string& target,
-                    clock_type::time_point deadline, Remaining remaining, std::string& last);
+  conveyor::qp_connection_attr connect_peer(const wire::address& acceptor,
+                                            const std::string& target,
+                                            clock_type::time_point deadline, Remaining remaining,
+                                            std::string& last);
   void progress_loop();
   void handle(const conveyor::work_completion& wc);
   void handle_message(std::uint32_t idx, std::uint32_t len);
