@@ -8,6 +8,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "auth.hpp"
 #include "log.hpp"

@@ -1,9 +1,9 @@
 // log.cpp — CONVEYOR_GLOO_DEBUG and the line format (log.hpp).
 #include "log.hpp"
 
+#include <strings.h>
 #include <unistd.h>
 
-#include <strings.h>
 #include <mutex>
 
 #pragma GCC visibility push(hidden)
