@@ -1,5 +1,5 @@
 // mpi_allreduce.cpp — MPI_Allreduce bus bandwidth, the reference for
-// bench/allreduce: same sizes, same timing rule as torch_allreduce.py
+// bench/allreduce: same sizes, same timing rule as conveyor_gloo.bench
 // (barrier, time every rank, slowest rank per iteration, median).
 #include <mpi.h>
 
