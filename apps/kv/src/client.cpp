@@ -8,7 +8,6 @@
 #include <cstring>
 #include <deque>
 
-#include "store.hpp"
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
@@ -295,7 +294,7 @@ class client_impl final : public client {
         }
         switch (c.result) {
           case L::item_result::ok:
-            if (c.expire_at && c.expire_at <= now_ms()) {
+            if (c.expire_at && c.expire_at <= L::now_ms()) {
               finish(l);  // expired: absent, as the server would say
             } else {
               ++stats_.hits;
