@@ -37,10 +37,10 @@ struct server_ready {
 struct server_options {
   // RESP on TCP
   std::string bind = "127.0.0.1";
-  std::uint16_t port = 7379;  // Redis's 6379 plus 1000, so both can run side by side; 0: any
-  std::string requirepass;    // empty: no AUTH on either front end; at most 200 bytes
-  std::size_t maxclients = 10000;  // fitted to the open-file limit at start (one line says so)
-  unsigned timeout_s = 0;          // close RESP clients idle this long (0: never)
+  std::uint16_t port = 7379;        // Redis's 6379 plus 1000, so both can run side by side; 0: any
+  std::string requirepass;          // empty: no AUTH on either front end; at most 200 bytes
+  std::size_t maxclients = 10000;   // fitted to the open-file limit at start (one line says so)
+  unsigned timeout_s = 0;           // close RESP clients idle this long (0: never)
   unsigned partial_timeout_s = 10;  // close RESP clients whose command stays incomplete this long
   // Query and output buffers of all RESP clients together (0: no bound); past
   // it the client holding the most is closed (Redis's maxmemory-clients).
@@ -51,7 +51,7 @@ struct server_options {
   std::string dir = ".";
   std::string appendfilename = "appendonly.aof";
   std::string appendfsync = "everysec";  // always | everysec | no
-  bool aof_skip_bad_records = false;  // at start, skip (and name) records the store refuses
+  bool aof_skip_bad_records = false;     // at start, skip (and name) records the store refuses
 
   // Memory
   std::size_t data_bytes = std::size_t{256} << 20;  // registered item memory; grows to maxmemory
