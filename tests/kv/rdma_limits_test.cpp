@@ -15,9 +15,7 @@
 
 #include "commands.hpp"
 #include "conveyor_kv/client.hpp"
-#include "rdma_server.hpp"
-#include "server_loop.hpp"
-#include "store.hpp"
+#include "rdma_server_fixture.hpp"
 #include "store_layout.hpp"
 
 namespace kv = conveyor::kv;
@@ -25,55 +23,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-template <class T>
-T must(conveyor::result<T> r) {
-  if (!r) throw std::runtime_error(r.error().to_string());
-  return std::move(*r);
-}
-
-struct server {
-  conveyor::device dev;
-  conveyor::protection_domain pd;
-  std::unique_ptr<kv::store> st;
-  kv::server_config cfg;
-  std::unique_ptr<kv::executor> exec;
-  kv::server_loop loop;
-  std::unique_ptr<kv::rdma_server> rdma;
-  std::thread thread;
-
-  explicit server(kv::rdma_server_options ro) {
-    conveyor::device_options dopts;
-    dopts.engine_park = false;  // as kv serve
-    dev = must(conveyor::device::open("soft:kvs", dopts));
-    pd = must(dev.alloc_pd());
-    kv::store_options so;
-    so.index_buckets = 4096;
-    so.data_bytes = 16u << 20;
-    st = must(kv::store::create(pd, so));
-    exec = std::make_unique<kv::executor>(*st, nullptr, cfg);
-    rdma = must(kv::rdma_server::start(
-        dev, pd, *st, loop,
-        [this](kv::session& s, std::span<const std::string_view> a, std::string& out) {
-          exec->execute(s, a, out);
-        },
-        ro));
-    thread = std::thread([this] { loop.run(); });
-  }
-  ~server() {
-    loop.stop();
-    if (thread.joinable()) thread.join();
-    rdma.reset();
-  }
-  template <class F>
-  void on_loop(F fn) {
-    std::promise<void> done;
-    loop.post([&] {
-      fn();
-      done.set_value();
-    });
-    ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
-  }
-};
+using kvtest::must;
+using kvtest::server;
 
 std::unique_ptr<kv::client> connect(server& s) {
   auto c = kv::client::connect("soft:kvc", s.rdma->address(), {});
@@ -93,7 +44,7 @@ std::string rpc(kv::client& c, std::initializer_list<std::string_view> argv) {
 TEST(kv_rdma_limits, a_value_the_reply_cannot_carry_is_not_lost) {
   kv::rdma_server_options ro;
   ro.max_message = 64u << 10;
-  server s(ro);
+  server s("soft", kvtest::small_store(), ro, kvtest::rpcs::executor);
   // Larger than one message (written straight to the store, as a RESP client could).
   const std::string big(200u << 10, 'B');
   s.on_loop([&] { ASSERT_EQ(s.st->put("big", big, {}, kv::now_ms()), kv::put_status::stored); });
@@ -116,7 +67,7 @@ TEST(kv_rdma_limits, a_value_the_reply_cannot_carry_is_not_lost) {
 TEST(kv_rdma_limits, mget_stops_at_the_message_size) {
   kv::rdma_server_options ro;
   ro.max_message = 64u << 10;
-  server s(ro);
+  server s("soft", kvtest::small_store(), ro, kvtest::rpcs::executor);
   auto c = connect(s);
   ASSERT_TRUE(c);
   ASSERT_TRUE(c->set("v", std::string(16u << 10, 'v')));
@@ -141,7 +92,7 @@ TEST(kv_rdma_limits, passwords_are_limited_as_on_resp) {
   EXPECT_EQ(r.error().code, conveyor::errc::invalid_argument);
   // The longest accepted password works, and one byte off anywhere does not.
   ro.requirepass = std::string(kv::layout::max_password, 'p');
-  server s(ro);
+  server s("soft", kvtest::small_store(), ro, kvtest::rpcs::executor);
   auto ok = kv::client::connect("soft:kvc", s.rdma->address(), {.password = ro.requirepass});
   ASSERT_TRUE(ok) << ok.error().to_string();
   auto wrong = ro.requirepass;
@@ -153,7 +104,7 @@ TEST(kv_rdma_limits, passwords_are_limited_as_on_resp) {
 // new client while FLUSHALL bumps the generation on the loop thread: under
 // ThreadSanitizer a plain read of it is a data race.
 TEST(kv_rdma_limits, clients_connect_while_flushall_runs) {
-  server s({});
+  server s("soft", kvtest::small_store(), {}, kvtest::rpcs::executor);
   auto flusher = connect(s);
   ASSERT_TRUE(flusher);
   std::atomic<bool> done{false};

@@ -79,6 +79,34 @@ TEST(resp_parser, raw_control_bytes_in_an_inline_command_are_a_protocol_error) {
   EXPECT_EQ(ok[0][3], "\xc3\xa9");
 }
 
+// An RDMA client pointed at the RESP port sends an MPA request frame (no line
+// end in it): it is answered at once, not left to its handshake timeout.
+TEST(resp_parser, an_rdma_connection_request_is_an_error_at_once_naming_rdma_listen) {
+  // RFC 5044's request key, then flags, revision, PD length and a kv hello.
+  std::string mpa("MPA ID Req Frame\x50\x02\x00\x0c", 20);
+  mpa += std::string(
+      "\x80\x10\x80\x10"
+      "CVKH"
+      "\x00\x00\x00\x00",
+      12);
+  for (std::size_t step : {std::size_t{1}, std::size_t{7}, mpa.size()}) {
+    kv::request_parser p;
+    std::vector<std::string_view> argv;
+    kv::parse_status st = kv::parse_status::need_more;
+    for (std::size_t i = 0; i < mpa.size() && st == kv::parse_status::need_more; i += step) {
+      p.feed(std::string_view(mpa).substr(i, step));
+      st = p.next(argv);
+    }
+    EXPECT_EQ(st, kv::parse_status::error) << "fed " << step << " bytes at a time";
+    EXPECT_NE(p.error().find("--rdma-listen"), std::string::npos) << p.error();
+  }
+  // A command that merely starts with "MPA" is a command.
+  kv::parse_status st;
+  auto ok = parse_all("MPA ID\r\n", 100, &st);
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0][0], "MPA");
+}
+
 TEST(resp_parser, empty_and_null_multibulk_are_skipped) {
   auto cmds = parse_all("*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n", 1);
   ASSERT_EQ(cmds.size(), 3u);

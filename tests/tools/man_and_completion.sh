@@ -37,4 +37,12 @@ got=$(complete_words "$tool" kv se)
 grep -qx serve <<<"$got" && grep -qx set <<<"$got" || die "completing 'kv se' gave '$got'"
 got=$(complete_words "$tool" kv serve --append)
 grep -qx -- --appendonly <<<"$got" || die "completing 'kv serve --append' gave '$got'"
+# kv get|set|del take redis-cli's letters (-h host, -p port, -a password) and --provider's values.
+got=$(complete_words "$tool" kv get k --ho)
+grep -qx -- --host <<<"$got" || die "completing 'kv get k --ho' gave '$got'"
+got=$(complete_words "$tool" kv get k -)
+grep -qx -- -h <<<"$got" && grep -qx -- -a <<<"$got" && grep -qx -- --pass <<<"$got" ||
+  die "completing 'kv get k -' gave '$got'"
+got=$(complete_words "$tool" kv get k --provider s)
+grep -qx shm <<<"$got" && grep -qx soft <<<"$got" || die "completing 'kv get --provider s' gave '$got'"
 echo "PASS: $(wc -w <<<"$subs") subcommands with man pages; completion offers subcommands and options"

@@ -1,35 +1,59 @@
-// conveyor kv get|set|del|bench — the conveyor::kv client on the command line.
+// conveyor kv get|set|del — the conveyor::kv client on the command line, with
+// redis-cli's letters: -h host, -p port, -a password. An "@name" address is an
+// shm server's, host:port a soft one's, unless --provider says otherwise.
 //
-//   conveyor kv set greeting hello --address 127.0.0.1:7380
-//   conveyor kv get greeting --provider shm --address @kv
-//   conveyor kv bench --keys 100000 --value-size 64 --get-ratio 0.95 --zipf 0.99 --depth 16
-//   (bench: kv_bench.cpp)
+//   conveyor kv set greeting hello -p 7380          # 127.0.0.1:7380, soft
+//   conveyor kv get greeting -h @kv -a s3cret       # shm server "@kv", requirepass s3cret
+//   conveyor kv del greeting -h 10.0.0.5 --provider verbs
 #include "kv_client.hpp"
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "conveyor_kv/client.hpp"
 
 namespace conveyor::tool {
 
-result<std::unique_ptr<kv::client>> open_kv_client(const kv_client_options& o) {
-  kv::client_options co;
-  co.password = o.password;
-  co.depth = std::max<std::uint32_t>(o.depth, 1);
-  co.device.progress = o.progress == "manual" ? progress_mode::manual : progress_mode::thread;
-  return kv::client::connect(o.provider, o.address, co);
+std::string kv_client_address(const kv_client_options& o) {
+  if (!o.address.empty()) return o.address;
+  if (o.host.starts_with('@')) return o.host;
+  // An IPv6 literal is bracketed before its port.
+  const std::string h = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
+  return h + ":" + std::to_string(o.port);
+}
+
+std::string kv_client_provider(const kv_client_options& o) {
+  return o.provider.empty() ? std::string(kv::provider_for_address(kv_client_address(o)))
+                            : o.provider;
 }
 
 kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
   kv_client_commands c;
   auto common = [&](CLI::App* a) {
-    a->add_option("-a,--address", o.address, "the server's RDMA address (kv serve --rdma-listen)");
-    a->add_option("-p,--provider", o.provider, "device: soft, shm, verbs");
-    a->add_option("--password", o.password, "the server's requirepass");
+    // -h is the host, as in redis-cli; help is --help.
+    a->set_help_flag("--help", "print this help and exit");
+    a->add_option("-h,--host", o.host,
+                  "the server's host (kv serve --rdma-listen's), or \"@name\" for an shm server")
+        ->capture_default_str();
+    a->add_option("-p,--port", o.port,
+                  "the server's RDMA port (kv serve --rdma-listen's; its RESP --port is for "
+                  "redis-cli)")
+        ->capture_default_str();
+    a->add_option("--address", o.address,
+                  "the server's address as kv serve --rdma-listen has it (host:port or @name), "
+                  "instead of -h/-p");
+    a->add_option("--provider", o.provider,
+                  "device: soft, shm, verbs (default: shm for an @name address, else soft)");
+    a->add_option("-a,--pass,--password", o.password, "the server's requirepass");
+    a->add_option("-t,--timeout", o.timeout_s,
+                  "seconds the connection (the RDMA handshake) and each request may take")
+        ->check(CLI::Range(0.001, 3600.0))
+        ->capture_default_str();
     a->add_option("--progress", o.progress,
                   "the client device's progress: thread (an engine thread) or manual (the "
                   "calling thread drives the engine while it waits)")
@@ -45,42 +69,18 @@ kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
   c.del = kv.add_subcommand("del", "DEL a key (an RPC)");
   c.del->add_option("key", o.key)->required();
   common(c.del);
-  c.bench =
-      kv.add_subcommand("bench", "GET/SET mix against a server: ops/s and latency percentiles");
-  common(c.bench);
-  c.bench->add_option("--keys", o.keys, "key space");
-  c.bench->add_option("--value-size", o.value_size, "bytes per value");
-  c.bench->add_option("--get-ratio", o.get_ratio, "fraction of operations that are GETs")
-      ->check(CLI::Range(0.0, 1.0));
-  c.bench->add_option("--zipf", o.zipf, "Zipf exponent of key popularity (0: uniform)")
-      ->check(CLI::Range(0.0, 5.0));
-  c.bench
-      ->add_option("--depth", o.depth, "GETs in flight: each GET step is an MGET of this many keys")
-      ->check(CLI::Range(1, 128));
-  c.bench->add_option("--seconds", o.seconds, "measured time");
-  c.bench->add_option("--load", o.load,
-                      "SET every key before measuring (true/false); --seconds 0: load only");
-  c.bench->add_flag("--json", o.json, "JSON output (schema conveyor-kv-bench/1)");
-  c.bench
-      ->add_option("--protocol", o.protocol,
-                   "rdma (one-sided GETs), resp (any Redis-protocol server) or memcached (text)")
-      ->check(CLI::IsMember({"rdma", "resp", "memcached"}));
-  c.bench->add_option("--host", o.host, "resp, memcached: the server's host");
-  c.bench->add_option("--port", o.port, "resp, memcached: the server's port (7379, 11211)");
-  c.bench->add_option("--load-port", o.load_port,
-                      "rdma: load over RESP at --host:PORT (kv serve --port; the same store), "
-                      "pipelined, instead of one SET RPC per key");
-  c.bench->add_option("--clients", o.clients, "client threads, one connection each")
-      ->check(CLI::Range(1u, 1024u));
-  c.bench->add_option("--server-pid", o.server_pid,
-                      "report this process's CPU time over the measured interval (/proc)");
   return c;
 }
 
 namespace {
 
 std::unique_ptr<kv::client> open(const kv_client_options& o, int& rc) {
-  auto c = open_kv_client(o);
+  kv::client_options co;
+  co.password = o.password;
+  co.depth = 1;  // one key at a time
+  co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
+  co.device.progress = o.progress == "manual" ? progress_mode::manual : progress_mode::thread;
+  auto c = kv::client::connect(kv_client_provider(o), kv_client_address(o), co);
   if (!c) {
     std::fprintf(stderr, "conveyor kv: %s\n", c.error().to_string().c_str());
     rc = 1;
@@ -92,8 +92,7 @@ std::unique_ptr<kv::client> open(const kv_client_options& o, int& rc) {
 }  // namespace
 
 int run_kv_client(const kv_client_commands& cmds, const kv_client_options& o) {
-  if (!*cmds.get && !*cmds.set && !*cmds.del && !*cmds.bench) return -1;
-  if (*cmds.bench) return run_kv_bench(o);
+  if (!*cmds.get && !*cmds.set && !*cmds.del) return -1;
   int rc = 0;
   auto c = open(o, rc);
   if (!c) return rc;

@@ -9,7 +9,7 @@
 #include <cctype>
 #include <cstdio>
 
-#include "server.hpp"
+#include "conveyor_kv/server.hpp"
 
 namespace conveyor::tool {
 
@@ -91,22 +91,20 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
 }
 
 int run_kv_serve(const kv_serve_options& o) {
-  kv::serve_options so;
-  so.cfg.port = o.port;
-  so.cfg.bind = o.bind;
-  so.cfg.requirepass = o.requirepass;
-  so.cfg.appendonly = o.appendonly == "yes";
-  so.cfg.appendfilename = o.appendfilename;
-  so.cfg.dir = o.dir;
-  so.cfg.appendfsync = o.appendfsync;
-  so.cfg.maxmemory_policy = o.maxmemory_policy;
-  so.cfg.maxclients = o.maxclients;
-  so.cfg.timeout_s = o.timeout_s;
+  kv::server_options so;
+  so.port = o.port;
+  so.bind = o.bind;
+  so.requirepass = o.requirepass;
+  so.appendonly = o.appendonly == "yes";
+  so.appendfilename = o.appendfilename;
+  so.dir = o.dir;
+  so.appendfsync = o.appendfsync;
+  so.maxmemory_policy = o.maxmemory_policy;
+  so.maxclients = o.maxclients;
+  so.timeout_s = o.timeout_s;
   so.partial_timeout_s = o.partial_timeout_s;
   so.aof_skip_bad_records = o.aof_skip_bad_records;
-  kv::parse_fsync_policy(o.appendfsync, so.fsync);
-  std::size_t maxmemory = 0, data_bytes = 0;
-  if (!parse_memory(o.maxmemory, maxmemory)) {
+  if (!parse_memory(o.maxmemory, so.maxmemory)) {
     std::fprintf(stderr, "conveyor kv serve: --maxmemory %s: a size in bytes (or 64mb, 1gb...)\n",
                  o.maxmemory.c_str());
     return 2;
@@ -117,25 +115,15 @@ int run_kv_serve(const kv_serve_options& o) {
                  o.maxmemory_clients.c_str());
     return 2;
   }
-  if (!parse_memory(o.data_bytes, data_bytes) || data_bytes == 0) {
+  if (!parse_memory(o.data_bytes, so.data_bytes) || so.data_bytes == 0) {
     std::fprintf(stderr, "conveyor kv serve: --data-bytes %s: a size in bytes (or 256mb...)\n",
                  o.data_bytes.c_str());
     return 2;
   }
-  // A maxmemory above the default data region grows the region to hold it.
-  if (maxmemory > data_bytes) data_bytes = maxmemory;
-  so.cfg.maxmemory = maxmemory;
-  so.store.data_bytes = data_bytes;
-  so.store.maxmemory = maxmemory;
-  so.store.policy = o.maxmemory_policy == "allkeys-lru" ? kv::eviction_policy::allkeys_lru
-                                                        : kv::eviction_policy::noeviction;
-  if (so.store.max_value > data_bytes) so.store.max_value = data_bytes;
   so.provider = o.provider;
   so.rdma_listen = o.rdma_listen;
   so.quiet = o.quiet;
-  return kv::serve(so, [](protection_domain& pd, const kv::store_options& opts) {
-    return kv::store::create(pd, opts);
-  });
+  return kv::serve(so);
 }
 
 }  // namespace conveyor::tool

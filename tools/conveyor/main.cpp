@@ -6,7 +6,8 @@
 //   conveyor write_bw|write_lat|read_bw|read_lat|send_bw|send_lat|atomic_bw|atomic_lat
 //            [perftest's flags] [HOST]   (no HOST: the server)
 //   conveyor kv serve [--port 7379] [--appendonly yes] [options]
-//   conveyor kv get|set|del KEY [VALUE] | bench [options]   (RDMA client)
+//   conveyor kv get|set|del KEY [VALUE] [-h HOST|@NAME] [-p PORT] [-a PASSWORD]   (RDMA client;
+//            the load generator is bench/kv's conveyor-kv-bench)
 //   conveyor ping --server [ADDRESS] | conveyor ping ADDRESS   (connectivity check)
 //   conveyor env                    (environment variables: value and default)
 //   conveyor version | --version   (the build facts: version, commit, compiler, providers)
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   kv_serve_options kv_sopts;
   auto* kv_serve = kv->add_subcommand("serve", "run the server (RESP on TCP; docs/KV.md)");
   add_kv_serve_options(*kv_serve, kv_sopts);
-  kv_client_options kv_copts;  // kv get|set|del|bench (kv_client.cpp)
+  kv_client_options kv_copts;  // kv get|set|del (kv_client.cpp)
   const auto kv_client = add_kv_client_commands(*kv, kv_copts);
   ping_options pingopts;
   auto* ping = app.add_subcommand(

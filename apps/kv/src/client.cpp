@@ -8,7 +8,6 @@
 #include <cstring>
 #include <deque>
 
-#include "store.hpp"
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
@@ -295,7 +294,7 @@ class client_impl final : public client {
         }
         switch (c.result) {
           case L::item_result::ok:
-            if (c.expire_at && c.expire_at <= now_ms()) {
+            if (c.expire_at && c.expire_at <= L::now_ms()) {
               finish(l);  // expired: absent, as the server would say
             } else {
               ++stats_.hits;
@@ -466,6 +465,10 @@ class client_impl final : public client {
 
 }  // namespace
 
+std::string_view provider_for_address(std::string_view address) noexcept {
+  return address.starts_with('@') ? "shm" : "soft";
+}
+
 result<std::unique_ptr<client>> client::connect(std::string_view device_name,
                                                 std::string_view address,
                                                 const client_options& opts) {
@@ -487,7 +490,17 @@ result<std::unique_ptr<client>> client::connect(std::string_view device_name,
   if (!qp) return std::unexpected(qp.error());
   const auto hello = L::encode_hello(opts.password);
   auto info = conveyor::connect(*qp, address, {.private_data = hello, .timeout = opts.timeout});
-  if (!info) return std::unexpected(info.error());
+  if (!info) {
+    // The usual cause: the address of the server's RESP port (or a Redis
+    // server), which waits for a text line the handshake never sends.
+    auto e = info.error();
+    if (e.code == errc::timed_out || e.code == errc::protocol_error)
+      e.context = "the peer at " + std::string(address) + " did not answer the RDMA handshake (" +
+                  e.context +
+                  "); is this a RESP port (kv serve --port, Redis)? RDMA clients connect to "
+                  "kv serve --rdma-listen's address; use redis-cli for RESP";
+    return std::unexpected(std::move(e));
+  }
   auto d = L::decode(info->private_data);
   if (!d)
     return make_error(errc::protocol_error, "kv client: the server's description is malformed");

@@ -181,7 +181,17 @@ parse_status request_parser::next(std::vector<std::string_view>& argv) {
     }
     return parse_status::need_more;
   }
-  if (want_args_ < 0 && buf_[pos_] != '*') return parse_inline(argv);
+  if (want_args_ < 0 && buf_[pos_] != '*') {
+    // An RDMA client that dialed this port (kv serve --port instead of
+    // --rdma-listen) sends an MPA request, RFC 5044's key first, and would wait
+    // out its handshake timeout for an answer: it gets one now.
+    static constexpr std::string_view mpa_request_key = "MPA ID Req Frame";
+    if (std::string_view(buf_).substr(pos_).starts_with(mpa_request_key))
+      return fail(
+          "Protocol error: an RDMA connection request (MPA) on the Redis protocol port; RDMA "
+          "clients connect to kv serve's --rdma-listen address");
+    return parse_inline(argv);
+  }
 
   const char* base = buf_.data() + pos_;
   const std::size_t avail = buf_.size() - pos_;

@@ -7,7 +7,9 @@
 // than max_args arguments, a header or inline line longer than max_line, or more
 // than max_buffered bytes held for one incomplete command is a protocol error,
 // after which the parser yields nothing more (the server replies with the error
-// and closes the connection).
+// and closes the connection). So is an RDMA connection request (an MPA request
+// frame): the RDMA client that sent it fails at once instead of waiting out its
+// handshake.
 //
 //   request_parser p;
 //   p.feed(bytes);

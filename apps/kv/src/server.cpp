@@ -1,5 +1,8 @@
-// The server's start-up and main loop (server.hpp).
-#include "server.hpp"
+// The server's start-up and main loop (conveyor_kv/server.hpp): the public
+// options become the store's, the AOF's and the front ends' own.
+#include "conveyor_kv/server.hpp"
+
+#include <conveyor/conveyor.hpp>
 
 #include <signal.h>
 #include <sys/epoll.h>
@@ -10,18 +13,71 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 
+#include "aof.hpp"
+#include "commands.hpp"
 #include "rdma_server.hpp"
+#include "resp_server.hpp"
 #include "server_loop.hpp"
+#include "store.hpp"
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
 
-int serve(const serve_options& opts, const store_factory& make_store) {
+namespace {
+
+// server_ready::stop outlives the loop it stops: after serve() returns it does nothing.
+struct stop_handle {
+  std::mutex mu;
+  server_loop* loop = nullptr;
+  void stop() {
+    std::lock_guard lk(mu);
+    if (loop) loop->stop();
+  }
+  void detach() {
+    std::lock_guard lk(mu);
+    loop = nullptr;
+  }
+};
+
+}  // namespace
+
+int serve(const server_options& so) {
   auto fail = [](const std::string& why) {
     std::fprintf(stderr, "conveyor kv serve: %s\n", why.c_str());
     return 1;
   };
+  auto bad = [](const std::string& why) {
+    std::fprintf(stderr, "conveyor kv serve: %s\n", why.c_str());
+    return 2;
+  };
+  fsync_policy fsync = fsync_policy::everysec;
+  if (!parse_fsync_policy(so.appendfsync, fsync))
+    return bad("appendfsync " + so.appendfsync + ": always, everysec or no");
+  if (so.maxmemory_policy != "noeviction" && so.maxmemory_policy != "allkeys-lru")
+    return bad("maxmemory-policy " + so.maxmemory_policy + ": noeviction or allkeys-lru");
+  if (so.data_bytes == 0) return bad("the data region (data-bytes) cannot be empty");
+  server_config cfg;  // what INFO and CONFIG GET report; maxclients as fitted below
+  cfg.requirepass = so.requirepass;
+  cfg.bind = so.bind;
+  cfg.port = so.port;
+  cfg.dir = so.dir;
+  cfg.appendonly = so.appendonly;
+  cfg.appendfilename = so.appendfilename;
+  cfg.appendfsync = so.appendfsync;
+  cfg.maxmemory = so.maxmemory;
+  cfg.maxmemory_policy = so.maxmemory_policy;
+  cfg.maxclients = so.maxclients;
+  cfg.timeout_s = so.timeout_s;
+  store_options sto;
+  // A maxmemory above the data region grows the region to hold it.
+  sto.data_bytes = std::max(so.data_bytes, so.maxmemory);
+  sto.maxmemory = so.maxmemory;
+  sto.policy = so.maxmemory_policy == "allkeys-lru" ? eviction_policy::allkeys_lru
+                                                    : eviction_policy::noeviction;
+  if (sto.max_value > sto.data_bytes) sto.max_value = sto.data_bytes;
   // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the
   // way out). Blocked before any thread starts (the device's engine threads
   // inherit the mask), so only the signalfd sees them.
@@ -30,7 +86,6 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGPIPE);
-  server_config cfg = opts.cfg;  // maxclients as fitted below (INFO and CONFIG GET report it)
   if (cfg.requirepass.size() > layout::max_password)
     return fail("requirepass is " + std::to_string(cfg.requirepass.size()) + " bytes: at most " +
                 std::to_string(layout::max_password) +
@@ -40,7 +95,7 @@ int serve(const serve_options& opts, const store_factory& make_store) {
     // soft limit when the hard one allows) rather than meet EMFILE under load.
     // The server's own descriptors (device, loop, AOF, RDMA connections) are
     // reserved as Redis does.
-    const std::size_t reserved = 32 + (opts.rdma_listen.empty() ? 0 : 4 * 64);
+    const std::size_t reserved = 32 + (so.rdma_listen.empty() ? 0 : 4 * 64);
     rlimit rl{};
     const rlim_t want = static_cast<rlim_t>(cfg.maxclients + reserved);
     if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
@@ -57,8 +112,8 @@ int serve(const serve_options& opts, const store_factory& make_store) {
         std::fprintf(stderr,
                      "conveyor kv serve: maxclients lowered from %zu to %zu to fit the open-file "
                      "limit %llu (ulimit -n; %zu descriptors kept for the server)\n",
-                     opts.cfg.maxclients, cfg.maxclients,
-                     static_cast<unsigned long long>(rl.rlim_cur), reserved);
+                     so.maxclients, cfg.maxclients, static_cast<unsigned long long>(rl.rlim_cur),
+                     reserved);
       }
     }
   }
@@ -68,23 +123,23 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   // not take those polls for a busy poller and park (shm's parks too; arm()
   // now wakes it, core/sw_cq.cpp).
   dopts.engine_park = false;
-  auto dev = device::open(opts.provider, dopts);
-  if (!dev) return fail("opening device " + opts.provider + ": " + dev.error().to_string());
+  auto dev = device::open(so.provider, dopts);
+  if (!dev) return fail("opening device " + so.provider + ": " + dev.error().to_string());
   auto pd = dev->alloc_pd();
   if (!pd) return fail("allocating a protection domain: " + pd.error().to_string());
-  auto st = make_store(*pd, opts.store);
+  auto st = store::create(*pd, sto);
   if (!st) return fail("creating the store: " + st.error().to_string());
   store& data = **st;
 
   std::unique_ptr<aof> log;
-  if (opts.cfg.appendonly) {
+  if (so.appendonly) {
     aof_options ao;
-    ao.path = opts.cfg.dir + "/" + opts.cfg.appendfilename;
-    ao.fsync = opts.fsync;
+    ao.path = so.dir + "/" + so.appendfilename;
+    ao.fsync = fsync;
     // A record holds one key and one value at most (plus a few short arguments).
-    ao.max_bulk = std::max(opts.store.max_value, opts.store.max_key);
-    ao.max_record = opts.store.max_value + opts.store.max_key + (1u << 20);
-    ao.skip_bad_records = opts.aof_skip_bad_records;
+    ao.max_bulk = std::max(sto.max_value, sto.max_key);
+    ao.max_record = sto.max_value + sto.max_key + (1u << 20);
+    ao.skip_bad_records = so.aof_skip_bad_records;
     std::string why;
     log = aof::open(ao, why);
     if (!log) return fail(why);
@@ -98,7 +153,7 @@ int serve(const serve_options& opts, const store_factory& make_store) {
                               std::string& w) { return exec.replay(argv, w); },
                           rr, why);
     if (!ok) return fail(why);
-    if (!opts.quiet)
+    if (!so.quiet)
       std::fprintf(
           stderr,
           "conveyor kv serve: replayed %llu commands (%llu bytes) from %s in %.3f s, "
@@ -120,16 +175,15 @@ int serve(const serve_options& opts, const store_factory& make_store) {
   });
 
   resp_server_options ro;
-  ro.bind = opts.cfg.bind;
-  ro.port = opts.cfg.port;
+  ro.bind = so.bind;
+  ro.port = so.port;
   ro.maxclients = cfg.maxclients;
-  ro.maxmemory_clients = opts.maxmemory_clients;
-  ro.log = !opts.quiet;
-  ro.partial_timeout = std::chrono::seconds(opts.partial_timeout_s);
-  ro.idle_timeout = std::chrono::seconds(opts.cfg.timeout_s);
-  ro.limits.max_bulk =
-      opts.store.max_value > opts.store.max_key ? opts.store.max_value : opts.store.max_key;
-  ro.limits.max_buffered = opts.store.max_value + opts.store.max_key + (1u << 20);
+  ro.maxmemory_clients = so.maxmemory_clients;
+  ro.log = !so.quiet;
+  ro.partial_timeout = std::chrono::seconds(so.partial_timeout_s);
+  ro.idle_timeout = std::chrono::seconds(so.timeout_s);
+  ro.limits.max_bulk = sto.max_value > sto.max_key ? sto.max_value : sto.max_key;
+  ro.limits.max_buffered = sto.max_value + sto.max_key + (1u << 20);
   resp_server resp(loop, exec, log.get(), ro);
   std::string why;
   if (!resp.listen(why)) {
@@ -156,20 +210,20 @@ int serve(const serve_options& opts, const store_factory& make_store) {
           std::fprintf(stderr, "conveyor kv serve: AOF rewrite failed: %s\n", w.c_str());
       }
     });
-  if (!opts.quiet)
+  if (!so.quiet)
     std::fprintf(stderr, "conveyor kv serve: RESP on %s:%u (provider %s, appendonly %s%s%s)\n",
-                 opts.cfg.bind.c_str(), resp.port(), opts.provider.c_str(),
-                 opts.cfg.appendonly ? "yes" : "no", opts.cfg.appendonly ? ", appendfsync " : "",
-                 opts.cfg.appendonly ? std::string(to_string(opts.fsync)).c_str() : "");
+                 so.bind.c_str(), resp.port(), so.provider.c_str(), so.appendonly ? "yes" : "no",
+                 so.appendonly ? ", appendfsync " : "",
+                 so.appendonly ? std::string(to_string(fsync)).c_str() : "");
   // The RDMA front end: one-sided GETs need nothing of this process's threads;
   // write RPCs run through the same executor, the AOF flushed before each reply.
   std::unique_ptr<rdma_server> rdma;
-  if (!opts.rdma_listen.empty()) {
+  if (!so.rdma_listen.empty()) {
     rdma_server_options rdo;
-    rdo.address = opts.rdma_listen;
-    rdo.requirepass = opts.cfg.requirepass;
+    rdo.address = so.rdma_listen;
+    rdo.requirepass = so.requirepass;
     rdo.max_message = static_cast<std::uint32_t>(
-        std::min<std::size_t>(opts.store.max_value + opts.store.max_key + 4096, 64u << 20));
+        std::min<std::size_t>(sto.max_value + sto.max_key + 4096, 64u << 20));
     rdo.max_message =
         std::max<std::uint32_t>(std::min<std::uint32_t>(rdo.max_message, 1u << 20), 64u << 10);
     auto r = rdma_server::start(
@@ -181,21 +235,30 @@ int serve(const serve_options& opts, const store_factory& make_store) {
         rdo);
     if (!r) {
       ::close(sfd);
-      return fail("RDMA front end on " + opts.rdma_listen + ": " + r.error().to_string());
+      return fail("RDMA front end on " + so.rdma_listen + ": " + r.error().to_string());
     }
     rdma = std::move(*r);
     exec.stats().rdma_clients = [&rdma] { return rdma->stats().connections_current; };
-    if (!opts.quiet)
+    if (!so.quiet)
       std::fprintf(stderr, "conveyor kv serve: RDMA on %s (provider %s)\n", rdma->address().c_str(),
-                   opts.provider.c_str());
+                   so.provider.c_str());
   }
-  if (opts.on_ready) opts.on_ready(loop, exec, resp);
+  auto stopper = std::make_shared<stop_handle>();
+  stopper->loop = &loop;
+  if (so.on_ready) {
+    server_ready ready;
+    ready.resp_port = resp.port();
+    ready.rdma_address = rdma ? rdma->address() : std::string();
+    ready.stop = [stopper] { stopper->stop(); };
+    so.on_ready(ready);
+  }
   loop.run();
+  stopper->detach();
   rdma.reset();
   if (log) log->tick();
   loop.remove_fd(sfd);
   ::close(sfd);
-  if (!opts.quiet) std::fprintf(stderr, "conveyor kv serve: stopped\n");
+  if (!so.quiet) std::fprintf(stderr, "conveyor kv serve: stopped\n");
   return 0;
 }
 

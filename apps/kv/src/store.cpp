@@ -19,8 +19,7 @@
 namespace conveyor::kv {
 
 time_ms now_ms() noexcept {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+  return layout::now_ms();
 }
 
 namespace {

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -41,6 +42,13 @@ inline constexpr std::size_t group_bytes = unit * buckets_per_group;
 inline constexpr std::size_t index_header_bytes = 64;
 inline constexpr std::uint64_t size_saturated = 0xffff;
 inline constexpr std::uint64_t max_offset_units = (1ull << 40) - 1;
+
+// The clock item_header::expire_at counts on: milliseconds since the Unix
+// epoch (CLOCK_REALTIME), the store's and every reader's.
+inline std::int64_t now_ms() noexcept {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
 
 struct index_header {
   std::uint32_t magic;

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
-"""`conveyor kv bench` against live servers on every protocol: RDMA (soft, shm),
+"""conveyor-kv-bench (bench/kv) against live servers on every protocol: RDMA (soft, shm),
 RESP (conveyor kv serve's port) and memcached's text protocol (when
 /usr/bin/memcached exists), 2 clients for about a second each; then the checks
 that make a wrong server fail the bench: misses of keys that were never loaded,
 and values of the wrong length.
 
-Usage: kv_bench.py CONVEYOR_BINARY
+Usage: kv_bench.py CONVEYOR_BINARY CONVEYOR_KV_BENCH_BINARY
 """
 import json
 import os
@@ -15,6 +15,7 @@ import sys
 import time
 
 conveyor = sys.argv[1]
+kv_bench = sys.argv[2]
 procs = []
 
 
@@ -54,7 +55,7 @@ def kv_serve(provider):
 
 
 def bench(*args):
-    r = subprocess.run([conveyor, "kv", "bench", "--json", *args], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([kv_bench, "--json", *args], capture_output=True, text=True, timeout=60)
     lines = r.stdout.strip().splitlines()
     return r.returncode, (json.loads(lines[-1]) if lines else {}), r.stderr
 
@@ -81,7 +82,7 @@ def expect_fail(what, needle, *args):
 try:
     for prov in ("soft", "shm"):
         srv, port, addr = kv_serve(prov)
-        rdma = ["--protocol", "rdma", "-p", prov, "-a", addr]
+        rdma = ["--protocol", "rdma", "--address", addr]  # the provider from the address form
         expect_clean(f"rdma {prov}", *rdma, "--load-port", str(port), "--get-ratio", "0.9",
                      "--server-pid", str(srv.pid))
         expect_clean(f"rdma {prov} depth 8", *rdma, "--load", "false", "--depth", "8")
@@ -96,7 +97,7 @@ try:
         srv.wait(20)
     # empty servers: every GET of a key that was never loaded is a miss, and an error
     srv, port, addr = kv_serve("soft")
-    expect_fail("rdma soft empty store", "no such key", "--protocol", "rdma", "-p", "soft", "-a", addr,
+    expect_fail("rdma soft empty store", "no such key", "--protocol", "rdma", "--address", addr,
                 "--keys", "1000", "--get-ratio", "1", "--load", "false")
     expect_fail("resp empty store", "no such key", "--protocol", "resp", "--port", str(port), "--keys",
                 "1000", "--get-ratio", "1", "--load", "false")

@@ -30,6 +30,11 @@
 
 namespace conveyor::kv {
 
+// The provider an address form implies: "@name" is shm's (a name on this
+// host), anything else ("host:port") soft's. A program takes this unless its
+// user named a provider (verbs serves host:port addresses too).
+std::string_view provider_for_address(std::string_view address) noexcept;
+
 struct client_options {
   std::string password;                     // the server's requirepass
   std::uint32_t depth = 16;                 // READs in flight (capped by the connection's ORD)
@@ -45,7 +50,11 @@ struct client_stats {
 class client {
  public:
   // Opens `device_name` ("soft", "shm", ...) and connects to a conveyor-kv RDMA
-  // front end. errc::rejected with the server's reason on a wrong password.
+  // front end (kv serve --rdma-listen). errc::rejected with the server's reason
+  // on a wrong password. A peer that does not answer the RDMA handshake within
+  // opts.timeout (errc::timed_out), or answers something else than a handshake
+  // (errc::protocol_error: conveyor-kv's RESP port answers an RDMA request at
+  // once), gets an error that says so and asks whether `address` is a RESP port.
   static result<std::unique_ptr<client>> connect(std::string_view device_name,
                                                  std::string_view address,
                                                  const client_options& opts = {});

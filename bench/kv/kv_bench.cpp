@@ -1,10 +1,14 @@
-// conveyor kv bench — one load generator for conveyor-kv over RDMA, any RESP
+// conveyor-kv-bench — one load generator for conveyor-kv over RDMA, any RESP
 // server (conveyor-kv's RESP port, Redis) and memcached (its text protocol), so
-// that bench/kv/matrix compares them with the same client.
+// that bench/kv/matrix compares them with the same client. The server's
+// address takes redis-cli's letters, as `conveyor kv get` does: -h host, -p
+// port, -a password; an "@name" host or --address is shm's, anything else soft's
+// unless --provider says otherwise.
 //
-//   conveyor kv bench --keys 100000 --value-size 64 --get-ratio 0.95 --zipf 0.99 --depth 16
-//   conveyor kv bench --protocol resp --port 6379 --clients 32 --server-pid 1234 --json
-//   conveyor kv bench --protocol memcached --port 11211 --depth 16
+//   conveyor-kv-bench --keys 100000 --value-size 64 --get-ratio 0.95 --zipf 0.99 --depth 16
+//   conveyor-kv-bench -h @kv --get-ratio 1 --depth 16          # RDMA over shm
+//   conveyor-kv-bench --protocol resp -p 6379 --clients 32 --server-pid 1234 --json
+//   conveyor-kv-bench --protocol memcached -p 11211 --depth 16
 //
 // Each of --clients threads has its own connection. A step is either a GET
 // step of --depth GETs (an MGET over RDMA; depth GET commands written at once,
@@ -21,6 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -42,11 +47,52 @@
 #include <vector>
 
 #include "conveyor_kv/client.hpp"
-#include "kv_client.hpp"
 
-namespace conveyor::tool {
+namespace conveyor::kvbench {
 
 namespace {
+
+struct bench_options {
+  // the server
+  std::string host = "127.0.0.1";  // or "@name" (shm)
+  std::uint16_t port = 0;          // 0: 7380 (rdma), 7379 (resp), 11211 (memcached)
+  std::string address;             // rdma: "host:port" or "@name", instead of -h/-p
+  std::string provider;            // rdma: empty: from the address ("@name": shm; else soft)
+  std::string password;
+  std::string progress = "thread";  // the client device's progress mode: thread | manual
+  // the load
+  std::uint64_t keys = 100000;
+  std::uint32_t value_size = 64;
+  double get_ratio = 0.95;
+  double zipf = 0;          // 0: uniform; 0.99: Zipf
+  std::uint32_t depth = 1;  // GETs in flight (an MGET batch of this many keys)
+  double seconds = 5;
+  bool load = true;  // SET every key first
+  bool json = false;
+  std::string protocol = "rdma";  // rdma | resp | memcached
+  std::uint16_t load_port = 0;    // rdma: load over RESP at host:load_port (same store)
+  unsigned clients = 1;           // threads, one connection each
+  int server_pid = 0;             // read this process's CPU time around the run
+};
+
+// The RDMA address and provider these options name.
+std::string rdma_address(const bench_options& o) {
+  if (!o.address.empty()) return o.address;
+  if (o.host.starts_with('@')) return o.host;
+  const std::string h = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
+  return h + ":" + std::to_string(o.port ? o.port : 7380);
+}
+std::string rdma_provider(const bench_options& o) {
+  return o.provider.empty() ? std::string(kv::provider_for_address(rdma_address(o))) : o.provider;
+}
+
+result<std::unique_ptr<kv::client>> open_kv_client(const bench_options& o) {
+  kv::client_options co;
+  co.password = o.password;
+  co.depth = std::max<std::uint32_t>(o.depth, 1);
+  co.device.progress = o.progress == "manual" ? progress_mode::manual : progress_mode::thread;
+  return kv::client::connect(rdma_provider(o), rdma_address(o), co);
+}
 
 using clk = std::chrono::steady_clock;
 
@@ -382,7 +428,7 @@ class memcached_conn final : public bench_conn {
   std::string out_, err_;
 };
 
-std::uint16_t socket_port(const kv_client_options& o) {
+std::uint16_t socket_port(const bench_options& o) {
   if (o.port) return o.port;
   return o.protocol == "memcached" ? 11211 : 7379;
 }
@@ -399,7 +445,7 @@ std::unique_ptr<bench_conn> open_socket(const std::string& protocol, const std::
   return c;
 }
 
-std::unique_ptr<bench_conn> open_conn(const kv_client_options& o, std::string& err) {
+std::unique_ptr<bench_conn> open_conn(const bench_options& o, std::string& err) {
   if (o.protocol != "rdma") return open_socket(o.protocol, o.host, socket_port(o), err);
   auto c = open_kv_client(o);
   if (!c) {
@@ -460,16 +506,17 @@ double pct(std::vector<float>& v, double p) {
 
 // Loads every key with pipelined SETs (RESP or memcached), or one SET RPC at a
 // time over RDMA when no RESP port of the same store was given.
-int load_keys(const kv_client_options& o, const std::string& value, double& secs) {
+int load_keys(const bench_options& o, const std::string& value, double& secs) {
   std::string err;
   std::unique_ptr<bench_conn> c;
   std::size_t batch = std::clamp<std::size_t>((1u << 20) / (value.size() + 64), 1, 128);
   if (o.protocol == "rdma" && o.load_port)
-    c = open_socket("resp", o.host, o.load_port, err);
+    c = open_socket("resp", o.host.starts_with('@') ? std::string("127.0.0.1") : o.host,
+                    o.load_port, err);
   else
     c = open_conn(o, err);
   if (o.protocol == "rdma" && !o.load_port) batch = 1;
-  if (!c) return std::fprintf(stderr, "conveyor kv bench: load: %s\n", err.c_str()), 1;
+  if (!c) return std::fprintf(stderr, "conveyor-kv-bench: load: %s\n", err.c_str()), 1;
   const auto t0 = clk::now();
   tally t;
   std::vector<std::string> keys;
@@ -477,14 +524,14 @@ int load_keys(const kv_client_options& o, const std::string& value, double& secs
     keys.clear();
     for (; i < o.keys && keys.size() < batch; ++i) keys.push_back(key_name(i));
     if (!c->sets(keys, value, t) || t.errors)
-      return std::fprintf(stderr, "conveyor kv bench: load: %s\n", t.first_error.c_str()), 1;
+      return std::fprintf(stderr, "conveyor-kv-bench: load: %s\n", t.first_error.c_str()), 1;
   }
   secs = std::chrono::duration<double>(clk::now() - t0).count();
   return 0;
 }
 
 struct shared_run {
-  const kv_client_options* o = nullptr;
+  const bench_options* o = nullptr;
   const key_picker* pick = nullptr;
   const std::string* value = nullptr;
   std::latch* ready = nullptr;
@@ -527,16 +574,14 @@ void client_thread(shared_run& sh, unsigned index, tally& t) {
   t.retries = c->retries();
 }
 
-}  // namespace
-
-int run_kv_bench(const kv_client_options& o) {
+int run(const bench_options& o) {
   if (o.protocol != "rdma" && o.protocol != "resp" && o.protocol != "memcached") {
-    std::fprintf(stderr, "conveyor kv bench: --protocol %s: rdma, resp or memcached\n",
+    std::fprintf(stderr, "conveyor-kv-bench: --protocol %s: rdma, resp or memcached\n",
                  o.protocol.c_str());
     return 2;
   }
   if (o.keys == 0 || o.clients == 0)
-    return std::fprintf(stderr, "conveyor kv bench: --keys and --clients must be above 0\n"), 2;
+    return std::fprintf(stderr, "conveyor-kv-bench: --keys and --clients must be above 0\n"), 2;
   const std::string value(o.value_size, 'v');
   double load_s = 0;
   if (o.load) {
@@ -594,7 +639,7 @@ int run_kv_bench(const kv_client_options& o) {
   const double ops = double(all.gets + all.sets);
   nlohmann::json j = {{"schema", "conveyor-kv-bench/1"},
                       {"protocol", o.protocol},
-                      {"provider", o.protocol == "rdma" ? o.provider : o.protocol},
+                      {"provider", o.protocol == "rdma" ? rdma_provider(o) : o.protocol},
                       {"clients", o.clients},
                       {"keys", o.keys},
                       {"value_size", o.value_size},
@@ -668,16 +713,72 @@ int run_kv_bench(const kv_client_options& o) {
     if (all.errors) std::printf("  first error: %s\n", all.first_error.c_str());
   }
   if (all.errors) {
-    std::fprintf(stderr, "conveyor kv bench: %llu errors; first: %s\n",
+    std::fprintf(stderr, "conveyor-kv-bench: %llu errors; first: %s\n",
                  static_cast<unsigned long long>(all.errors), all.first_error.c_str());
     return 1;
   }
   if (o.server_pid > 0 && !cpu_ok) {
-    std::fprintf(stderr, "conveyor kv bench: --server-pid %d: cannot read /proc/%d/stat\n",
+    std::fprintf(stderr, "conveyor-kv-bench: --server-pid %d: cannot read /proc/%d/stat\n",
                  o.server_pid, o.server_pid);
     return 1;
   }
   return 0;
 }
 
-}  // namespace conveyor::tool
+}  // namespace
+
+}  // namespace conveyor::kvbench
+
+int main(int argc, char** argv) {
+  using conveyor::kvbench::bench_options;
+  bench_options o;
+  CLI::App app{
+      "conveyor-kv-bench: GET/SET mix against a conveyor-kv (RDMA or RESP), Redis or memcached "
+      "server: ops/s and latency percentiles (bench/kv/README.md)",
+      "conveyor-kv-bench"};
+  // -h is the host, as in redis-cli.
+  app.set_help_flag("--help", "print this help and exit");
+  app.add_option("-h,--host", o.host,
+                 "the server's host, or \"@name\" for an shm server (rdma); default 127.0.0.1");
+  app.add_option("-p,--port", o.port,
+                 "the server's port: kv serve --rdma-listen's (rdma, 7380), its --port or "
+                 "Redis's (resp, 7379), memcached's (11211)");
+  app.add_option("--address", o.address,
+                 "rdma: the server's address as kv serve --rdma-listen has it (host:port or "
+                 "@name), instead of -h/-p");
+  app.add_option("--provider", o.provider,
+                 "rdma: device (soft, shm, verbs); default: shm for an @name address, else soft");
+  app.add_option("-a,--pass,--password", o.password, "the server's requirepass (rdma)");
+  app.add_option("--progress", o.progress,
+                 "rdma: the client device's progress: thread (an engine thread) or manual (the "
+                 "calling thread drives the engine while it waits)")
+      ->check(CLI::IsMember({"thread", "manual"}));
+  app.add_option("--keys", o.keys, "key space");
+  app.add_option("--value-size", o.value_size, "bytes per value");
+  app.add_option("--get-ratio", o.get_ratio, "fraction of operations that are GETs")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--zipf", o.zipf, "Zipf exponent of key popularity (0: uniform)")
+      ->check(CLI::Range(0.0, 5.0));
+  app.add_option("--depth", o.depth, "GETs in flight: each GET step is an MGET of this many keys")
+      ->check(CLI::Range(1, 128));
+  app.add_option("--seconds", o.seconds, "measured time");
+  app.add_option("--load", o.load,
+                 "SET every key before measuring (true/false); --seconds 0: load only");
+  app.add_flag("--json", o.json, "JSON output (schema conveyor-kv-bench/1)");
+  app.add_option("--protocol", o.protocol,
+                 "rdma (one-sided GETs), resp (any Redis-protocol server) or memcached (text)")
+      ->check(CLI::IsMember({"rdma", "resp", "memcached"}));
+  app.add_option("--load-port", o.load_port,
+                 "rdma: load over RESP at HOST:PORT (kv serve --port; the same store), "
+                 "pipelined, instead of one SET RPC per key");
+  app.add_option("--clients", o.clients, "client threads, one connection each")
+      ->check(CLI::Range(1u, 1024u));
+  app.add_option("--server-pid", o.server_pid,
+                 "report this process's CPU time over the measured interval (/proc)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return conveyor::kvbench::run(o);
+}
