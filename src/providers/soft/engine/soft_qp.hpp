@@ -120,7 +120,8 @@ class soft_qp final : public swnic::sw_qp {
   static constexpr std::size_t arena_size = 32 * 1024;
   // A whole batch (max_batch_bytes): 1 and 8 MiB READs with CRC ran at
   // 0.75x / 0.71x of sending from the region with a quarter of it (four
-  // sendmsg a batch), 0.86x / 0.77x with all of it (docs/PERFORMANCE.md).
+  // sendmsg a batch), 0.86x / 0.77x with all of it
+  // (docs/performance/2026-12-04-soft-read-crc-copy.md).
   // Only its touched pages are resident: the QP's largest batch of READ
   // responses.
   static constexpr std::size_t stage_size = 1024 * 1024;
