@@ -21,40 +21,16 @@ import unittest
 
 import redis
 
+from kv_server import KvServer
+
 BIN = None
 HIREDIS = None
 
 
-class Server:
+class Server(KvServer):
     def __init__(self, *args, dir=None):
         self.dir = dir
-        cmd = [BIN, "kv", "serve", "--port", "0", "--data-bytes", "64mb", *args]
-        if dir:
-            cmd += ["--dir", dir]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.stderr_lines = []
-        deadline = time.monotonic() + 30
-        self.port = None
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.stderr_lines.append(line)
-            m = re.search(r"RESP on [^ ]*:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise RuntimeError("server did not start: " + "".join(self.stderr_lines))
-        # Keep draining stderr so the server never blocks on it.
-        self.drain = threading.Thread(target=self._drain, daemon=True)
-        self.drain.start()
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line)
+        super().__init__(BIN, *args, *(["--dir", dir] if dir else []))
 
     def client(self, **kw):
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, **kw)

@@ -11,7 +11,6 @@ figures are checked in release builds; sanitizer builds (whose allocators keep
 freed memory in quarantine) check the behaviour only.
 """
 import os
-import re
 import resource
 import socket
 import subprocess
@@ -20,41 +19,18 @@ import threading
 import time
 import unittest
 
+from kv_server import KvServer
+
 BIN = None
 
 
-class Server:
+class Server(KvServer):
     def __init__(self, *args, nofile=None):
-        cmd = [BIN, "kv", "serve", "--port", "0", "--data-bytes", "64mb", *args]
-
         def limit():
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True, preexec_fn=limit)
-        self.stderr_lines = []
-        self.port = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            self.stderr_lines.append(line)
-            m = re.search(r"RESP on [^ ]*:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise RuntimeError("server did not start: " + "".join(self.stderr_lines))
-        self.drain = threading.Thread(target=self._drain, daemon=True)
-        self.drain.start()
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line)
+        super().__init__(BIN, *args, preexec_fn=limit)
 
     def status_kib(self, field):
         with open(f"/proc/{self.proc.pid}/status") as f:
