@@ -82,7 +82,8 @@ struct device_options {
   std::uint32_t engine_spin_us = 50;
   // While an application thread keeps polling a CQ of this device (and so runs
   // the engine itself), the engine thread parks instead of waking for every
-  // arrival; it resumes when polling stops for 1 ms or the poller sleeps.
+  // arrival; it resumes when polling stops for 1 ms, or at once when the poller
+  // sleeps in or returns from completion_queue::wait() or arms the CQ.
   bool engine_park = true;
   // soft, shm: a READ may scatter into at most this many SGEs
   // (device_attr::max_sge_rd; 0 keeps the device's limit, max_sge). 1 makes the
