@@ -1,5 +1,6 @@
 """Every error class: raised with the library's code, errno and context."""
 
+import errno
 import os
 import socket
 import struct
@@ -261,3 +262,51 @@ def test_invalid_argument_cases(provider):
         pd.register_memory(bytearray(0), Access.local_write)  # empty
     with pytest.raises(conveyor.InvalidArgument):
         pd.register_memory(bytearray(8), Access.remote_write)  # remote_write without local_write
+
+
+def test_an_address_that_does_not_parse_is_a_value_error(provider):
+    dev, qp = fresh_qp(provider)
+    bad = "no-port-here" if provider == "soft" else "bad:address"
+    for call in (lambda: conveyor.Listener.bind(dev, bad), lambda: conveyor.connect(qp, bad)):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert isinstance(e.value, conveyor.ConveyorError)
+        assert isinstance(e.value, conveyor.InvalidAddress)
+        assert isinstance(e.value, conveyor.AddressError)  # as before
+        assert not isinstance(e.value, OSError)
+        assert e.value.code == ErrorCode.address_error
+        assert bad in str(e.value)
+
+
+def test_an_address_that_cannot_be_bound_is_an_os_error(provider):
+    dev = conveyor.Device.open(provider)
+    lis = conveyor.Listener.bind(dev, listen_address(provider))
+    with pytest.raises(OSError) as e:
+        conveyor.Listener.bind(dev, lis.address)  # in use
+    assert isinstance(e.value, conveyor.ConveyorError)
+    assert isinstance(e.value, conveyor.BindError)
+    assert isinstance(e.value, conveyor.AddressError)
+    assert not isinstance(e.value, ValueError)
+    assert e.value.errno == errno.EADDRINUSE
+    assert e.value.code == ErrorCode.address_error
+    assert lis.address in str(e.value)
+
+
+def test_posting_on_an_unconnected_qp_says_connect_first(provider):
+    dev, qp = fresh_qp(provider)
+    mr = qp.pd.allocate_memory(64, conveyor.Access.local_write)
+    far = conveyor.RemoteRegion(0x1000, 64, 1)
+    calls = {
+        "post_send_msg": lambda: qp.post_send_msg(mr),
+        "post_write": lambda: qp.post_write(mr, far),
+        "post_read": lambda: qp.post_read(mr, far),
+        "post_send": lambda: qp.post_send(conveyor.SendWr(local=mr)),
+        "post_send batch": lambda: qp.post_send([conveyor.SendWr(local=mr), conveyor.SendWr(local=mr)]),
+        "read_into": lambda: qp.read_into(mr, far),
+        "write_from": lambda: qp.write_from(mr, far),
+    }
+    for name, call in calls.items():
+        with pytest.raises(conveyor.InvalidState) as e:
+            call()
+        assert "connect first" in str(e.value), (name, str(e.value))
+    qp.post_recv(mr)  # receives may be posted before connecting, as in verbs

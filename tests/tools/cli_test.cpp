@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -1209,6 +1210,40 @@ TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
     }
     EXPECT_TRUE(cvt::runs_mpa(da) || !cvt::has_wire(da)) << provider << ": nothing to look for";
     EXPECT_EQ(srv.wait_exit(cvt::scaled(10s)), 0) << srv.drain_log();
+  }
+}
+
+// -C N runs each step N times and prints one row per step with its min,
+// median and max (rping -C, ibv_rc_pingpong -n); -n is the same option.
+TEST(ping, count_repeats_each_step_and_prints_min_median_max_per_step) {
+  for (const std::string provider : {"soft", "shm"}) {
+    const std::string bind = provider == "shm" ? unique_shm_name() : "127.0.0.1:0";
+    server_process srv(server_process::raw_args{{"ping", "--server", bind, "-p", provider}});
+    ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
+    for (const char* flag : {"-C", "-n"}) {
+      const auto r = run({"ping", srv.address(), "-p", provider, flag, "5"}, 30s);
+      ASSERT_EQ(exit_code(r), 0) << r.output << "\nserver:\n" << srv.drain_log();
+      EXPECT_NE(r.output.find("5 times each"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("min us"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("median us"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("max us"), std::string::npos) << r.output;
+      for (const char* step : {"SEND, echoed", "RDMA WRITE", "RDMA READ of it"}) {
+        const auto at = r.output.find(std::string("  ") + step);
+        ASSERT_NE(at, std::string::npos) << step << " row missing:\n" << r.output;
+        // The row: the step, then min <= median <= max, in microseconds.
+        const auto line = r.output.substr(at, r.output.find('\n', at) - at);
+        double mn = -1, med = -1, mx = -1;
+        const auto nums =
+            line.find_first_of("0123456789", line.find_last_of("abcdefghijklmnopqrstuvwxyz)") + 1);
+        ASSERT_NE(nums, std::string::npos) << line;
+        ASSERT_EQ(std::sscanf(line.c_str() + nums, "%lf %lf %lf", &mn, &med, &mx), 3) << line;
+        EXPECT_GT(mn, 0) << line;
+        EXPECT_LE(mn, med) << line;
+        EXPECT_LE(med, mx) << line;
+      }
+      EXPECT_NE(r.output.find("every echo and every READ verified"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("conveyor ping: OK"), std::string::npos) << r.output;
+    }
   }
 }
 

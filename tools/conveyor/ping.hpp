@@ -3,6 +3,7 @@
 //
 //   conveyor ping --server [ADDRESS]      # default 0.0.0.0:18515 (shm: @conveyor-ping)
 //   conveyor ping HOST[:PORT]             # SEND echoed, RDMA WRITE then READ back, all verified
+//   conveyor ping -C 20 HOST[:PORT]       # each step 20 times: min/median/max per step
 #pragma once
 
 #include "cli_fwd.hpp"
@@ -19,6 +20,7 @@ struct ping_options {
   std::string provider = "soft";
   std::string device;
   std::uint32_t size = 4096;
+  std::uint32_t count = 1;  // client: times each step runs (rping -C, ibv_rc_pingpong -n)
   double timeout = 5;
 };
 

@@ -55,10 +55,11 @@ class _CqWaiter:
 _waiters = {}
 
 
-async def cq_wait_async(cq, max_entries=16, timeout=None):
+async def cq_wait_async(cq, timeout=None, max_entries=16):
     """Waits on the event loop until `cq` has completions; returns them (a list).
 
-    Raises TimedOut after `timeout` seconds (None: no bound).
+    Raises TimedOut after `timeout` seconds (None: no bound). The same
+    arguments, in the same order, as CompletionQueue.wait().
     """
     wcs = cq.poll(max_entries)
     if wcs:

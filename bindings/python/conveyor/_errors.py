@@ -4,8 +4,9 @@ Every exception the bindings raise for a library error is a ConveyorError
 carrying ``code`` (conveyor.ErrorCode), ``errno`` (0 if none) and ``context``
 (what failed and where: device, QP, peer). The subclasses also derive from the
 matching built-in exception where there is one (TimedOut is a TimeoutError,
-ConnectionRefused a ConnectionRefusedError, InvalidArgument a ValueError, ...),
-so generic handlers keep working.
+ConnectionRefused a ConnectionRefusedError, InvalidArgument a ValueError, an
+address that does not parse (InvalidAddress) a ValueError, one that cannot be
+bound (BindError) an OSError, ...), so generic handlers keep working.
 
 This module has no dependency on the extension (the extension imports it).
 """
@@ -56,7 +57,15 @@ class ProtocolError(ConveyorError):
 
 
 class AddressError(ConveyorError):
-    """The address could not be parsed or bound."""
+    """The address could not be parsed or bound: InvalidAddress or BindError."""
+
+
+class InvalidAddress(AddressError, ValueError):
+    """The address could not be parsed (e.g. a soft address without a port)."""
+
+
+class BindError(AddressError, OSError):
+    """The system refused the address (bind or listen failed): ``errno`` says why (EADDRINUSE)."""
 
 
 class ResourceExhausted(ConveyorError, MemoryError):

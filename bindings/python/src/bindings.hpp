@@ -13,6 +13,14 @@
 // accept, the read_into/write_from helpers). An object that a GIL-free call is
 // using is marked busy; closing it meanwhile raises InvalidState rather than
 // pulling the handle out from under the other thread.
+//
+// close(): Device, ProtectionDomain, CompletionQueue, QueuePair,
+// MemoryRegion, SharedReceiveQueue and Listener release their handle at once
+// (each is also a context manager); a second close() does nothing, and any
+// other use of a closed object raises InvalidState naming it. A parent lives
+// on while a child made from it is open (C++ handles keep their parents): a
+// device's engine thread ends when the device and everything made from it are
+// closed or collected.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -78,8 +86,27 @@ void abandon(Handle& h) noexcept {
 }
 [[noreturn]] void raise_inherited(const char* what);
 
+// Raises InvalidState: "<what>: the <noun> was closed".
+[[noreturn]] void raise_closed(const char* what);
+
+// Moves the handle out and destroys it with the GIL released (a device joins
+// its engine thread, a QP disconnects: bounded, but they may wait); in a
+// forked child the handle is the parent's and is abandoned instead.
+template <class Handle>
+void close_handle(Handle& h, bool inherited) {
+  if (inherited) return abandon(h);
+  Handle doomed = std::move(h);
+  h = Handle{};
+  py::gil_scoped_release nogil;
+  doomed = Handle{};
+}
+
 struct py_device : fork_owned {
   device dev;
+  device& get() {
+    if (!dev) raise_closed("Device");
+    return dev;
+  }
   ~py_device() {
     if (inherited()) abandon(dev);
   }
@@ -88,6 +115,10 @@ struct py_device : fork_owned {
 struct py_pd : fork_owned {
   protection_domain pd;
   py::object device;  // keeps the Python device alive (the C++ one is kept anyway)
+  protection_domain& get() {
+    if (!pd) raise_closed("ProtectionDomain");
+    return pd;
+  }
   ~py_pd() {
     if (inherited()) abandon(pd);
   }
@@ -117,6 +148,9 @@ struct py_cq : fork_owned {
   // Completions that the blocking helpers (read_into, write_from) took from
   // the CQ on behalf of others; poll/wait return them first. GIL-protected.
   std::deque<work_completion> stash;
+  std::atomic<int> users{0};  // GIL-free waits under way (wait, the helpers)
+  // Raises if closed or inherited through fork().
+  completion_queue& get();
   ~py_cq() {
     if (inherited()) abandon(cq);
   }
@@ -144,6 +178,9 @@ struct py_qp : fork_owned {
   std::atomic<int> users{0};  // GIL-free calls under way (connect, accept, helpers)
   std::uint64_t next_helper_id = 0;
   queue_pair& get();
+  // check_status for a post on this QP; one refused because the QP is not
+  // connected yet says to connect first.
+  void check_post(status s, const char* what, std::size_t bad = SIZE_MAX);
   ~py_qp() {
     if (inherited()) abandon(qp);
   }

@@ -12,6 +12,20 @@ struct py_listener : fork_owned {
   listener lis;
   py::object device;
   std::mutex mu;
+  bool closed = false;
+  std::atomic<int> users{0};  // accept()s under way (GIL released)
+  listener& get() {
+    if (closed) raise_closed("Listener");
+    return lis;
+  }
+  void close() {
+    if (closed) return;
+    if (users.load() > 0)
+      raise_error(errc::invalid_state,
+                  "Listener.close: another thread is in accept() on this listener");
+    closed = true;
+    close_handle(lis, inherited());
+  }
   ~py_listener() {
     if (inherited()) abandon(lis);
   }
@@ -100,7 +114,7 @@ void bind_cm(py::module_& m) {
           "bind",
           [](py::object device, const std::string& address, int backlog) {
             auto& d = device.cast<py_device&>();
-            auto l = listener::bind(d.dev, address, backlog);
+            auto l = listener::bind(d.get(), address, backlog);
             if (!l) raise_error(l.error());
             auto p = std::make_unique<py_listener>();
             p->lis = std::move(*l);
@@ -109,18 +123,20 @@ void bind_cm(py::module_& m) {
           },
           py::arg("device"), py::arg("address"), py::arg("backlog") = 64,
           "Binds a listener; port 0 picks a free port (see address).")
-      .def_property_readonly("address", [](const py_listener& l) { return l.lis.address(); })
-      .def_property_readonly("port", [](const py_listener& l) { return l.lis.port(); })
+      .def_property_readonly("address", [](py_listener& l) { return l.get().address(); })
+      .def_property_readonly("port", [](py_listener& l) { return l.get().port(); })
       .def(
           "accept",
           [](py_listener& l, const py::object& timeout) {
             auto t = std::chrono::duration_cast<std::chrono::milliseconds>(to_timeout(timeout));
             if (l.inherited()) raise_inherited("Listener");
+            auto& lis = l.get();
+            use_guard in_use(l.users);
             result<connect_request> r;
             {
               py::gil_scoped_release nogil;
               std::lock_guard lk(l.mu);
-              r = l.lis.accept(t);
+              r = lis.accept(t);
             }
             if (!r) raise_error(r.error());
             auto p = std::make_unique<py_conn_request>();
@@ -130,8 +146,16 @@ void bind_cm(py::module_& m) {
           },
           py::arg("timeout") = 5.0,
           "Waits (GIL released) for a peer's request, at most `timeout` seconds; raises TimedOut.")
-      .def("__repr__",
-           [](const py_listener& l) { return "Listener(address='" + l.lis.address() + "')"; });
+      .def("close", &py_listener::close,
+           "Stops listening now (idempotent); requests not yet accepted are refused. Any other "
+           "use of a closed listener raises InvalidState.")
+      .def_property_readonly("closed", [](const py_listener& l) { return l.closed; })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](py_listener& l, const py::args&) { l.close(); })
+      .def("__repr__", [](const py_listener& l) {
+        if (l.closed) return std::string("Listener(closed)");
+        return "Listener(address='" + l.lis.address() + "')";
+      });
 
   m.def(
       "connect",

@@ -29,6 +29,11 @@ void raise_error(const error& e) {
   auto classes = error_classes();
   auto idx = static_cast<std::size_t>(e.code);
   py::object cls = idx < py::len(classes) ? classes[py::int_(idx)] : classes[py::int_(0)];
+  // An address that could not be parsed is a ValueError (InvalidAddress); one
+  // that a system call refused (bind: in use, not ours) an OSError (BindError).
+  if (e.code == errc::address_error)
+    cls = py::module_::import("conveyor._errors")
+              .attr(e.sys_errno != 0 ? "BindError" : "InvalidAddress");
   py::object exc = cls(e.to_string());
   exc.attr("code") = py::cast(e.code);
   exc.attr("errno") = e.sys_errno;
@@ -39,6 +44,19 @@ void raise_error(const error& e) {
 
 void raise_error(errc code, std::string context) {
   raise_error(error{code, 0, std::move(context)});
+}
+
+void raise_closed(const char* what) {
+  std::string noun = what;
+  if (noun == "Device")
+    noun = "device";
+  else if (noun == "ProtectionDomain")
+    noun = "protection domain";
+  else if (noun == "CompletionQueue")
+    noun = "CQ";
+  else if (noun == "Listener")
+    noun = "listener";
+  raise_error(errc::invalid_state, std::string(what) + ": the " + noun + " was closed");
 }
 
 void check_status(status s, const char* what, std::size_t bad) {
@@ -218,6 +236,7 @@ std::string repr_region(const remote_region& rr) {
 // refused when the rights let the NIC write into it.
 std::unique_ptr<py_mr> register_buffer(py::object pd_obj, py::object obj, std::uint32_t rights) {
   auto& pd = pd_obj.cast<py_pd&>();
+  pd.get();
   auto r = std::make_unique<py_mr>();
   py::object target = obj;
   if (!PyObject_CheckBuffer(obj.ptr())) {
@@ -248,7 +267,7 @@ std::unique_ptr<py_mr> register_buffer(py::object pd_obj, py::object obj, std::u
         "(local_write/remote_write/remote_atomic)");
   auto span =
       std::span(static_cast<std::byte*>(r->view.buf), static_cast<std::size_t>(r->view.len));
-  auto mr = pd.pd.register_memory(span, static_cast<access>(rights));
+  auto mr = pd.get().register_memory(span, static_cast<access>(rights));
   if (!mr) raise_error(mr.error());
   r->mr = std::move(*mr);
   r->pd = std::move(pd_obj);
@@ -413,7 +432,8 @@ void init_module(py::module_& m) {
       .def(
           "allocate_memory",
           [](py::object self, std::size_t length, std::uint32_t rights) {
-            auto mr = self.cast<py_pd&>().pd.allocate_memory(length, static_cast<access>(rights));
+            auto mr =
+                self.cast<py_pd&>().get().allocate_memory(length, static_cast<access>(rights));
             if (!mr) raise_error(mr.error());
             auto r = std::make_unique<py_mr>();
             r->mr = std::move(*mr);
@@ -435,7 +455,17 @@ void init_module(py::module_& m) {
            "draws its receives from that SharedReceiveQueue and refuses its own post_recv.")
       .def("create_srq", &create_srq, py::kw_only(), py::arg("max_wr") = 256,
            py::arg("max_sge") = 4, py::arg("srq_limit") = 0,
-           "Creates a shared receive queue for QPs of this PD (srq_limit > 0 arms the limit).");
+           "Creates a shared receive queue for QPs of this PD (srq_limit > 0 arms the limit).")
+      .def(
+          "close", [](py_pd& p) { close_handle(p.pd, p.inherited()); },
+          "Releases the PD now (idempotent). Regions and QPs made from it keep it alive until "
+          "they are closed too; any other use of a closed PD raises InvalidState.")
+      .def_property_readonly("closed", [](const py_pd& p) { return !p.pd; })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](py_pd& p, const py::args&) { close_handle(p.pd, p.inherited()); })
+      .def("__repr__", [](const py_pd& p) {
+        return std::string(p.pd ? "ProtectionDomain()" : "ProtectionDomain(closed)");
+      });
 
   // --- devices ---------------------------------------------------------------
   py::class_<device_info>(m, "DeviceInfo", "A device that conveyor.devices() found.")
@@ -518,15 +548,15 @@ void init_module(py::module_& m) {
           py::arg("max_pending_handshakes") = 256,
           "Opens a device by name ('soft', 'soft:<label>', 'shm', 'verbs[:name]') or provider. "
           "Raises NotFound naming the devices that exist.")
-      .def_property_readonly("name", [](const py_device& d) { return std::string(d.dev.name()); })
-      .def_property_readonly("provider", [](const py_device& d) { return d.dev.attr().provider; })
+      .def_property_readonly("name", [](py_device& d) { return std::string(d.get().name()); })
+      .def_property_readonly("provider", [](py_device& d) { return d.get().attr().provider; })
       .def_property_readonly(
-          "attr", [](const py_device& d) { return d.dev.attr(); },
+          "attr", [](py_device& d) { return d.get().attr(); },
           "The device's attributes (DeviceAttr, a copy).")
       .def(
           "alloc_pd",
           [](py::object self) {
-            auto pd = self.cast<py_device&>().dev.alloc_pd();
+            auto pd = self.cast<py_device&>().get().alloc_pd();
             if (!pd) raise_error(pd.error());
             auto p = std::make_unique<py_pd>();
             p->pd = std::move(*pd);
@@ -537,7 +567,7 @@ void init_module(py::module_& m) {
       .def(
           "create_cq",
           [](py::object self, std::uint32_t depth) {
-            auto cq = self.cast<py_device&>().dev.create_cq({.depth = depth});
+            auto cq = self.cast<py_device&>().get().create_cq({.depth = depth});
             if (!cq) raise_error(cq.error());
             auto p = std::make_unique<py_cq>();
             p->cq = std::move(*cq);
@@ -545,7 +575,17 @@ void init_module(py::module_& m) {
             return p;
           },
           py::arg("depth") = 1024, "Creates a completion queue holding `depth` completions.")
+      .def(
+          "close", [](py_device& d) { close_handle(d.dev, d.inherited()); },
+          "Releases the device now (idempotent; GIL released). Its engine thread ends once the "
+          "objects made from it (PDs, CQs, QPs, regions, listeners) are closed or collected too: "
+          "close them first, or open them all in `with` blocks. Any other use of a closed device "
+          "raises InvalidState.")
+      .def_property_readonly("closed", [](const py_device& d) { return !d.dev; })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](py_device& d, const py::args&) { close_handle(d.dev, d.inherited()); })
       .def("__repr__", [](const py_device& d) {
+        if (!d.dev) return std::string("Device(closed)");
         return "Device(name='" + std::string(d.dev.name()) + "', provider='" +
                d.dev.attr().provider + "')";
       });

@@ -111,10 +111,12 @@ work_completion post_and_wait(py::object self, send_wr wr, std::chrono::nanoseco
                               const char* what, bool temp_buffer) {
   auto& q = self.cast<py_qp&>();
   auto& c = q.send_cq.cast<py_cq&>();
+  c.get();
   use_guard in_use(q.users);
+  use_guard cq_in_use(c.users);
   wr.wr_id = 0xC0FE'0000'0000'0000ull | (q.next_helper_id++ & 0xFFFF'FFFF'FFFFull);
   wr.flags = wr.flags | send_flags::signaled;
-  check_status(q.get().post_send(wr), what);
+  q.check_post(q.get().post_send(wr), what);
   bool seen = false;
   try {
     return wait_own(q, c, wr.wr_id, timeout, what, &seen);
@@ -196,14 +198,28 @@ queue_pair& py_qp::get() {
   return qp;
 }
 
-namespace {
+void py_qp::check_post(status s, const char* what, std::size_t bad) {
+  if (s == errc::invalid_state && qp) {
+    const auto st = qp.state();
+    if (st == qp_state::reset || st == qp_state::init || st == qp_state::rtr) {
+      std::string ctx = std::string(what) + ": the QP is not connected (state " +
+                        std::string(to_string(st)) +
+                        "): connect first (conveyor.connect(qp, address) or "
+                        "ConnectRequest.accept(qp))";
+      if (bad != SIZE_MAX) ctx += " (request " + std::to_string(bad) + " and after not posted)";
+      raise_error(error{s, 0, std::move(ctx)});
+    }
+  }
+  check_status(s, what, bad);
+}
+
 // A CQ's poll and wait drive a manual-progress device's engine (its sockets):
 // not from a forked child's copy.
-completion_queue& cq_of(py_cq& c) {
-  if (c.inherited()) raise_inherited("CompletionQueue");
-  return c.cq;
+completion_queue& py_cq::get() {
+  if (!cq) raise_closed("CompletionQueue");
+  if (inherited()) raise_inherited("CompletionQueue");
+  return cq;
 }
-}  // namespace
 
 std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object recv_cq,
                                  std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
@@ -215,8 +231,8 @@ std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object r
   auto& scq = send_cq.cast<py_cq&>();
   auto& rcq = recv_cq.cast<py_cq&>();
   qp_init_attr a;
-  a.send_cq = &scq.cq;
-  a.recv_cq = &rcq.cq;
+  a.send_cq = &scq.get();
+  a.recv_cq = &rcq.get();
   a.cap = {max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data};
   a.sq_sig_all = sq_sig_all;
   a.max_rd_atomic = max_rd_atomic;
@@ -226,7 +242,7 @@ std::unique_ptr<py_qp> create_qp(py::object pd, py::object send_cq, py::object r
     if (!s.srq) raise_error(errc::invalid_state, "create_qp: the SharedReceiveQueue was closed");
     a.srq = &s.srq;
   }
-  auto qp = pd.cast<py_pd&>().pd.create_qp(a);
+  auto qp = pd.cast<py_pd&>().get().create_qp(a);
   if (!qp) raise_error(qp.error());
   auto p = std::make_unique<py_qp>();
   p->qp = std::move(*qp);
@@ -282,13 +298,13 @@ void bind_queue(py::module_& m) {
   py::class_<py_cq>(m, "CompletionQueue",
                     "A completion queue. poll() never blocks; wait() releases the GIL; fd()/arm() "
                     "integrate with event loops (wait_async()). Thread-safe.")
-      .def_property_readonly("depth", [](const py_cq& c) { return c.cq.depth(); })
+      .def_property_readonly("depth", [](py_cq& c) { return c.get().depth(); })
       .def(
           "poll",
           [](py_cq& c, std::size_t max_entries) {
             if (!c.stash.empty()) return take_stash(c, max_entries);
             tl_wcs.resize(max_entries);
-            auto r = cq_of(c).poll(tl_wcs);
+            auto r = c.get().poll(tl_wcs);
             if (!r) raise_error(r.error(), "CompletionQueue.poll");
             return to_list(std::span(tl_wcs.data(), *r));
           },
@@ -298,19 +314,43 @@ void bind_queue(py::module_& m) {
           "wait",
           [](py_cq& c, const py::object& timeout, std::size_t max_entries) {
             if (!c.stash.empty()) return take_stash(c, max_entries);
+            auto& cq = c.get();
+            use_guard in_use(c.users);
             std::vector<work_completion> wcs(std::max<std::size_t>(max_entries, 1));
-            auto n = wait_released(cq_of(c), wcs, to_timeout(timeout));
+            auto n = wait_released(cq, wcs, to_timeout(timeout));
             return to_list(std::span(wcs.data(), n));
           },
-          py::arg("timeout"), py::arg("max_entries") = 16,
+          py::arg("timeout") = py::none(), py::arg("max_entries") = 16,
           "Blocks (GIL released) until at least one completion is there, at most `timeout` seconds "
-          "(None: no bound); raises TimedOut.")
+          "(None, the default: no bound); raises TimedOut. Ctrl-C (any signal handler that "
+          "raises) ends the wait within 0.1 s. The same arguments as wait_async().")
       .def(
-          "fd", [](const py_cq& c) { return c.cq.fd(); },
+          "fd", [](py_cq& c) { return c.get().fd(); },
           "A descriptor that becomes readable after arm() once a completion arrives.")
       .def(
-          "arm", [](py_cq& c) { cq_of(c).arm(); }, "Requests one notification on fd().")
+          "arm", [](py_cq& c) { c.get().arm(); }, "Requests one notification on fd().")
+      .def(
+          "close",
+          [](py_cq& c) {
+            if (c.users.load() > 0)
+              raise_error(errc::invalid_state,
+                          "CompletionQueue.close: another thread is waiting on the CQ");
+            c.stash.clear();
+            close_handle(c.cq, c.inherited());
+          },
+          "Releases the CQ now (idempotent). QPs that use it keep it alive until they are closed "
+          "too; any other use of a closed CQ raises InvalidState.")
+      .def_property_readonly("closed", [](const py_cq& c) { return !c.cq; })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](py_cq& c, const py::args&) {
+             if (c.users.load() == 0) {
+               c.stash.clear();
+               close_handle(c.cq, c.inherited());
+             }
+           })
       .def("__repr__", [](const py_cq& c) {
+        if (!c.cq) return std::string("CompletionQueue(closed)");
         return "CompletionQueue(depth=" + std::to_string(c.cq.depth()) + ")";
       });
 
@@ -443,7 +483,7 @@ void bind_queue(py::module_& m) {
             if (py::isinstance<py_send_wr>(wrs)) {
               auto& w = wrs.cast<py_send_wr&>();
               w.wr.sg_list = w.sgl;
-              check_status(qp.post_send(w.wr), "post_send");
+              q.check_post(qp.post_send(w.wr), "post_send");
               return;
             }
             tl_send.clear();
@@ -454,7 +494,7 @@ void bind_queue(py::module_& m) {
             }
             std::size_t bad = 0;
             auto s = qp.post_send(tl_send, &bad);
-            check_status(s, "post_send", bad);
+            q.check_post(s, "post_send", bad);
           },
           py::arg("wrs"),
           "Posts a SendWr or a sequence of them with one doorbell. On failure the exception's "
@@ -470,19 +510,19 @@ void bind_queue(py::module_& m) {
       .def(
           "post_send_msg",
           [](py_qp& q, const py::object& local, std::uint64_t wr_id) {
-            check_status(q.get().post_send_msg(to_sge(local), wr_id), "post_send_msg");
+            q.check_post(q.get().post_send_msg(to_sge(local), wr_id), "post_send_msg");
           },
           py::arg("local"), py::arg("wr_id") = 0, "Posts a signaled SEND of `local`.")
       .def(
           "post_write",
           [](py_qp& q, const py::object& local, const remote_region& remote, std::uint64_t wr_id) {
-            check_status(q.get().post_write(to_sge(local), remote, wr_id), "post_write");
+            q.check_post(q.get().post_write(to_sge(local), remote, wr_id), "post_write");
           },
           py::arg("local"), py::arg("remote"), py::arg("wr_id") = 0, "Posts a signaled RDMA WRITE.")
       .def(
           "post_read",
           [](py_qp& q, const py::object& local, const remote_region& remote, std::uint64_t wr_id) {
-            check_status(q.get().post_read(to_sge(local), remote, wr_id), "post_read");
+            q.check_post(q.get().post_read(to_sge(local), remote, wr_id), "post_read");
           },
           py::arg("local"), py::arg("remote"), py::arg("wr_id") = 0,
           "Posts a signaled RDMA READ into `local`.")
@@ -490,7 +530,7 @@ void bind_queue(py::module_& m) {
           "post_fetch_add",
           [](py_qp& q, const py::object& result8, const remote_region& remote, std::uint64_t add,
              std::uint64_t wr_id) {
-            check_status(q.get().post_fetch_add(to_sge(result8), remote, add, wr_id),
+            q.check_post(q.get().post_fetch_add(to_sge(result8), remote, add, wr_id),
                          "post_fetch_add");
           },
           py::arg("result"), py::arg("remote"), py::arg("add"), py::arg("wr_id") = 0,
@@ -500,7 +540,7 @@ void bind_queue(py::module_& m) {
           "post_cmp_swap",
           [](py_qp& q, const py::object& result8, const remote_region& remote,
              std::uint64_t compare, std::uint64_t swap, std::uint64_t wr_id) {
-            check_status(q.get().post_cmp_swap(to_sge(result8), remote, compare, swap, wr_id),
+            q.check_post(q.get().post_cmp_swap(to_sge(result8), remote, compare, swap, wr_id),
                          "post_cmp_swap");
           },
           py::arg("result"), py::arg("remote"), py::arg("compare"), py::arg("swap"),

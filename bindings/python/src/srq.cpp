@@ -16,7 +16,7 @@ shared_receive_queue& get(py_srq& s) {
 
 std::unique_ptr<py_srq> create_srq(py::object pd, std::uint32_t max_wr, std::uint32_t max_sge,
                                    std::uint32_t srq_limit) {
-  auto s = pd.cast<py_pd&>().pd.create_srq({max_wr, max_sge, srq_limit});
+  auto s = pd.cast<py_pd&>().get().create_srq({max_wr, max_sge, srq_limit});
   if (!s) raise_error(s.error());
   auto p = std::make_unique<py_srq>();
   p->srq = std::move(*s);
