@@ -37,13 +37,18 @@ bool put_or_error(exec_context& c, std::string_view key, std::string_view value,
 
 // ---- string commands ---------------------------------------------------------
 
-void cmd_get(exec_context& c) {
+namespace {
+// A read of argv[1] that counts in INFO's keyspace hits and misses.
+auto get_counted(exec_context& c) {
   auto v = c.st().get(c.argv[1], c.now);
-  if (!v) {
-    ++c.ex.stats().misses;
-    return c.r.null();
-  }
-  ++c.ex.stats().hits;
+  ++(v ? c.ex.stats().hits : c.ex.stats().misses);
+  return v;
+}
+}  // namespace
+
+void cmd_get(exec_context& c) {
+  auto v = get_counted(c);
+  if (!v) return c.r.null();
   if (!c.fits(bulk_bytes(v->size()))) return c.reply_too_large();
   c.r.bulk(*v);
 }
@@ -178,12 +183,8 @@ void cmd_getset(exec_context& c) {
 }
 
 void cmd_getdel(exec_context& c) {
-  auto v = c.st().get(c.argv[1], c.now);
-  if (!v) {
-    ++c.ex.stats().misses;
-    return c.r.null();
-  }
-  ++c.ex.stats().hits;
+  auto v = get_counted(c);
+  if (!v) return c.r.null();
   // A value the reply cannot carry stays where it is.
   if (!c.fits(bulk_bytes(v->size()))) return c.reply_too_large();
   c.r.bulk(*v);  // copied into the reply before the erase frees it
