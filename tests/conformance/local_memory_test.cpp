@@ -171,7 +171,9 @@ TEST_P(local_memory, write_source_deregistered_while_outstanding_sends_none_of_i
   pair_options o;
   o.tgt_region_size = len;
   ASSERT_NO_FATAL_FAILURE(connect_pair(o));
-  const std::vector<std::byte> tgt_before(tgt_main.bytes().begin(), tgt_main.bytes().end());
+  // The target's region holds its pattern (computed, not read: the target's
+  // engine writes it from another thread).
+  const std::vector<std::byte> tgt_before = make_pattern(len, o.tgt_region_seed);
   guarded_sink s;
   ASSERT_TRUE(make_guarded(init.pd, len, s));
   std::memset(s.sink(), static_cast<int>(before), len);
@@ -182,10 +184,14 @@ TEST_P(local_memory, write_source_deregistered_while_outstanding_sends_none_of_i
 
   std::vector<work_completion> iw;
   ASSERT_TRUE(wait(init.send_reader(), 1, op_timeout(len), iw));
+  // Read the target's memory only once its side is synchronised with this
+  // thread: its QP in ERROR, or a SEND it received after the WRITE.
   if (iw[0].status != wc_status::success) {
     EXPECT_TRUE(ok(check_wc(iw[0], wc_status::loc_prot_err, wc_opcode::rdma_write, 0x62)));
     EXPECT_TRUE(wait_state(init.qp, qp_state::error, scaled(milliseconds(5000))));
     ASSERT_TRUE(wait_state(tgt.qp, qp_state::error, scaled(milliseconds(5000))));
+  } else {
+    ASSERT_TRUE(sync_target(op_timeout(8)));
   }
   // Every target byte is its old value or the source's value before deregistration.
   const auto got = tgt_main.bytes();
