@@ -26,6 +26,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,7 @@
 #include <conveyor/conveyor.hpp>
 
 #include "fuzz_check.hpp"
+#include "fuzz_socket.hpp"
 #include "providers/shm/shm_segment.hpp"
 
 namespace {
@@ -207,8 +209,10 @@ class peer {
     sa.sun_family = AF_UNIX;
     std::memcpy(sa.sun_path, w.addr.data(), w.addr.size());
     sa.sun_path[0] = '\0';
-    if (::connect(sock_, reinterpret_cast<sockaddr*>(&sa),
-                  static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + w.addr.size())) != 0)
+    if (conveyor::fuzz::connect_within(
+            sock_, reinterpret_cast<sockaddr*>(&sa),
+            static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + w.addr.size()),
+            std::chrono::seconds(2)) != 0)
       return false;
     // Request and ready at once: the target reads both from the socket buffer.
     shm::hs_msg req;
@@ -226,10 +230,13 @@ class peer {
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd_, sizeof(int));
-    if (::sendmsg(sock_, &mh, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) return false;
+    ssize_t sent;
+    do sent = ::sendmsg(sock_, &mh, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    if (sent != static_cast<ssize_t>(sizeof req)) return false;
     shm::hs_msg ready;
     ready.kind = shm::hs_kind::ready;
-    return ::send(sock_, &ready, sizeof ready, MSG_NOSIGNAL) == sizeof ready;
+    return conveyor::fuzz::send_all(sock_, std::as_bytes(std::span(&ready, 1)));
   }
   ~peer() {
     if (map_) ::munmap(map_, shm::seg_size);

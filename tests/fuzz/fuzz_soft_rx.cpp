@@ -30,6 +30,7 @@
 #include <conveyor/conveyor.hpp>
 
 #include "fuzz_check.hpp"
+#include "fuzz_socket.hpp"
 #include "providers/soft/wire/wire.hpp"
 
 namespace {
@@ -125,21 +126,13 @@ int connect_raw(std::uint16_t port) {
   timeval tv{2, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    const int e = errno;
+  if (const int e = conveyor::fuzz::connect_within(fd, reinterpret_cast<sockaddr*>(&a), sizeof a,
+                                                   std::chrono::seconds(2));
+      e != 0) {
     ::close(fd);
-    return -e;
+    return e;
   }
   return fd;
-}
-
-bool send_all(int fd, std::span<const std::byte> b) {
-  while (!b.empty()) {
-    const ssize_t n = ::send(fd, b.data(), b.size(), MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    b = b.subspan(static_cast<std::size_t>(n));
-  }
-  return true;
 }
 
 void drain(int fd) {
@@ -195,7 +188,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     write_tagged_header(rtr.data(), rdmap_op::write, true, 1, 0, 0);
     finish_fpdu(rtr, crc);
     req.insert(req.end(), rtr.begin(), rtr.end());
-    FUZZ_CHECK(send_all(fd, req));
+    FUZZ_CHECK(fuzz::send_all(fd, req));
   }
   auto creq = w.lis.accept(2s);
   FUZZ_CHECK(creq.has_value());
@@ -305,7 +298,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Feed it, then end the stream: the target sees EOF after the last byte
   // (or stops at its first Terminate), so its QP ends in ERROR either way.
-  (void)send_all(fd, stream);
+  (void)fuzz::send_all(fd, stream);
   ::shutdown(fd, SHUT_WR);
   const auto until = std::chrono::steady_clock::now() + 3s;
   while (qp.state() != qp_state::error && std::chrono::steady_clock::now() < until) {
