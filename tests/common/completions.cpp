@@ -1,6 +1,7 @@
 #include "common/completions.hpp"
 
 #include <array>
+#include <iostream>
 #include <sstream>
 
 #include "common/env.hpp"
@@ -166,6 +167,21 @@ std::string wait_for(cq_reader& target, std::size_t n, std::chrono::nanoseconds 
     auto slice = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(2));
     target.wait_some(slice);
   }
+}
+
+std::string drop_siw_repeated_flushes(std::vector<work_completion>& wcs, cq_reader& reader,
+                                      std::chrono::nanoseconds timeout) {
+  for (std::size_t i = 1; i < wcs.size(); ++i) {
+    if (wcs[i].wr_id != wcs[i - 1].wr_id || wcs[i].status != wc_status::wr_flush_err) continue;
+    std::cout << "[   INFO   ] the device completed request " << wcs[i].wr_id
+              << " twice (Linux siw's flush race); the second, " << describe(wcs[i])
+              << ", is ignored\n";
+    wcs.erase(wcs.begin() + static_cast<std::ptrdiff_t>(i));
+    if (auto err = wait_for(reader, 1, timeout, wcs); !err.empty())
+      return "after dropping a repeated flush: " + err;
+    --i;
+  }
+  return {};
 }
 
 std::string all_success(std::span<const work_completion> wcs) {

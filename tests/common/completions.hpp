@@ -77,6 +77,15 @@ std::string wait_for(cq_reader& target, std::size_t n, std::chrono::nanoseconds 
                      std::vector<conveyor::work_completion>& out,
                      std::span<cq_reader* const> drive = {});
 
+// Linux 6.1 siw flushes a READ twice when the QP fails after the READ entered
+// its outbound READ queue but before it was sent (its flush completes both the
+// queue entry and the queued send). For kernel iWARP only: drops each second
+// wr_flush_err that follows the first completion of the same request, says so
+// on stdout, and takes one more completion from `reader` for each dropped, so
+// `wcs` again holds one completion per request. "" or what went wrong.
+std::string drop_siw_repeated_flushes(std::vector<conveyor::work_completion>& wcs,
+                                      cq_reader& reader, std::chrono::nanoseconds timeout);
+
 // "" when every completion has status success, else the list with status names.
 std::string all_success(std::span<const conveyor::work_completion> wcs);
 // "" when wc has this status, opcode and wr_id.

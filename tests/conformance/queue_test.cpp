@@ -432,21 +432,7 @@ TEST_P(queues, modify_to_error_flushes_outstanding_sends) {
   ASSERT_TRUE(wait(init.send_reader(), n, scaled(milliseconds(10000)), iw));
   // Name check: a bug of one kernel device (Linux siw), not a capability.
   if (param().provider == "verbs" && init.dev.attr().transport_type == conveyor::transport::iwarp) {
-    // Linux siw flushes a READ twice when modify(error) catches it after it
-    // entered the outbound READ queue but before it was sent (its flush
-    // completes both the queue entry and the queued send): drop such a second
-    // flush, right after the first completion of the same request, and say so.
-    for (std::size_t i = 1; i < iw.size(); ++i) {
-      if (iw[i].wr_id != iw[i - 1].wr_id || iw[i].status != wc_status::wr_flush_err) continue;
-      std::cout << "[   INFO   ] the device completed READ " << iw[i].wr_id - 41000
-                << " twice (Linux siw's flush race); the second, " << describe(iw[i])
-                << ", is ignored\n";
-      iw.erase(iw.begin() + static_cast<std::ptrdiff_t>(i));
-      std::vector<work_completion> more;
-      ASSERT_TRUE(wait(init.send_reader(), 1, scaled(milliseconds(10000)), more));
-      iw.push_back(more[0]);
-      --i;
-    }
+    ASSERT_TRUE(ok(drop_siw_repeated_flushes(iw, init.send_reader(), scaled(milliseconds(10000)))));
   }
   bool flushed = false;
   for (std::size_t i = 0; i < n; ++i) {
