@@ -193,7 +193,7 @@ TEST_F(aof_case, cut_at_every_byte_replays_a_prefix) {
     log->flush();
   }
   full = contents();
-  for (std::size_t cut = 0; cut <= full.size(); cut += 3) {
+  for (std::size_t cut = 0; cut <= full.size(); ++cut) {
     {
       std::ofstream f(path, std::ios::binary | std::ios::trunc);
       f.write(full.data(), static_cast<std::streamsize>(cut));

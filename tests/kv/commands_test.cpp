@@ -20,7 +20,7 @@ struct commands : ::testing::Test {
 };
 }  // namespace
 
-TEST_F(commands, ping_echo_and_unknown_commands) {
+TEST_F(commands, ping_and_echo_reply_and_unknown_commands_or_wrong_arity_get_redis_errors) {
   EXPECT_EQ(r({"PING"}), "+PONG\r\n");
   EXPECT_EQ(r({"ping", "hi"}), "$2\r\nhi\r\n");
   EXPECT_EQ(r({"ECHO", "x"}), "$1\r\nx\r\n");
@@ -30,7 +30,7 @@ TEST_F(commands, ping_echo_and_unknown_commands) {
   EXPECT_EQ(r({"SeT", "k"}), "-ERR wrong number of arguments for 'set' command\r\n");
 }
 
-TEST_F(commands, set_get_and_conditions) {
+TEST_F(commands, set_honours_nx_xx_get_and_refuses_bad_expiry_options_as_redis_does) {
   EXPECT_EQ(r({"GET", "k"}), "$-1\r\n");
   EXPECT_EQ(r({"SET", "k", "v"}), "+OK\r\n");
   EXPECT_EQ(r({"GET", "k"}), "$1\r\nv\r\n");
@@ -49,7 +49,7 @@ TEST_F(commands, set_get_and_conditions) {
   EXPECT_EQ(r({"SETNX", "k", "2"}), ":0\r\n");
 }
 
-TEST_F(commands, multi_key_commands) {
+TEST_F(commands, mset_mget_exists_and_del_count_every_key_named) {
   EXPECT_EQ(r({"MSET", "a", "1", "b", "2"}), "+OK\r\n");
   EXPECT_EQ(r({"MSET", "a", "1", "b"}), "-ERR wrong number of arguments for 'mset' command\r\n");
   EXPECT_EQ(r({"MGET", "a", "nope", "b"}), "*3\r\n$1\r\n1\r\n$-1\r\n$1\r\n2\r\n");
@@ -58,7 +58,7 @@ TEST_F(commands, multi_key_commands) {
   EXPECT_EQ(r({"DBSIZE"}), ":0\r\n");
 }
 
-TEST_F(commands, counters_and_strings) {
+TEST_F(commands, incr_refuses_overflow_and_non_integers_and_append_strlen_type_see_strings) {
   EXPECT_EQ(r({"INCR", "n"}), ":1\r\n");
   EXPECT_EQ(r({"INCRBY", "n", "41"}), ":42\r\n");
   EXPECT_EQ(r({"DECR", "n"}), ":41\r\n");
@@ -77,7 +77,7 @@ TEST_F(commands, counters_and_strings) {
   EXPECT_EQ(r({"TYPE", "none"}), "+none\r\n");
 }
 
-TEST_F(commands, expiry) {
+TEST_F(commands, ttl_follows_expire_persist_and_keepttl_and_a_past_time_deletes) {
   EXPECT_EQ(r({"TTL", "k"}), ":-2\r\n");
   EXPECT_EQ(r({"SET", "k", "v"}), "+OK\r\n");
   EXPECT_EQ(r({"TTL", "k"}), ":-1\r\n");
@@ -107,7 +107,7 @@ TEST_F(commands, expiry) {
   EXPECT_EQ(r({"EXISTS", "k"}), ":0\r\n");
 }
 
-TEST_F(commands, scan_and_keys) {
+TEST_F(commands, scan_returns_every_matching_key_once_and_keys_matches_redis_globs) {
   for (int i = 0; i < 100; ++i) r({"SET", "key:" + std::to_string(i), "v"});
   r({"SET", "other", "v"});
   std::set<std::string> seen;
@@ -161,7 +161,7 @@ TEST_F(commands, auth_guards_everything_but_auth_hello_and_quit) {
             "-ERR AUTH <password> called without any pa");
 }
 
-TEST_F(commands, hello_client_select_config_command_quit) {
+TEST_F(commands, hello_client_select_config_command_and_quit_answer_as_redis_does) {
   EXPECT_EQ(r({"HELLO", "4"}), "-NOPROTO unsupported protocol version\r\n");
   EXPECT_EQ(r({"HELLO", "2"}).substr(0, 4), "*14\r");
   EXPECT_EQ(r({"CLIENT", "SETNAME", "me"}), "+OK\r\n");
@@ -198,7 +198,7 @@ TEST_F(commands, info_counts_hits_misses_and_the_one_sided_hook) {
   EXPECT_EQ(info.find("# Keyspace"), std::string::npos);  // only the section asked for
 }
 
-TEST_F(commands, flushall) {
+TEST_F(commands, flushall_and_flushdb_empty_the_store_and_refuse_bad_options) {
   r({"SET", "a", "1"});
   EXPECT_EQ(r({"FLUSHALL"}), "+OK\r\n");
   EXPECT_EQ(r({"DBSIZE"}), ":0\r\n");
