@@ -22,12 +22,6 @@
 namespace cvt {
 namespace {
 
-using conveyor::access;
-using conveyor::errc;
-using conveyor::qp_state;
-using conveyor::work_completion;
-using std::chrono::milliseconds;
-
 // Descriptors of this process that point at a Conveyor shm segment.
 std::size_t segment_fds() {
   std::size_t n = 0;
@@ -165,7 +159,6 @@ TEST_P(shm_only, a_tcp_address_is_an_address_error) {
   CVT_EXPECT_ERRC(conveyor::connect(init.qp, "127.0.0.1:7471", {.timeout = milliseconds(500)}),
                   errc::address_error);
 }
-
 
 }  // namespace
 }  // namespace cvt

@@ -20,12 +20,6 @@
 namespace cvt {
 namespace {
 
-using conveyor::access;
-using conveyor::errc;
-using conveyor::qp_state;
-using conveyor::work_completion;
-using std::chrono::milliseconds;
-
 // ---- direct mapping (docs/SHM.md): regions from allocate_memory ----
 
 // Mappings of this process backed by an allocated region, with their permissions.

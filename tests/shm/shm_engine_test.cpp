@@ -20,12 +20,6 @@
 namespace cvt {
 namespace {
 
-using conveyor::access;
-using conveyor::errc;
-using conveyor::qp_state;
-using conveyor::work_completion;
-using std::chrono::milliseconds;
-
 TEST_P(shm_only, engine_fetch_add_is_atomic_against_the_owners_own_atomics) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   CVT_REQUIRE_ATOMICS();

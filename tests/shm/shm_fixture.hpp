@@ -14,6 +14,12 @@
 
 namespace cvt {
 
+// What every shm-only file names unqualified (milliseconds: common/env.hpp).
+using conveyor::access;
+using conveyor::errc;
+using conveyor::qp_state;
+using conveyor::work_completion;
+
 class shm_only : public pair_test {
  protected:
   void TearDown() override {
@@ -28,9 +34,9 @@ class shm_only : public pair_test {
   // WRITE 3 MiB + 5 bytes, READ it back into another buffer, check both ways.
   void bulk_round_trip() {
     const std::size_t n = 3 * MiB + 5;
-    auto src = make_region(init.pd, n, conveyor::access::local_write, 0x5100);
+    auto src = make_region(init.pd, n, access::local_write, 0x5100);
     CVT_ASSERT_OK(src);
-    auto back = make_region(init.pd, n, conveyor::access::local_write, 0x5200);
+    auto back = make_region(init.pd, n, access::local_write, 0x5200);
     CVT_ASSERT_OK(back);
     CVT_ASSERT_POST_OK(init.qp.post_write(src->sge(0, n), tgt_main.remote(7, n), 1));
     CVT_ASSERT_POST_OK(init.qp.post_read(back->sge(0, n), tgt_main.remote(7, n), 2));
@@ -73,7 +79,6 @@ class shm_only : public pair_test {
     return testing::AssertionSuccess();
   }
 };
-
 
 // shm in both progress modes: what the shm-only suites are instantiated with.
 inline std::vector<provider_param> shm_params() {

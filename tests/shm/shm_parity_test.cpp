@@ -19,12 +19,6 @@
 namespace cvt {
 namespace {
 
-using conveyor::access;
-using conveyor::errc;
-using conveyor::qp_state;
-using conveyor::work_completion;
-using std::chrono::milliseconds;
-
 // Cross-memory attach refused for real (not forced): the target child runs as
 // another user without capabilities, so it may not attach to this process and
 // the initiator's bulk requests fall back to staging, while this (privileged)
