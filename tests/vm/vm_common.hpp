@@ -1,6 +1,6 @@
-// What the VM harness's programs share (tests/vm: interop.cpp, transport.cpp):
-// CHECK and the failure count, byte patterns, taking a netdev down and up,
-// the device's events time-stamped.
+// What the VM harness's programs share (tests/vm: interop.cpp, port_checks.cpp,
+// transport.cpp): CHECK and the failure count, byte patterns, taking a netdev
+// down and up, the device's events time-stamped.
 #pragma once
 
 #include <conveyor/conveyor.hpp>
@@ -103,5 +103,16 @@ struct event_log {
 // port-down grace period (--port-flap DEV NETDEV IP). Exit status 0 if all held.
 int transport_check(const std::string& dev_name, const std::string& ip);
 int port_flap(const std::string& dev_name, const std::string& netdev, const std::string& ip);
+
+// port_checks.cpp: the link taken down and up with no connection
+// (--port-events), under a connection with requests in flight (--port-down),
+// or the device removed under one (--device-removal). Exit status 0 if all held.
+int port_events(const std::string& dev_name, const std::string& netdev);
+// What cuts the connection: the link going down (with the provider's policy,
+// checked, or without it, only measured) or the device being removed.
+enum class cut { port_down, port_down_kernel_alone, removal };
+void port_down_once(const std::string& dev_name, const std::string& netdev, const std::string& ip,
+                    cut how);
+int port_down(const std::string& dev_name, const std::string& netdev, const std::string& ip);
 
 }  // namespace vmcheck
