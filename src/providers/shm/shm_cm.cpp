@@ -21,8 +21,8 @@
 #include "providers/shm/shm_memfd.hpp"
 #include "providers/shm/shm_qp.hpp"
 
-#include "core/handshake_pump.hpp"
 #include "core/log.hpp"
+#include "providers/swnic/handshake_pump.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -2,8 +2,8 @@
 // providers/swnic with the soft engine, TCP listeners and soft QPs.
 #pragma once
 
-#include "core/handshake_pump.hpp"
 #include "providers/soft/engine/engine.hpp"
+#include "providers/swnic/handshake_pump.hpp"
 #include "providers/swnic/sw_device.hpp"
 
 #include <memory>

@@ -9,9 +9,9 @@
 // answers the extension offer with ext_ack (never by echoing the offer).
 // accept() returns once the Reply is sent; the device's RTR pump reads the
 // initiator's RTR and then starts the QP (or fails it at the deadline).
-#include "core/handshake_pump.hpp"
 #include "providers/soft/engine/soft_qp.hpp"
 #include "providers/soft/soft_device.hpp"
+#include "providers/swnic/handshake_pump.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

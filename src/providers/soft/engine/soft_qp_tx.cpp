@@ -3,8 +3,8 @@
 // confirmation and retirement of completed requests.
 #include "providers/soft/engine/soft_qp_internal.hpp"
 
-#include "core/dma_copy.hpp"
 #include "providers/soft/soft_device.hpp"
+#include "providers/swnic/dma_copy.hpp"
 
 #include <sys/socket.h>
 

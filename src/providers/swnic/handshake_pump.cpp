@@ -1,4 +1,4 @@
-#include "core/handshake_pump.hpp"
+#include "providers/swnic/handshake_pump.hpp"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
