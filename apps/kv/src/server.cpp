@@ -181,6 +181,7 @@ int serve(const server_options& so) {
     loop.remove_fd(sfd);
     return fail(why);
   }
+  cfg.port = resp.port();  // INFO's tcp_port, CONFIG GET port: the port bound
   // The RDMA front end: one-sided GETs need nothing of this process's threads;
   // write RPCs run through the same executor, the AOF flushed before each reply.
   std::unique_ptr<rdma_server> rdma;
