@@ -52,8 +52,8 @@ kv::aof_load_result load(std::string_view bytes, std::vector<std::string>& appli
 
 TEST(kv_transaction_log, a_log_cut_anywhere_applies_all_of_a_transaction_or_none) {
   const std::string before = record({"SET", "a", "1"});
-  const std::string tx = record({"MULTI"}) + record({"SET", "b", "2"}) +
-                         record({"SET", "c", "3"}) + record({"EXEC"});
+  const std::string tx =
+      record({"MULTI"}) + record({"SET", "b", "2"}) + record({"SET", "c", "3"}) + record({"EXEC"});
   const std::string after = record({"SET", "d", "4"});
   const std::string log = before + tx + after;
   for (std::size_t cut = 0; cut <= log.size(); ++cut) {

@@ -77,6 +77,10 @@ struct server_config {
   std::size_t multi_max_commands = 100000;
   std::size_t multi_max_bytes = std::size_t{512} << 20;
   std::size_t watch_max_keys = 100000;
+  // Pub/sub: channels and patterns one client may hold, and their longest name
+  // (a pattern is compiled: about 70 bytes per element).
+  std::size_t pubsub_max_subscriptions = 100000;
+  std::size_t pubsub_max_name = 64u << 10;
   // CONFIG SET-able (config in admin_commands.cpp).
   bool protected_mode = true;
   std::int64_t slowlog_log_slower_than = 10000;  // microseconds; < 0: never

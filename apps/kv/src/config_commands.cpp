@@ -131,7 +131,8 @@ bool set_one(server_config& next, std::string_view name, std::string_view v, std
     if (!int_in(v, -1, INT64_MAX, n, why)) return false;
     next.slowlog_log_slower_than = n;
   } else if (name == "slowlog-max-len") {
-    if (!int_in(v, 0, 1 << 20, n, why)) return false;
+    // Bounded: each entry holds up to 32 arguments of 128 bytes.
+    if (!int_in(v, 0, 10000, n, why)) return false;
     next.slowlog_max_len = static_cast<std::size_t>(n);
   } else if (name == "protected-mode") {
     if (iequal(v, "yes"))

@@ -167,10 +167,27 @@ std::size_t subscriptions(const session& s) {
   return s.channels.size() + s.patterns.size();
 }
 
+// Every name is checked before any is subscribed: the command does all or nothing.
+bool within_bounds(exec_context& c) {
+  const auto& cfg = c.ex.config();
+  for (std::size_t i = 1; i < c.argv.size(); ++i)
+    if (c.argv[i].size() > cfg.pubsub_max_name) {
+      c.r.error("ERR channel or pattern longer than " + std::to_string(cfg.pubsub_max_name) +
+                " bytes");
+      return false;
+    }
+  if (subscriptions(c.sess) + c.argv.size() - 1 > cfg.pubsub_max_subscriptions) {
+    c.r.error("ERR too many subscriptions (at most " +
+              std::to_string(cfg.pubsub_max_subscriptions) + " channels and patterns per client)");
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void cmd_subscribe(exec_context& c) {
-  if (!can_subscribe(c)) return;
+  if (!can_subscribe(c) || !within_bounds(c)) return;
   for (std::size_t i = 1; i < c.argv.size(); ++i) {
     c.ex.channels().subscribe(c.sess, c.argv[i]);
     pubsub_frame(c.r.out(), c.sess.resp, "subscribe", &c.argv[i], subscriptions(c.sess));
@@ -178,7 +195,7 @@ void cmd_subscribe(exec_context& c) {
 }
 
 void cmd_psubscribe(exec_context& c) {
-  if (!can_subscribe(c)) return;
+  if (!can_subscribe(c) || !within_bounds(c)) return;
   for (std::size_t i = 1; i < c.argv.size(); ++i) {
     c.ex.channels().psubscribe(c.sess, c.argv[i]);
     pubsub_frame(c.r.out(), c.sess.resp, "psubscribe", &c.argv[i], subscriptions(c.sess));

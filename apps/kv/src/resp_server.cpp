@@ -105,7 +105,9 @@ struct resp_server::impl {
   }
 
   void account(client& c) {
-    const std::size_t now = c.parser.memory() + c.out.capacity();
+    // A transaction's queue and its watched keys count too (maxmemory-clients).
+    const std::size_t now =
+        c.parser.memory() + c.out.capacity() + c.sess.queued_bytes + c.sess.watched_bytes;
     client_mem = client_mem - c.mem + now;
     c.mem = now;
   }
@@ -472,7 +474,10 @@ struct resp_server::impl {
     const auto& cfg = exec.config();
     const bool subscriber = !c.sess.channels.empty() || !c.sess.patterns.empty();
     const std::size_t unsent = c.unsent();
-    if (!subscriber) return unsent > opts.output_limit;
+    // Every client: the fixed output limit (also a subscriber whose pubsub
+    // limits were set to 0, which Redis reads as none).
+    if (unsent > opts.output_limit) return true;
+    if (!subscriber) return false;
     if (cfg.pubsub_hard != 0 && unsent > cfg.pubsub_hard) return true;
     if (cfg.pubsub_soft != 0 && unsent > cfg.pubsub_soft) {
       if (!c.over_soft) {

@@ -91,11 +91,11 @@ class Resp:
         self.buf = b""
 
     def send(self, *args):
-        out = b"*%d\r\n" % len(args)
+        out = [b"*%d\r\n" % len(args)]
         for a in args:
             a = a if isinstance(a, bytes) else str(a).encode()
-            out += b"$%d\r\n%s\r\n" % (len(a), a)
-        self.s.sendall(out)
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        self.s.sendall(b"".join(out))
 
     def _line(self):
         while b"\r\n" not in self.buf:
@@ -383,10 +383,26 @@ class PubSub(SideBySide):
         self.assertEqual(got["kv"], got["redis"])
         self.assertEqual(got["kv"][1], [2, 1, 1, 1])
 
+    def test_subscriptions_are_bounded(self):
+        s = Resp(self.kv.port)
+        self.assertEqual(s.call("SUBSCRIBE", b"c" * ((64 << 10) + 1)),
+                         b"-ERR channel or pattern longer than 65536 bytes\r\n")
+        self.assertEqual(s.call("PSUBSCRIBE", b"p" * 65536)[:14], b"*3\r\n$10\r\npsubs")
+        names = [b"ch%d" % i for i in range(99999)]  # with the pattern: 100000, the bound
+        s.send("SUBSCRIBE", *names)
+        for i in range(99999):
+            s.reply()
+        self.assertTrue(s.call("SUBSCRIBE", "one-more").startswith(b"-ERR too many subscriptions"))
+        self.assertEqual(self.kv.client().pubsub_numsub("ch5"), [(b"ch5", 1)])
+        s.close()
+
     def test_subscribed_mode_and_resp3_pushes_raw(self):
+        # Each reply is read as one frame, so a command that answers with several
+        # is compared frame by frame; UNSUBSCRIBE with no argument only where one
+        # channel is left (Redis walks its own hash order).
         script = [("SUBSCRIBE", "c", "d"), ("GET", "a"), ("PING",), ("PING", "x"),
-                  ("PSUBSCRIBE", "p*"), ("UNSUBSCRIBE",), ("PUNSUBSCRIBE", "p*", "q*"),
-                  ("UNSUBSCRIBE",), ("GET", "a")]
+                  ("PSUBSCRIBE", "p*"), ("UNSUBSCRIBE", "d"), ("UNSUBSCRIBE",),
+                  ("PUNSUBSCRIBE", "p*", "q*"), ("UNSUBSCRIBE",), ("GET", "a"), ("PING",)]
         self.both(script)
         self.both(script, proto=3)  # RESP3: pushes, and every command allowed
         # A message pushed to a RESP3 subscriber, byte for byte.
@@ -492,6 +508,21 @@ class Operations(SideBySide):
         # SKIPME yes (the default) spares the caller.
         self.assertEqual(r.execute_command("CLIENT", "KILL", "ID", r.client_id()), 0)
         self.assertTrue(r.ping())
+
+    def test_client_pause_holds_commands_until_it_ends_or_unpause(self):
+        r, w = self.kv.client(), self.kv.client()
+        self.assertTrue(r.execute_command("CLIENT", "PAUSE", "400", "WRITE"))
+        t0 = time.monotonic()
+        self.assertIsNone(w.get("x"))  # reads go on
+        self.assertLess(time.monotonic() - t0, 0.2)
+        t0 = time.monotonic()
+        self.assertTrue(w.set("x", "1"))  # the write waits for the pause to end
+        self.assertGreater(time.monotonic() - t0, 0.3)
+        self.assertTrue(r.execute_command("CLIENT", "PAUSE", "10000"))  # ALL
+        threading.Timer(0.3, lambda: r.execute_command("CLIENT", "UNPAUSE")).start()
+        t0 = time.monotonic()
+        self.assertEqual(w.get("x"), b"1")
+        self.assertTrue(0.25 < time.monotonic() - t0 < 2.0)
 
     def test_config_set_takes_effect_and_errors_match(self):
         self.both([("CONFIG", "SET", "foo", "bar"), ("CONFIG", "SET", "timeout", "x"),
