@@ -90,7 +90,7 @@ TEST(kv_transaction_log, exec_without_multi_and_nested_multi_are_damage) {
   EXPECT_TRUE(applied.empty());
 }
 
-struct transactions : ::testing::Test {
+struct kv_transactions : ::testing::Test {
   kvtest::kv_env env;
   kv::server_config cfg;
   std::unique_ptr<kv::store> st = env.make_store();
@@ -121,7 +121,7 @@ struct transactions : ::testing::Test {
   }
 };
 
-TEST_F(transactions, exec_logs_its_writes_between_multi_and_exec_and_reads_not_at_all) {
+TEST_F(kv_transactions, exec_logs_its_writes_between_multi_and_exec_and_reads_not_at_all) {
   EXPECT_EQ(run(*ex, s, {"MULTI"}), "+OK\r\n");
   EXPECT_EQ(run(*ex, s, {"GET", "a"}), "+QUEUED\r\n");
   EXPECT_EQ(run(*ex, s, {"EXEC"}), "*1\r\n$-1\r\n");
@@ -138,7 +138,7 @@ TEST_F(transactions, exec_logs_its_writes_between_multi_and_exec_and_reads_not_a
   EXPECT_TRUE(file().ends_with(record({"EXEC"}) + record({"SET", "b", "1"})));
 }
 
-TEST_F(transactions, key_versions_change_with_every_write_deletion_and_expiry) {
+TEST_F(kv_transactions, key_versions_change_with_every_write_deletion_and_expiry) {
   const auto now = kv::now_ms();
   EXPECT_EQ(st->key_version("k", now), 0u);
   run(*ex, s, {"SET", "k", "v"});
@@ -158,7 +158,7 @@ TEST_F(transactions, key_versions_change_with_every_write_deletion_and_expiry) {
   EXPECT_EQ(st->key_version("d", now), 0u);
 }
 
-TEST_F(transactions, watch_sees_writes_from_any_session_and_queue_errors_abort) {
+TEST_F(kv_transactions, watch_sees_writes_from_any_session_and_queue_errors_abort) {
   kv::session other;
   run(*ex, s, {"SET", "w", "1"});
   EXPECT_EQ(run(*ex, s, {"WATCH", "w", "absent"}), "+OK\r\n");
@@ -186,7 +186,7 @@ TEST_F(transactions, watch_sees_writes_from_any_session_and_queue_errors_abort) 
   EXPECT_EQ(run(*ex, s, {"EXEC"}), "_\r\n");
 }
 
-TEST_F(transactions, exec_replies_stay_within_the_clients_reply_bound) {
+TEST_F(kv_transactions, exec_replies_stay_within_the_clients_reply_bound) {
   run(*ex, s, {"SET", "big", std::string(4000, 'x')});
   run(*ex, s, {"MULTI"});
   for (int i = 0; i < 4; ++i) run(*ex, s, {"GET", "big"});
