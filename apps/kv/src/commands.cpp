@@ -256,12 +256,19 @@ void executor::pause(std::int64_t until_ms, bool writes_only) noexcept {
   pause_writes_only_ = writes_only;
 }
 
-bool executor::paused_for(std::span<const std::string_view> argv, std::int64_t now) const {
+bool executor::paused_for(const session& sess, std::span<const std::string_view> argv,
+                          std::int64_t now) const {
   if (now >= pause_until_ || argv.empty()) return false;
   const command* k = lookup(argv[0]);
   if (k == nullptr) return false;
   if (k->name == "client" || k->name == "quit" || k->name == "ping") return false;
-  return !pause_writes_only_ || k->write;
+  if (!pause_writes_only_ || k->write) return true;
+  // WRITE: EXEC waits too when its queue holds a write (Redis 7).
+  if (k->name == "exec")
+    for (const auto& q : sess.queued)
+      if (const command* w = q.empty() ? nullptr : lookup(q[0]); w != nullptr && w->write)
+        return true;
+  return false;
 }
 
 void executor::execute(session& sess, std::span<const std::string_view> argv, std::string& out) {

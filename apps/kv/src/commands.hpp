@@ -167,7 +167,8 @@ class executor {
   // CLIENT PAUSE: until this time (ms) no command (writes_only: no write
   // command) runs; the front end holds them back.
   void pause(std::int64_t until_ms, bool writes_only) noexcept;
-  bool paused_for(std::span<const std::string_view> argv, std::int64_t now) const;
+  bool paused_for(const session& sess, std::span<const std::string_view> argv,
+                  std::int64_t now) const;
   // The client ended (the front end calls it): its subscriptions go.
   void forget(session& sess);
   // Applies the queued commands of EXEC (transaction_commands.cpp); the AOF

@@ -229,7 +229,7 @@ struct resp_server::impl {
   void process(client& c) {
     if (!c.held.empty()) {
       std::vector<std::string_view> h(c.held.begin(), c.held.end());
-      if (exec.paused_for(h, now_ms())) {
+      if (exec.paused_for(c.sess, h, now_ms())) {
         held.insert(c.sess.id);
         c.paused = true;
         return;
@@ -266,7 +266,7 @@ struct resp_server::impl {
       }
       completed = true;
       if (argv.empty()) continue;
-      if (exec.paused_for(argv, now_ms())) {  // CLIENT PAUSE: held until it ends
+      if (exec.paused_for(c.sess, argv, now_ms())) {  // CLIENT PAUSE: held until it ends
         c.held.assign(argv.begin(), argv.end());
         held.insert(c.sess.id);
         c.paused = true;

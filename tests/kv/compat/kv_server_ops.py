@@ -523,6 +523,20 @@ class Operations(SideBySide):
         t0 = time.monotonic()
         self.assertEqual(w.get("x"), b"1")
         self.assertTrue(0.25 < time.monotonic() - t0 < 2.0)
+        # WRITE: an EXEC whose queue holds a write waits; a read-only one runs.
+        tx_write, tx_read = Resp(self.kv.port), Resp(self.kv.port)
+        for c in (tx_write, tx_read):
+            self.assertEqual(c.call("MULTI"), b"+OK\r\n")
+        self.assertEqual(tx_write.call("SET", "y", "1"), b"+QUEUED\r\n")
+        self.assertEqual(tx_read.call("GET", "x"), b"+QUEUED\r\n")
+        self.assertTrue(r.execute_command("CLIENT", "PAUSE", "400", "WRITE"))
+        t0 = time.monotonic()
+        self.assertEqual(tx_read.call("EXEC"), b"*1\r\n$1\r\n1\r\n")
+        self.assertLess(time.monotonic() - t0, 0.2)
+        self.assertEqual(tx_write.call("EXEC"), b"*1\r\n+OK\r\n")
+        self.assertGreater(time.monotonic() - t0, 0.3)
+        tx_write.close()
+        tx_read.close()
 
     def test_config_set_takes_effect_and_errors_match(self):
         self.both([("CONFIG", "SET", "foo", "bar"), ("CONFIG", "SET", "timeout", "x"),
