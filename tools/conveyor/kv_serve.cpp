@@ -49,6 +49,11 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
       ->capture_default_str();
   app.add_option("--bind", o.bind, "address the RESP listener binds")->capture_default_str();
   app.add_option("--requirepass", o.requirepass, "password clients must AUTH with (RESP and RDMA)");
+  app.add_option("--protected-mode", o.protected_mode,
+                 "yes: with no password, refuse RESP clients from outside loopback (Redis's "
+                 "-DENIED)")
+      ->check(CLI::IsMember({"yes", "no"}))
+      ->capture_default_str();
   app.add_option("--appendonly", o.appendonly, "yes: log every write to the append-only file")
       ->check(CLI::IsMember({"yes", "no"}))
       ->capture_default_str();
@@ -95,6 +100,7 @@ int run_kv_serve(const kv_serve_options& o) {
   so.port = o.port;
   so.bind = o.bind;
   so.requirepass = o.requirepass;
+  so.protected_mode = o.protected_mode == "yes";
   so.appendonly = o.appendonly == "yes";
   so.appendfilename = o.appendfilename;
   so.dir = o.dir;

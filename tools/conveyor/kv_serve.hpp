@@ -14,6 +14,7 @@ struct kv_serve_options {
   std::string bind = "127.0.0.1";
   std::string requirepass;
   std::string appendonly = "no";
+  std::string protected_mode = "yes";
   std::string appendfilename = "appendonly.aof";
   std::string dir = ".";
   std::string appendfsync = "everysec";

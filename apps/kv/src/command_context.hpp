@@ -95,6 +95,35 @@ struct executor::command {
   void (*fn)(exec_context&);
 };
 
+// The table (commands.cpp), and a command's name as errors and stats give it
+// ("client|kill").
+std::span<const executor::command> command_table();
+std::string full_name(const executor::command& k, argv_t argv);
+
+// ---- transactions (transaction_commands.cpp) ------------------------------------
+void cmd_multi(exec_context& c);
+void cmd_exec(exec_context& c);
+void cmd_discard(exec_context& c);
+void cmd_watch(exec_context& c);
+void cmd_unwatch(exec_context& c);
+void queue_command(exec_context& c);  // in MULTI: +QUEUED
+
+// ---- pub/sub (pubsub.cpp) --------------------------------------------------------
+void cmd_subscribe(exec_context& c);
+void cmd_unsubscribe(exec_context& c);
+void cmd_psubscribe(exec_context& c);
+void cmd_punsubscribe(exec_context& c);
+void cmd_publish(exec_context& c);
+void cmd_pubsub(exec_context& c);
+
+// ---- operations (admin_commands.cpp) ---------------------------------------------
+void cmd_monitor(exec_context& c);
+void cmd_slowlog(exec_context& c);
+void cmd_shutdown(exec_context& c);
+void cmd_reset(exec_context& c);
+// After each command: SLOWLOG, MONITOR.
+void after_command(exec_context& c, const executor::command& k, std::int64_t usec);
+
 // ---- server and connection commands (server_commands.cpp) ---------------------
 void cmd_ping(exec_context& c);
 void cmd_echo(exec_context& c);

@@ -59,6 +59,7 @@ struct connection {
   std::vector<std::uint32_t> free_send;  // reply buffers not in flight
   session sess;
   bool closing = false;
+  std::uint64_t reply_bytes = 0;  // SEND payloads posted (the RPC replies)
 };
 
 class rdma_server_impl final : public rdma_server {
@@ -73,6 +74,7 @@ class rdma_server_impl final : public rdma_server {
         opts_(std::move(o)),
         lis_(std::move(lis)) {
     address_ = lis_.address();
+    accepting_.store(!opts_.accept_later);
     acceptor_ = std::thread([this] { accept_loop(); });
     ::pthread_setname_np(acceptor_.native_handle(), "kv-rdma-accept");
   }
@@ -93,8 +95,14 @@ class rdma_server_impl final : public rdma_server {
   }
 
  private:
+  void start_accepting() override { accepting_.store(true); }
+
   void accept_loop() {
     while (!stop_.load()) {
+      if (!accepting_.load()) {  // bound, not yet serving (the AOF replays first)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       auto req = lis_.accept(std::chrono::milliseconds(100));
       if (!req) continue;  // timed out (or a failed handshake): look at stop_ again
       auto pass = L::decode_hello(req->private_data());
@@ -270,6 +278,23 @@ class rdma_server_impl final : public rdma_server {
     if (c.qp.post_send_msg(c.send_mr.slice(std::size_t{out} * opts_.max_message, reply_.size()),
                            out) != errc::ok)
       close(c);
+    else
+      c.reply_bytes += reply_.size();
+  }
+
+  // What the device served to the clients' READs (qp_counters): the QPs that
+  // are gone are summed into closed_ when they go. A QP's tx_bytes holds its
+  // SEND payloads (the RPC replies) too; those are taken out.
+  rdma_served served() const override {
+    rdma_served r = closed_;
+    for (auto& [id, c] : conns_) add(r, *c);
+    return r;
+  }
+
+  static void add(rdma_served& r, const connection& c) {
+    const auto k = c.qp.counters();
+    r.reads_served += k.reads_served;
+    r.read_bytes += k.tx_bytes > c.reply_bytes ? k.tx_bytes - c.reply_bytes : 0;
   }
 
   void close(connection& c) { c.closing = true; }
@@ -277,6 +302,7 @@ class rdma_server_impl final : public rdma_server {
   void drop(std::uint64_t id) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
+    add(closed_, *it->second);
     it->second->qp.disconnect();
     conns_.erase(it);
     live_.fetch_sub(1);
@@ -294,6 +320,8 @@ class rdma_server_impl final : public rdma_server {
   std::string address_;
   std::thread acceptor_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> accepting_{true};
+  rdma_served closed_;  // served() of the connections gone
   std::atomic<std::uint32_t> live_{0};
   std::atomic<std::uint64_t> next_id_{0};
   std::map<std::uint64_t, std::unique_ptr<connection>> conns_;  // loop thread only

@@ -14,6 +14,9 @@
 #include <random>
 #include <set>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
@@ -142,6 +145,18 @@ class store_impl final : public store {
 
   bool contains(std::string_view key, time_ms now) override {
     return find_live(key, now).has_value();
+  }
+
+  void set_limits(std::size_t maxmemory, eviction_policy policy) override {
+    opts_.maxmemory = maxmemory;
+    opts_.policy = policy;
+    limit_ =
+        maxmemory ? std::min<std::size_t>(maxmemory, data_mr_.size()) : data_mr_.size() / 8 * 7;
+  }
+
+  std::uint64_t key_version(std::string_view key, time_ms now) override {
+    auto f = find_live(key, now);
+    return f ? f->item->version : 0;
   }
 
   std::optional<time_ms> expiry(std::string_view key, time_ms now) override {
@@ -520,6 +535,18 @@ result<std::unique_ptr<store>> store::create(protection_domain& pd, const store_
   if (!index) return std::unexpected(index.error());
   auto data = pd.allocate_memory(data_bytes, rights);
   if (!data) return std::unexpected(data.error());
+  // allocate_memory populates every page (what a NIC registration pins); where
+  // the provider reaches the memory through this process's mapping, the pages
+  // go back now, read as zeros again, and only those items use are resident:
+  // an idle server holds its index, not its data region. shm's memfd is shared
+  // with the peers that map it, so its pages are punched out of the file
+  // (MADV_REMOVE) rather than only unmapped here.
+  if (opts.release_data_pages) {
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t whole = data->size() / page * page;
+    if (whole != 0 && ::madvise(data->data(), whole, MADV_REMOVE) != 0)
+      ::madvise(data->data(), whole, MADV_DONTNEED);
+  }
   std::uint64_t seed = opts.seed;
   if (!seed)
     seed = std::random_device{}() | (static_cast<std::uint64_t>(std::random_device{}()) << 32) | 1;

@@ -41,6 +41,10 @@ struct store_options {
   // notices and retries; docs/KV.md, "Reclamation").
   std::uint32_t reclaim_grace_ms = 500;
   std::uint64_t seed = 0;  // hash seed; 0: random
+  // Give the data region's pages back after allocation (resident only as items
+  // use them). Only for providers that reach the memory through this process's
+  // mapping (soft, shm): a NIC's registration pins the pages it was given.
+  bool release_data_pages = false;
 };
 
 enum class put_cond { always, if_absent /*NX*/, if_present /*XX*/ };
@@ -79,6 +83,10 @@ class store {
                          time_ms now) = 0;
   virtual bool erase(std::string_view key, time_ms now) = 0;
   virtual bool contains(std::string_view key, time_ms now) = 0;
+  // The key's version: it changes with every write to the key (every new item
+  // gets the next store-wide number), and is 0 while the key does not exist
+  // (expired keys included). WATCH compares it at EXEC.
+  virtual std::uint64_t key_version(std::string_view key, time_ms now) = 0;
   // nullopt: no such key; a value of -1: the key has no TTL; otherwise the absolute expiry.
   virtual std::optional<time_ms> expiry(std::string_view key, time_ms now) = 0;
   // Sets (or, with nullopt, removes) a live key's TTL; false if the key does not exist.
@@ -99,6 +107,9 @@ class store {
   // overwrites would otherwise hold the data region in grace and run it out.
   virtual void reclaim_all() = 0;
   virtual store_stats stats() const = 0;
+  // CONFIG SET maxmemory / maxmemory-policy: the limit applies from the next
+  // write (keys above a lowered limit are evicted as writes need room).
+  virtual void set_limits(std::size_t maxmemory, eviction_policy policy) = 0;
 
   // What an RDMA client needs to find keys: the exported regions and the layout
   // parameters (the generation changes when the table moves). Opaque bytes that

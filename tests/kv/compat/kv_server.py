@@ -9,7 +9,9 @@ import time
 
 class KvServer:
     def __init__(self, binary, *args, preexec_fn=None):
-        cmd = [binary, "kv", "serve", "--port", "0", "--data-bytes", "64mb", *args]
+        sized = "--data-bytes" in args
+        cmd = [binary, "kv", "serve", "--port", "0", *([] if sized else ["--data-bytes", "64mb"]),
+               *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      text=True, preexec_fn=preexec_fn)
         self.stderr_lines = []

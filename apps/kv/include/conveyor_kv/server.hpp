@@ -37,8 +37,11 @@ struct server_ready {
 struct server_options {
   // RESP on TCP
   std::string bind = "127.0.0.1";
-  std::uint16_t port = 7379;        // Redis's 6379 plus 1000, so both can run side by side; 0: any
-  std::string requirepass;          // empty: no AUTH on either front end; at most 200 bytes
+  std::uint16_t port = 7379;  // Redis's 6379 plus 1000, so both can run side by side; 0: any
+  std::string requirepass;    // empty: no AUTH on either front end; at most 200 bytes
+  // Redis's protected mode: with no requirepass, RESP clients from outside
+  // loopback are refused (-DENIED). kv serve's --protected-mode no turns it off.
+  bool protected_mode = true;
   std::size_t maxclients = 10000;   // fitted to the open-file limit at start (one line says so)
   unsigned timeout_s = 0;           // close RESP clients idle this long (0: never)
   unsigned partial_timeout_s = 10;  // close RESP clients whose command stays incomplete this long
