@@ -11,6 +11,7 @@
 
 #include "aof.hpp"
 #include "command_context.hpp"
+#include "script.hpp"
 
 namespace conveyor::kv {
 
@@ -68,6 +69,15 @@ const executor::command commands[] = {
     {"type", 2, false, 1, 1, 1, "readonly fast", cmd_type},
     {"scan", -2, false, 0, 0, 0, "readonly", cmd_scan},
     {"keys", 2, false, 0, 0, 0, "readonly", cmd_keys},
+    {"eval", -3, false, 0, 0, 0, "noscript stale skip_monitor may_replicate no_mandatory_keys",
+     cmd_eval},
+    {"evalsha", -3, false, 0, 0, 0, "noscript stale skip_monitor may_replicate no_mandatory_keys",
+     cmd_evalsha},
+    {"eval_ro", -3, false, 0, 0, 0, "readonly noscript stale skip_monitor no_mandatory_keys",
+     cmd_eval_ro},
+    {"evalsha_ro", -3, false, 0, 0, 0, "readonly noscript stale skip_monitor no_mandatory_keys",
+     cmd_evalsha_ro},
+    {"script", -2, false, 0, 0, 0, "noscript", cmd_script},
 };
 
 const std::unordered_map<std::string_view, const executor::command*>& table() {
@@ -178,10 +188,22 @@ void cmd_command(exec_context& c) {
 }  // namespace
 
 executor::executor(store& s, aof* log, const server_config& cfg)
-    : store_(s), aof_(log), cfg_(cfg), start_ms_(now_ms()) {}
+    : store_(s),
+      aof_(log),
+      cfg_(cfg),
+      start_ms_(now_ms()),
+      scripts_(std::make_unique<scripting>(*this)) {}
+
+executor::~executor() = default;
+
+const executor::command* executor::find(std::string_view name) {
+  return lookup(name);
+}
 
 void executor::log(std::span<const std::string_view> argv) {
-  if (aof_ != nullptr && !replaying_) aof_->append(argv);
+  if (aof_ == nullptr || replaying_) return;
+  if (scripts_->capture(argv)) return;  // a script's writes: one block when it ends
+  aof_->append(argv);
 }
 
 void executor::execute(session& sess, std::span<const std::string_view> argv, std::string& out) {
@@ -192,6 +214,9 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
   bool noauth_ok = k != nullptr && k->flags.find("noauth") != std::string_view::npos;
   if (!cfg_.requirepass.empty() && !sess.authenticated && !replaying_ && !noauth_ok)
     return r.error("NOAUTH Authentication required.");
+  // A script running past busy-reply-threshold: other clients get -BUSY but
+  // for the few commands Redis allows (script.hpp).
+  if (!sess.script && scripts_->busy() && scripts_->answer_while_busy(argv, r)) return;
   if (k == nullptr) {
     std::string e = "ERR unknown command '";
     e += argv[0].substr(0, 128);
@@ -227,6 +252,8 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
 
 bool executor::replay(std::span<const std::string_view> argv, std::string& why) {
   if (argv.empty()) return true;
+  if (replay_in_block_ || iequal(argv[0], "multi") || iequal(argv[0], "exec"))
+    return replay_block(argv, why);
   const command* k = lookup(argv[0]);
   if (k == nullptr || !k->write) {
     why = "not a logged command: " + std::string(argv[0].substr(0, 64));
@@ -248,6 +275,43 @@ bool executor::replay(std::span<const std::string_view> argv, std::string& why) 
           out.substr(1, out.find('\r') - 1);
     return false;
   }
+  return true;
+}
+
+// A MULTI ... EXEC block (a script's effects): its records are checked as they
+// come and applied together at EXEC; a log that ends inside a block leaves it
+// unapplied (replay_block_open() says so, and the server rewrites the log).
+bool executor::replay_block(std::span<const std::string_view> argv, std::string& why) {
+  if (iequal(argv[0], "multi")) {
+    if (replay_in_block_ || argv.size() != 1) {
+      why = replay_in_block_ ? "MULTI inside a MULTI block" : "MULTI with arguments";
+      return false;
+    }
+    replay_in_block_ = true;
+    replay_queued_.clear();
+    return true;
+  }
+  if (iequal(argv[0], "exec")) {
+    if (!replay_in_block_ || argv.size() != 1) {
+      why = replay_in_block_ ? "EXEC with arguments" : "EXEC without MULTI";
+      return false;
+    }
+    replay_in_block_ = false;
+    auto queued = std::move(replay_queued_);
+    replay_queued_.clear();
+    std::vector<std::string_view> v;
+    for (const auto& rec : queued) {
+      v.assign(rec.begin(), rec.end());
+      if (!replay(v, why)) return false;
+    }
+    return true;
+  }
+  const command* k = lookup(argv[0]);
+  if (k == nullptr || !k->write) {
+    why = "not a logged command: " + std::string(argv[0].substr(0, 64));
+    return false;
+  }
+  replay_queued_.emplace_back(argv.begin(), argv.end());
   return true;
 }
 

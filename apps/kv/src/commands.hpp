@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,6 +25,7 @@ namespace conveyor::kv {
 
 class store;
 class aof;
+class scripting;
 
 struct session {
   std::uint64_t id = 0;
@@ -37,6 +39,10 @@ struct session {
   // "-ERR reply exceeds ..." instead; a command with side effects checks before
   // it changes anything.
   std::size_t max_reply = static_cast<std::size_t>(-1);
+  // The session a script's redis.call runs commands in (script.hpp): it is
+  // never answered -BUSY, and a command that would block must answer as if
+  // its timeout had passed (Redis: scripts never block).
+  bool script = false;
 };
 
 struct server_config {
@@ -52,6 +58,11 @@ struct server_config {
   std::string maxmemory_policy = "noeviction";
   std::size_t maxclients = 10000;
   unsigned timeout_s = 0;  // idle clients closed after this (0: never)
+  // Scripts (script.hpp): past this a running script serves the other
+  // clients with -BUSY and can be killed (Redis's busy-reply-threshold, alias
+  // lua-time-limit); the Lua state's memory bound (lua-maxmemory).
+  std::uint64_t busy_reply_threshold_ms = 5000;
+  std::size_t lua_memory = std::size_t{128} << 20;
 };
 
 // Counters that INFO reports. The front ends fill theirs; the RDMA side sets the
@@ -71,6 +82,7 @@ struct server_stats {
 class executor {
  public:
   executor(store& s, aof* log, const server_config& cfg);
+  ~executor();
   void execute(session& sess, std::span<const std::string_view> argv, std::string& out);
   // AOF replay: applies one logged command without logging it again. False with
   // `why` if the command fails (a log the server did not write). A logged
@@ -86,6 +98,13 @@ class executor {
   std::int64_t started_ms() const noexcept { return start_ms_; }
 
   struct command;  // the table (commands.cpp)
+  // The table's entry for a command name (any case); null if there is none.
+  static const command* find(std::string_view name);
+  // EVAL, EVALSHA, SCRIPT and the busy state of a long script (script.hpp).
+  scripting& scripts() noexcept { return *scripts_; }
+  // After a replay: the log ended inside a MULTI/EXEC block (a script's
+  // effects cut short by a crash), which was not applied.
+  bool replay_block_open() const noexcept { return replay_in_block_; }
 
  private:
   void log(std::span<const std::string_view> argv);
@@ -97,6 +116,11 @@ class executor {
   std::uint64_t last_client_id_ = 0;
   bool replaying_ = false;
   std::int64_t start_ms_ = 0;
+  std::unique_ptr<scripting> scripts_;
+  // AOF replay of a MULTI ... EXEC block: its records wait here until EXEC.
+  bool replay_block(std::span<const std::string_view> argv, std::string& why);
+  bool replay_in_block_ = false;
+  std::vector<std::vector<std::string>> replay_queued_;
   friend struct exec_context;
 };
 

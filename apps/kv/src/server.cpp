@@ -20,6 +20,7 @@
 #include "commands.hpp"
 #include "rdma_server.hpp"
 #include "resp_server.hpp"
+#include "script.hpp"
 #include "server_loop.hpp"
 #include "store.hpp"
 #include "store_layout.hpp"
@@ -71,6 +72,8 @@ int serve(const server_options& so) {
   cfg.maxmemory_policy = so.maxmemory_policy;
   cfg.maxclients = so.maxclients;
   cfg.timeout_s = so.timeout_s;
+  cfg.busy_reply_threshold_ms = so.busy_reply_threshold_ms;
+  cfg.lua_memory = so.lua_maxmemory;
   store_options sto;
   // A maxmemory above the data region grows the region to hold it.
   sto.data_bytes = std::max(so.data_bytes, so.maxmemory);
@@ -153,6 +156,16 @@ int serve(const server_options& so) {
                               std::string& w) { return exec.replay(argv, w); },
                           rr, why);
     if (!ok) return fail(why);
+    if (exec.replay_block_open()) {
+      // The log ends inside a script's MULTI/EXEC block (a crash while it was
+      // written): the block was not applied, and the log is rewritten from
+      // what was, so that nothing appended later lands inside it.
+      std::fprintf(stderr,
+                   "conveyor kv serve: the append-only file ends inside a MULTI/EXEC block (a "
+                   "script's writes cut short): the block is dropped and the file rewritten\n");
+      std::string w;
+      if (!log->rewrite(data, w)) return fail("rewriting the append-only file: " + w);
+    }
     if (!so.quiet)
       std::fprintf(
           stderr,
@@ -173,6 +186,11 @@ int serve(const server_options& so) {
       if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) loop.stop();
     }
   });
+
+  // A script past busy-reply-threshold keeps the other clients served from
+  // its count hook; SHUTDOWN NOSAVE then stops the loop (script.hpp).
+  exec.scripts().serve_others = [&loop] { loop.serve_ready_now(); };
+  exec.scripts().shutdown = [&loop] { loop.stop(); };
 
   resp_server_options ro;
   ro.bind = so.bind;
