@@ -1,0 +1,202 @@
+// Scripts in process (script.hpp): SHA-1, the reply bound, the script cache's
+// bound, the busy state as another client sees it (driven through
+// serve_others, as the loop does), SHUTDOWN NOSAVE, the AOF block and its
+// replay. The replies themselves are compared with Redis in compat/kv_scripts.py.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "kv_fixture.hpp"
+#include "script.hpp"
+#include "script_sha1.hpp"
+
+namespace kv = conveyor::kv;
+using kvtest::run;
+
+namespace {
+
+struct scripts : ::testing::Test {
+  kvtest::kv_env env;
+  std::unique_ptr<kv::store> st = env.make_store();
+  kv::server_config cfg;
+  std::unique_ptr<kv::executor> ex = std::make_unique<kv::executor>(*st, nullptr, cfg);
+  kv::session s;
+  kv::session other;  // another client
+  std::string r(std::initializer_list<std::string_view> a) { return run(*ex, s, a); }
+  std::string o(std::initializer_list<std::string_view> a) { return run(*ex, other, a); }
+};
+
+TEST(script_sha1, known_digests) {
+  EXPECT_EQ(kv::sha1_hex(""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+  EXPECT_EQ(kv::sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
+  EXPECT_EQ(kv::sha1_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "84983e441c3bd26ebaae4aa1f95129e5e54670f1");
+  EXPECT_EQ(kv::sha1_hex(std::string(1000000, 'a')), "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
+  // Lengths around the padding boundary (Python's hashlib gave these).
+  EXPECT_EQ(kv::sha1_hex(std::string(55, 'x')), "cef734ba81a024479e09eb5a75b6ddae62e6abf1");
+  EXPECT_EQ(kv::sha1_hex(std::string(56, 'x')), "901305367c259952f4e7af8323f480d59f81335b");
+  EXPECT_EQ(kv::sha1_hex(std::string(64, 'x')), "bb2fa3ee7afb9f54c6dfb5d021f14b1ffe40c163");
+  EXPECT_EQ(kv::sha1_hex(std::string(119, 'x')), "4300320394f7ee239bcdce7d3b8bcee173a0cd5c");
+}
+
+TEST_F(scripts, a_reply_past_max_reply_is_refused_as_built) {
+  s.max_reply = 200;
+  EXPECT_EQ(r({"EVAL", "return string.rep('x', 100)", "0"}),
+            "$100\r\n" + std::string(100, 'x') + "\r\n");
+  EXPECT_EQ(r({"EVAL", "return string.rep('x', 1000)", "0"}),
+            "-ERR reply exceeds this client's reply limit\r\n");
+  EXPECT_EQ(r({"EVAL", "local t = {} for i = 1, 1000 do t[i] = i end return t", "0"}),
+            "-ERR reply exceeds this client's reply limit\r\n");
+  // A command's reply inside the script is bounded the same way.
+  s.max_reply = 1 << 20;
+  r({"SET", "big", std::string(4000, 'v')});
+  s.max_reply = 1000;
+  auto got = r({"EVAL", "return redis.pcall('get', 'big')", "0"});
+  EXPECT_EQ(got, "-ERR reply exceeds this client's reply limit\r\n");
+  EXPECT_EQ(r({"EVAL", "return #redis.call('get', 'big')", "0"}).substr(0, 25),
+            "-ERR reply exceeds this c");
+  s.max_reply = static_cast<std::size_t>(-1);
+  EXPECT_EQ(r({"EVAL", "return #redis.call('get', 'big')", "0"}), ":4000\r\n");
+}
+
+TEST_F(scripts, evaled_scripts_are_bounded_and_loaded_ones_stay) {
+  auto loaded = r({"SCRIPT", "LOAD", "return 'kept'"});
+  ASSERT_EQ(loaded.substr(0, 5), "$40\r\n");
+  const std::string sha = loaded.substr(5, 40);
+  for (int i = 0; i < 700; ++i) {
+    std::string body = "return " + std::to_string(i);
+    ASSERT_EQ(r({"EVAL", body, "0"}), ":" + std::to_string(i) + "\r\n");
+  }
+  EXPECT_EQ(ex->scripts().cached(), kv::scripting::eval_cache_max + 1);
+  EXPECT_EQ(r({"EVALSHA", sha, "0"}), "$4\r\nkept\r\n");
+  // The oldest EVAL'd scripts went, the newest stay.
+  EXPECT_EQ(r({"SCRIPT", "EXISTS", kv::sha1_hex("return 0"), kv::sha1_hex("return 699")}),
+            "*2\r\n:0\r\n:1\r\n");
+  EXPECT_EQ(r({"SCRIPT", "FLUSH"}), "+OK\r\n");
+  EXPECT_EQ(ex->scripts().cached(), 0u);
+  EXPECT_EQ(ex->scripts().memory(), 0u);
+  EXPECT_EQ(r({"EVALSHA", sha, "0"}), "-NOSCRIPT No matching script. Please use EVAL.\r\n");
+}
+
+TEST_F(scripts, other_clients_get_busy_and_script_kill_ends_a_read_only_script) {
+  cfg.busy_reply_threshold_ms = 20;
+  std::vector<std::string> seen;
+  int served = 0;
+  ex->scripts().serve_others = [&] {
+    // What the loop does from the hook: another client's commands.
+    if (++served == 1) {
+      seen.push_back(o({"GET", "k"}));
+      seen.push_back(o({"EVAL", "return 1", "0"}));
+      seen.push_back(o({"SCRIPT", "LOAD", "return 1"}));
+      seen.push_back(o({"SHUTDOWN"}));
+      seen.push_back(o({"PING"}));
+    } else if (served == 3) {
+      seen.push_back(o({"SCRIPT", "KILL"}));
+    }
+  };
+  EXPECT_FALSE(ex->scripts().busy());
+  auto got = r({"EVAL", "redis.call('get', 'k') while true do end", "0"});
+  EXPECT_EQ(got.substr(0, 46), "-ERR Script killed by user with SCRIPT KILL...");
+  const std::string busy =
+      "-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n";
+  ASSERT_EQ(seen.size(), 6u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(seen[i], busy) << i;
+  EXPECT_EQ(seen[5], "+OK\r\n");
+  EXPECT_FALSE(ex->scripts().busy());
+  EXPECT_EQ(ex->scripts().killed(), 1u);
+  EXPECT_EQ(o({"SCRIPT", "KILL"}), "-NOTBUSY No scripts in execution right now.\r\n");
+  EXPECT_EQ(o({"PING"}), "+PONG\r\n");
+  // A script under the threshold never serves anyone.
+  served = 0;
+  cfg.busy_reply_threshold_ms = 60000;
+  EXPECT_EQ(r({"EVAL", "local n = 0 for i = 1, 1000000 do n = n + 1 end return n", "0"}),
+            ":1000000\r\n");
+  EXPECT_EQ(served, 0);
+}
+
+TEST_F(scripts, a_script_that_wrote_is_unkillable_and_shutdown_nosave_drops_its_effects) {
+  char dir[] = "/tmp/kv-script-aof-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  kv::aof_options ao;
+  ao.path = std::string(dir) + "/appendonly.aof";
+  ao.fsync = kv::fsync_policy::no;
+  std::string why;
+  auto log = kv::aof::open(ao, why);
+  ASSERT_TRUE(log) << why;
+  ex = std::make_unique<kv::executor>(*st, log.get(), cfg);
+  cfg.busy_reply_threshold_ms = 20;
+  std::vector<std::string> seen;
+  int served = 0, shutdowns = 0;
+  ex->scripts().shutdown = [&] { ++shutdowns; };
+  ex->scripts().serve_others = [&] {
+    if (++served == 1) {
+      seen.push_back(o({"SCRIPT", "KILL"}));
+    } else if (served == 2) {
+      seen.push_back(o({"SHUTDOWN", "NOSAVE"}));
+    }
+  };
+  auto got =
+      r({"EVAL", "redis.call('set', 'a', '1') redis.call('set', 'b', '2') while true do end", "0"});
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].substr(0, 12), "-UNKILLABLE ");
+  EXPECT_EQ(seen[1], "");  // no reply: the server goes away
+  EXPECT_EQ(shutdowns, 1);
+  EXPECT_EQ(got.substr(0, 46), "-ERR Script killed by user with SCRIPT KILL...");
+  log->flush();
+  std::ifstream f(ao.path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << f.rdbuf();
+  EXPECT_EQ(bytes.str(), "");  // none of the abandoned script's writes
+  // A script that ends normally logs its writes as one block.
+  served = 100;
+  EXPECT_EQ(r({"EVAL", "redis.call('set', 'a', '1') redis.call('del', 'b') return 1", "0"}),
+            ":1\r\n");
+  log->flush();
+  std::ifstream g(ao.path, std::ios::binary);
+  std::stringstream bytes2;
+  bytes2 << g.rdbuf();
+  EXPECT_EQ(
+      bytes2.str(),
+      "*1\r\n$5\r\nMULTI\r\n*3\r\n$3\r\nSET\r\n$1\r\na\r\n$1\r\n1\r\n*2\r\n$3\r\nDEL\r\n$1\r\nb\r\n"
+      "*1\r\n$4\r\nEXEC\r\n");
+  ex.reset();
+  log.reset();
+  std::remove(ao.path.c_str());
+  ::rmdir(dir);
+}
+
+TEST_F(scripts, replay_applies_a_block_only_at_its_exec) {
+  std::string why;
+  auto rep = [&](std::initializer_list<std::string_view> a) {
+    std::vector<std::string_view> v(a);
+    return ex->replay(v, why);
+  };
+  ASSERT_TRUE(rep({"MULTI"}));
+  ASSERT_TRUE(rep({"SET", "x", "1"}));
+  ASSERT_TRUE(rep({"SET", "y", "2"}));
+  EXPECT_EQ(r({"EXISTS", "x", "y"}), ":0\r\n");  // nothing applied before EXEC
+  EXPECT_TRUE(ex->replay_block_open());
+  ASSERT_TRUE(rep({"EXEC"}));
+  EXPECT_FALSE(ex->replay_block_open());
+  EXPECT_EQ(r({"MGET", "x", "y"}), "*2\r\n$1\r\n1\r\n$1\r\n2\r\n");
+  // A log cut inside a block: the block stays unapplied.
+  ASSERT_TRUE(rep({"MULTI"}));
+  ASSERT_TRUE(rep({"DEL", "x"}));
+  EXPECT_TRUE(ex->replay_block_open());
+  EXPECT_EQ(r({"EXISTS", "x"}), ":1\r\n");
+  // Damage: a block inside a block, an EXEC without MULTI, a read in a block.
+  EXPECT_FALSE(rep({"MULTI"}));
+  EXPECT_EQ(why, "MULTI inside a MULTI block");
+  ex = std::make_unique<kv::executor>(*st, nullptr, cfg);
+  EXPECT_FALSE(rep({"EXEC"}));
+  EXPECT_EQ(why, "EXEC without MULTI");
+  ASSERT_TRUE(rep({"MULTI"}));
+  EXPECT_FALSE(rep({"GET", "x"}));
+  EXPECT_EQ(why, "not a logged command: GET");
+}
+
+}  // namespace
