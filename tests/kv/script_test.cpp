@@ -19,7 +19,7 @@ using kvtest::run;
 
 namespace {
 
-struct scripts : ::testing::Test {
+struct kv_scripts : ::testing::Test {
   kvtest::kv_env env;
   std::unique_ptr<kv::store> st = env.make_store();
   kv::server_config cfg;
@@ -30,7 +30,7 @@ struct scripts : ::testing::Test {
   std::string o(std::initializer_list<std::string_view> a) { return run(*ex, other, a); }
 };
 
-TEST(script_sha1, known_digests) {
+TEST(kv_script_sha1, known_digests) {
   EXPECT_EQ(kv::sha1_hex(""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
   EXPECT_EQ(kv::sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
   EXPECT_EQ(kv::sha1_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
@@ -43,7 +43,7 @@ TEST(script_sha1, known_digests) {
   EXPECT_EQ(kv::sha1_hex(std::string(119, 'x')), "4300320394f7ee239bcdce7d3b8bcee173a0cd5c");
 }
 
-TEST_F(scripts, a_reply_past_max_reply_is_refused_as_built) {
+TEST_F(kv_scripts, a_reply_past_max_reply_is_refused_as_built) {
   s.max_reply = 200;
   EXPECT_EQ(r({"EVAL", "return string.rep('x', 100)", "0"}),
             "$100\r\n" + std::string(100, 'x') + "\r\n");
@@ -63,7 +63,7 @@ TEST_F(scripts, a_reply_past_max_reply_is_refused_as_built) {
   EXPECT_EQ(r({"EVAL", "return #redis.call('get', 'big')", "0"}), ":4000\r\n");
 }
 
-TEST_F(scripts, evaled_scripts_are_bounded_and_loaded_ones_stay) {
+TEST_F(kv_scripts, evaled_scripts_are_bounded_and_loaded_ones_stay) {
   auto loaded = r({"SCRIPT", "LOAD", "return 'kept'"});
   ASSERT_EQ(loaded.substr(0, 5), "$40\r\n");
   const std::string sha = loaded.substr(5, 40);
@@ -82,7 +82,7 @@ TEST_F(scripts, evaled_scripts_are_bounded_and_loaded_ones_stay) {
   EXPECT_EQ(r({"EVALSHA", sha, "0"}), "-NOSCRIPT No matching script. Please use EVAL.\r\n");
 }
 
-TEST_F(scripts, other_clients_get_busy_and_script_kill_ends_a_read_only_script) {
+TEST_F(kv_scripts, other_clients_get_busy_and_script_kill_ends_a_read_only_script) {
   cfg.busy_reply_threshold_ms = 20;
   std::vector<std::string> seen;
   int served = 0;
@@ -118,7 +118,7 @@ TEST_F(scripts, other_clients_get_busy_and_script_kill_ends_a_read_only_script) 
   EXPECT_EQ(served, 0);
 }
 
-TEST_F(scripts, a_script_that_wrote_is_unkillable_and_shutdown_nosave_drops_its_effects) {
+TEST_F(kv_scripts, a_script_that_wrote_is_unkillable_and_shutdown_nosave_drops_its_effects) {
   char dir[] = "/tmp/kv-script-aof-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   kv::aof_options ao;
@@ -169,7 +169,7 @@ TEST_F(scripts, a_script_that_wrote_is_unkillable_and_shutdown_nosave_drops_its_
   ::rmdir(dir);
 }
 
-TEST_F(scripts, replay_applies_a_block_only_at_its_exec) {
+TEST_F(kv_scripts, replay_applies_a_block_only_at_its_exec) {
   std::string why;
   auto rep = [&](std::initializer_list<std::string_view> a) {
     std::vector<std::string_view> v(a);

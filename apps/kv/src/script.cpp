@@ -395,6 +395,9 @@ static bool cache_script(state& s, const std::string& sha, std::string_view body
 
 void scripting::eval(exec_context& c, bool by_sha, bool read_only) {
   state& s = *s_;
+  // Never two at once: scripts cannot call EVAL and other clients are answered
+  // -BUSY while one runs; this holds if a new path ever reaches here.
+  if (s.running) return c.r.error(busy_error);
   std::int64_t numkeys;
   if (!to_i64(c.argv[2], numkeys)) return c.r.error(err_int);
   if (numkeys > static_cast<std::int64_t>(c.argv.size()) - 3)
