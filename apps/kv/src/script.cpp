@@ -467,7 +467,10 @@ void scripting::eval(exec_context& c, bool by_sha, bool read_only) {
                          .count()));
   // Garbage left by a large script would count against the next one (Lua 5.1
   // does not collect before it reports an allocation failure).
+  // collectgarbage('stop') in one script must not leave the next without a
+  // collector.
   if (s.used > s.limit / 4) lua_gc(s.L, LUA_GCCOLLECT, 0);
+  lua_gc(s.L, LUA_GCRESTART, 0);
   if (s.shutdown_asked && shutdown) shutdown();
 }
 

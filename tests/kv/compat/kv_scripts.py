@@ -434,6 +434,12 @@ class Bounds(unittest.TestCase):
             with open(f"/proc/{kv.proc.pid}/status") as f:
                 peak = [int(l.split()[1]) for l in f if l.startswith("VmHWM:")][0]
             self.assertLess(peak - base, 200 << 10, "the Lua state grew past its bound")
+            # A script that stops the collector does not leave the next without one.
+            self.assertEqual(c.cmd("EVAL", "collectgarbage('stop') return 1", "0"), b":1\r\n")
+            # 200 x 20,000-element tables: 60+ MiB of garbage, within 32 MiB only if collected.
+            got = c.cmd("EVAL", "local n = 0 for k = 1, 200 do local t = {} "
+                        "for i = 1, 20000 do t[i] = i end n = n + #t end return n", "0")
+            self.assertEqual(got, b":4000000\r\n")
             # The state is usable afterwards: the garbage was collected.
             self.assertEqual(c.cmd("EVAL", "local t = {} for i=1,100000 do t[i]=i end return #t", "0"),
                              b":100000\r\n")
