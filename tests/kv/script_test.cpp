@@ -63,6 +63,39 @@ TEST_F(kv_scripts, a_reply_past_max_reply_is_refused_as_built) {
   EXPECT_EQ(r({"EVAL", "return #redis.call('get', 'big')", "0"}), ":4000\r\n");
 }
 
+TEST_F(kv_scripts, errors_and_the_memory_bound_leave_the_state_usable) {
+  cfg.lua_memory = 4u << 20;
+  const auto error_of = [&](std::string_view body) {
+    auto got = r({"EVAL", body, "0"});
+    EXPECT_EQ(got.substr(0, 1), "-") << body;
+    return got;
+  };
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_NE(
+        error_of("local t = {} while true do t[#t+1] = 'x' .. #t end").find("not enough memory"),
+        std::string::npos);
+    EXPECT_NE(error_of("local s = 'x' while true do s = s .. s end").find("not enough memory"),
+              std::string::npos);
+    EXPECT_NE(error_of("return redis.call('set', 'k', string.rep('v', 8000000))")
+                  .find("not enough memory"),
+              std::string::npos);
+    error_of("error('boom')");
+    error_of("error({err='MY table'})");
+    error_of("error(setmetatable({}, {__index = function() error('inner') end}))");
+    error_of("return redis.call('incr', 'notanumber', 'x')");
+    error_of("local function f() return f() + 1 end return f()");
+    error_of("return (");
+    // Reads of a large reply turn into Lua values inside the bound.
+    r({"SET", "big", std::string(1536u << 10, 'b')});
+    EXPECT_NE(
+        error_of("local v = redis.call('get', 'big') return v .. v .. v").find("not enough memory"),
+        std::string::npos);
+    EXPECT_EQ(r({"DEL", "big"}), ":1\r\n");
+    EXPECT_EQ(r({"EVAL", "return redis.call('ping')", "0"}), "+PONG\r\n");
+    EXPECT_LE(ex->scripts().memory(), cfg.lua_memory);
+  }
+}
+
 TEST_F(kv_scripts, evaled_scripts_are_bounded_and_loaded_ones_stay) {
   auto loaded = r({"SCRIPT", "LOAD", "return 'kept'"});
   ASSERT_EQ(loaded.substr(0, 5), "$40\r\n");
