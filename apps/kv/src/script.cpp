@@ -353,6 +353,55 @@ static bool ensure_state(state& s, reply& r) {
   return true;
 }
 
+// Redis 7's shebang line, "#!lua [flags=f1,f2...]": false with the error
+// replied; `skip` is where the Lua text begins (the line's newline, so that
+// line numbers stay the body's).
+static bool parse_shebang(std::string_view body, state::entry& e, std::size_t& skip, reply& r) {
+  skip = 0;
+  if (!body.starts_with("#!")) return true;
+  const auto nl = body.find('\n');
+  if (nl == std::string_view::npos) {
+    r.error("ERR Invalid script shebang");
+    return false;
+  }
+  e.shebang = true;
+  skip = nl;
+  std::string_view line = body.substr(0, nl);
+  bool first = true;
+  while (!line.empty()) {
+    const auto sp = line.find(' ');
+    const auto part = line.substr(0, sp);
+    line = sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1);
+    if (part.empty()) continue;
+    if (first) {
+      first = false;
+      if (part != "#!lua") {
+        r.error("ERR Unexpected engine in script shebang: " + std::string(part.substr(0, 128)));
+        return false;
+      }
+      continue;
+    }
+    if (!part.starts_with("flags=")) {
+      r.error("ERR Unknown lua shebang option: " + std::string(part.substr(0, 128)));
+      return false;
+    }
+    std::string_view flags = part.substr(6);
+    while (!flags.empty()) {
+      const auto comma = flags.find(',');
+      const auto f = flags.substr(0, comma);
+      flags = comma == std::string_view::npos ? std::string_view() : flags.substr(comma + 1);
+      if (f == "no-writes") {
+        e.no_writes = true;
+      } else if (f != "allow-oom" && f != "allow-stale" && f != "no-cluster" &&
+                 f != "allow-cross-slot-keys") {
+        r.error("ERR Unexpected flag in script shebang: " + std::string(f.substr(0, 128)));
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Puts a script in the cache (compiled). False with the error replied.
 static bool cache_script(state& s, const std::string& sha, std::string_view body, bool load,
                          reply& r) {
@@ -366,7 +415,10 @@ static bool cache_script(state& s, const std::string& sha, std::string_view body
     }
     return true;
   }
-  std::string copy(body);
+  state::entry en;
+  std::size_t skip = 0;
+  if (!parse_shebang(body, en, skip, r)) return false;
+  std::string copy(body.substr(skip));
   std::string error;
   compile_args a{&s, &sha, &copy, &error};
   const int rc = lua_cpcall(s.L, compile_script, &a);
@@ -378,8 +430,7 @@ static bool cache_script(state& s, const std::string& sha, std::string_view body
     return false;
   }
   lua_settop(s.L, 0);
-  state::entry en;
-  en.body = std::move(copy);
+  en.body = body;
   en.loaded = load;
   if (!load) en.in_lru = s.eval_lru.insert(s.eval_lru.end(), sha);
   s.cache.emplace(sha, std::move(en));
@@ -415,8 +466,11 @@ void scripting::eval(exec_context& c, bool by_sha, bool read_only) {
   }
   if (!ensure_state(s, c.r)) return;
   if (!by_sha && !cache_script(s, sha, c.argv[1], false, c.r)) return;
-  if (by_sha && !s.cache.at(sha).loaded)
-    s.eval_lru.splice(s.eval_lru.end(), s.eval_lru, s.cache.at(sha).in_lru);
+  const auto& entry = s.cache.at(sha);
+  if (by_sha && !entry.loaded) s.eval_lru.splice(s.eval_lru.end(), s.eval_lru, entry.in_lru);
+  if (read_only && entry.shebang && !entry.no_writes)
+    return c.r.error("ERR Can not execute a script with write flag using *_ro command.");
+  read_only = read_only || entry.no_writes;
   // Copies: while the script serves other clients, the request's buffer may move.
   const auto k = static_cast<std::size_t>(numkeys);
   s.keys.assign(c.argv.begin() + 3, c.argv.begin() + 3 + static_cast<std::ptrdiff_t>(k));

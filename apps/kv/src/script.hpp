@@ -19,6 +19,8 @@
 //   MULTI ... EXEC block (Redis 7's effects replication), so a replay of a cut
 //   log never applies part of a script (executor::replay applies a block only
 //   at its EXEC).
+// - Redis 7's shebang line (#!lua flags=no-writes,...): no-writes makes the
+//   script read-only; EVAL_RO refuses a shebang script without it.
 // - The script cache: scripts loaded with SCRIPT LOAD stay until SCRIPT FLUSH;
 //   those only EVAL'd are kept up to eval_cache_max, the oldest dropped first.
 //

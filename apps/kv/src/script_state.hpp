@@ -34,6 +34,7 @@ struct scripting::state {
   struct entry {
     std::string body;
     bool loaded = false;                      // by SCRIPT LOAD: kept until SCRIPT FLUSH
+    bool shebang = false, no_writes = false;  // "#!lua flags=no-writes" (Redis 7)
     std::list<std::string>::iterator in_lru;  // EVAL-only scripts, oldest first
   };
   std::unordered_map<std::string, entry> cache;  // sha -> script
