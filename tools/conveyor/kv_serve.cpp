@@ -88,6 +88,13 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
                  "query and output buffers of all RESP clients together (bytes, or 512mb, 1gb; 0: "
                  "no bound); past it the client holding the most is closed")
       ->capture_default_str();
+  app.add_option("--busy-reply-threshold,--lua-time-limit", o.busy_reply_threshold_ms,
+                 "ms a script may run before other clients get -BUSY and SCRIPT KILL works")
+      ->check(CLI::Range(1u, 3600000u))
+      ->capture_default_str();
+  app.add_option("--lua-maxmemory", o.lua_maxmemory,
+                 "memory of the scripts' Lua state (bytes, or 64mb...); a script past it fails")
+      ->capture_default_str();
   app.add_option("--provider", o.provider,
                  "device the store's memory is registered with (soft, shm, verbs...)")
       ->capture_default_str();
@@ -124,6 +131,12 @@ int run_kv_serve(const kv_serve_options& o) {
   if (!parse_memory(o.data_bytes, so.data_bytes) || so.data_bytes == 0) {
     std::fprintf(stderr, "conveyor kv serve: --data-bytes %s: a size in bytes (or 256mb...)\n",
                  o.data_bytes.c_str());
+    return 2;
+  }
+  so.busy_reply_threshold_ms = o.busy_reply_threshold_ms;
+  if (!parse_memory(o.lua_maxmemory, so.lua_maxmemory) || so.lua_maxmemory < (1u << 20)) {
+    std::fprintf(stderr, "conveyor kv serve: --lua-maxmemory %s: a size of at least 1mb\n",
+                 o.lua_maxmemory.c_str());
     return 2;
   }
   so.provider = o.provider;

@@ -24,6 +24,8 @@ struct kv_serve_options {
   std::size_t maxclients = 10000;
   unsigned timeout_s = 0;
   unsigned partial_timeout_s = 10;
+  unsigned busy_reply_threshold_ms = 5000;
+  std::string lua_maxmemory = "128mb";
   bool aof_skip_bad_records = false;
   std::string maxmemory_clients = "1gb";
   std::string provider = "soft";

@@ -339,16 +339,22 @@ void cmd_shutdown(exec_context& c) {
       return c.r.error(err_syntax);
     if (iequal(a, "ABORT")) return c.r.error("ERR No shutdown in progress.");
   }
-  if (auto* log = c.ex.log_file()) {
-    // Everything acknowledged so far reaches the disk before the process goes.
-    log->flush();
-    log->sync();
-  }
-  if (!c.ex.hooks().shutdown) return c.r.error("ERR this server cannot be shut down from here");
-  c.ex.hooks().shutdown();
+  if (!c.ex.shutdown_server()) return c.r.error("ERR this server cannot be shut down from here");
   // As Redis: no reply; the connection closes with the server.
   if (!c.sess.resp_client) c.r.simple("OK");
   c.sess.close_after_reply = true;
+}
+
+bool executor::shutdown_server(bool abandon_exec) {
+  if (!hooks_.shutdown) return false;
+  abandon_exec_ = abandon_exec && in_exec_;
+  if (aof_ != nullptr) {
+    // Everything acknowledged so far reaches the disk before the process goes.
+    aof_->flush();
+    aof_->sync();
+  }
+  hooks_.shutdown();
+  return true;
 }
 
 void cmd_reset(exec_context& c) {

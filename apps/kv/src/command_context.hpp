@@ -174,4 +174,11 @@ void cmd_expiretime(exec_context& c);
 void cmd_pexpiretime(exec_context& c);
 void cmd_persist(exec_context& c);
 
+// ---- scripts (script_commands.cpp) ----------------------------------------------
+void cmd_eval(exec_context& c);
+void cmd_evalsha(exec_context& c);
+void cmd_eval_ro(exec_context& c);
+void cmd_evalsha_ro(exec_context& c);
+void cmd_script(exec_context& c);
+
 }  // namespace conveyor::kv

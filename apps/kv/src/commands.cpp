@@ -13,6 +13,7 @@
 #include "aof.hpp"
 #include "command_context.hpp"
 #include "pubsub.hpp"
+#include "script.hpp"
 
 namespace conveyor::kv {
 
@@ -88,6 +89,16 @@ const executor::command commands[] = {
     {"slowlog", -2, false, 0, 0, 0, "admin loading stale", cmd_slowlog},
     {"shutdown", -1, false, 0, 0, 0, "admin noscript loading stale", cmd_shutdown},
     {"reset", 1, false, 0, 0, 0, "noscript loading stale fast noauth", cmd_reset},
+    // scripts (script_commands.cpp)
+    {"eval", -3, false, 0, 0, 0, "noscript stale skip_monitor may_replicate no_mandatory_keys",
+     cmd_eval},
+    {"evalsha", -3, false, 0, 0, 0, "noscript stale skip_monitor may_replicate no_mandatory_keys",
+     cmd_evalsha},
+    {"eval_ro", -3, false, 0, 0, 0, "readonly noscript stale skip_monitor no_mandatory_keys",
+     cmd_eval_ro},
+    {"evalsha_ro", -3, false, 0, 0, 0, "readonly noscript stale skip_monitor no_mandatory_keys",
+     cmd_evalsha_ro},
+    {"script", -2, false, 0, 0, 0, "noscript", cmd_script},
 };
 
 const std::unordered_map<std::string_view, const executor::command*>& table() {
@@ -233,18 +244,44 @@ executor::executor(store& s, aof* log, server_config& cfg)
       cfg_(cfg),
       pubsub_(std::make_unique<pubsub>(hooks_)),
       command_stats_(std::size(commands)),
-      start_ms_(now_ms()) {}
+      start_ms_(now_ms()),
+      scripts_(std::make_unique<scripting>(*this)) {}
 
 executor::~executor() = default;
 
+const executor::command* executor::find(std::string_view name) {
+  return lookup(name);
+}
+
 void executor::log(std::span<const std::string_view> argv) {
   if (aof_ == nullptr || replaying_) return;
-  if (in_exec_ && !exec_logged_) {  // a transaction's first record: MULTI before it
+  if (scripts_->capture(argv)) return;  // a script's writes: logged when it ends (log_effects)
+  if (in_exec_ && !exec_logged_) {      // a transaction's first record: MULTI before it
     const std::string_view begin[] = {"MULTI"};
     aof_->append(begin);
     exec_logged_ = true;
   }
   aof_->append(argv);
+}
+
+void executor::log_effects(const std::vector<std::vector<std::string>>& records) {
+  if (aof_ == nullptr || replaying_ || records.empty()) return;
+  // Inside EXEC the transaction's MULTI/EXEC records already enclose them (a
+  // block inside a block would be damage to the loader).
+  const bool block = !in_exec_ && records.size() > 1;
+  if (block) {
+    const std::string_view begin[] = {"MULTI"};
+    aof_->append(begin);
+  }
+  std::vector<std::string_view> v;
+  for (const auto& rec : records) {
+    v.assign(rec.begin(), rec.end());
+    log(v);
+  }
+  if (block) {
+    const std::string_view end[] = {"EXEC"};
+    aof_->append(end);
+  }
 }
 
 void executor::forget(session& sess) {
@@ -280,6 +317,13 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
   if (!cfg_.requirepass.empty() && !sess.authenticated && !replaying_ && !noauth_ok) {
     if (sess.in_multi) sess.multi_failed = true;
     return r.error("NOAUTH Authentication required.");
+  }
+  // A script running past busy-reply-threshold: other clients get -BUSY but
+  // for the few commands Redis allows (script.hpp). Refused while queueing,
+  // the command aborts the transaction (Redis's rejectCommand).
+  if (!sess.script && scripts_->busy() && scripts_->answer_while_busy(argv, r)) {
+    if (sess.in_multi) sess.multi_failed = true;
+    return;
   }
   if (k == nullptr) {
     if (sess.in_multi) sess.multi_failed = true;  // refused while queueing: EXEC aborts

@@ -27,6 +27,7 @@ namespace conveyor::kv {
 class store;
 class aof;
 class pubsub;
+class scripting;
 
 struct session {
   std::uint64_t id = 0;
@@ -57,6 +58,10 @@ struct session {
   std::string last_command;
   bool resp_client = false;  // a RESP connection: can receive pushes (pub/sub, MONITOR)
   bool shutdown = false;     // SHUTDOWN: the front end stops the server after this reply
+  // The session a script's redis.call runs commands in (script.hpp): it is
+  // never answered -BUSY, and a command that would block must answer as if
+  // its timeout had passed (Redis: scripts never block).
+  bool script = false;
 };
 
 struct server_config {
@@ -89,6 +94,11 @@ struct server_config {
   std::size_t pubsub_hard = std::size_t{32} << 20, pubsub_soft = std::size_t{8} << 20;
   unsigned pubsub_soft_s = 60;
   std::string run_id;  // 40 hex characters, fresh each start (INFO server)
+  // Scripts (script.hpp): past this a running script serves the other
+  // clients with -BUSY and can be killed (Redis's busy-reply-threshold, alias
+  // lua-time-limit); the Lua state's memory bound (lua-maxmemory).
+  std::uint64_t busy_reply_threshold_ms = 5000;
+  std::size_t lua_memory = std::size_t{128} << 20;
 };
 
 // Counters that INFO reports. The front ends fill theirs; the RDMA side sets the
@@ -184,6 +194,22 @@ class executor {
   std::int64_t started_ms() const noexcept { return start_ms_; }
 
   struct command;  // the table (commands.cpp)
+  // The table's entry for a command name (any case); null if there is none.
+  static const command* find(std::string_view name);
+  // EVAL, EVALSHA, SCRIPT and the busy state of a long script (script.hpp).
+  scripting& scripts() noexcept { return *scripts_; }
+  // A script's writes when it ends (scripting captures them while it runs):
+  // more than one is logged between MULTI and EXEC records, the same block
+  // EXEC writes and the AOF loader applies whole or not at all (aof.hpp). A
+  // script run by EXEC adds no block of its own: its records are part of the
+  // transaction's.
+  void log_effects(const std::vector<std::vector<std::string>>& records);
+  // SHUTDOWN, and SHUTDOWN NOSAVE while a script is busy (abandon_exec): the
+  // AOF written and synced, then the front end's shutdown hook. False if there
+  // is no hook. abandon_exec: an EXEC running the abandoned script runs
+  // nothing more of its queue and writes no EXEC record, so the loader cuts
+  // its block and none of it replays (as if the process had died there).
+  bool shutdown_server(bool abandon_exec = false);
 
  private:
   void log(std::span<const std::string_view> argv);
@@ -207,6 +233,8 @@ class executor {
   std::uint64_t last_client_id_ = 0;
   bool replaying_ = false;
   std::int64_t start_ms_ = 0;
+  std::unique_ptr<scripting> scripts_;
+  bool abandon_exec_ = false;
   friend struct exec_context;
 };
 

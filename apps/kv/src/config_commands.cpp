@@ -42,6 +42,9 @@ std::vector<config_entry> entries(const server_config& cfg) {
       {"slowlog-log-slower-than", std::to_string(cfg.slowlog_log_slower_than)},
       {"slowlog-max-len", std::to_string(cfg.slowlog_max_len)},
       {"client-output-buffer-limit", buffer_limits(cfg)},
+      // Scripts (script.hpp): lua-time-limit is Redis 7's alias of it.
+      {"busy-reply-threshold", std::to_string(cfg.busy_reply_threshold_ms)},
+      {"lua-time-limit", std::to_string(cfg.busy_reply_threshold_ms)},
   };
 }
 
@@ -134,6 +137,9 @@ bool set_one(server_config& next, std::string_view name, std::string_view v, std
     // Bounded: each entry holds up to 32 arguments of 128 bytes.
     if (!int_in(v, 0, 10000, n, why)) return false;
     next.slowlog_max_len = static_cast<std::size_t>(n);
+  } else if (name == "busy-reply-threshold" || name == "lua-time-limit") {
+    if (!int_in(v, 0, INT64_MAX, n, why)) return false;
+    next.busy_reply_threshold_ms = static_cast<std::uint64_t>(n);
   } else if (name == "protected-mode") {
     if (iequal(v, "yes"))
       next.protected_mode = true;

@@ -238,29 +238,40 @@ class rdma_server_impl final : public rdma_server {
       close(c);
       return;
     }
+    // A long script served this request from inside another's handler
+    // (server_loop::serve_ready_now): the outer request's buffers are in use.
+    std::string nested_request, nested_reply;
+    std::vector<std::string_view> nested_argv;
+    const bool nested = in_handler_;
+    std::string& request = nested ? nested_request : request_;
+    std::string& reply = nested ? nested_reply : reply_;
+    std::vector<std::string_view>& argv = nested ? nested_argv : argv_;
     const auto slot = static_cast<std::uint32_t>(wc.wr_id);
     const std::size_t len = std::min<std::size_t>(wc.byte_len, opts_.max_message);
     // Copy once out of the receive buffer; the copy is what gets validated and used.
-    request_.assign(
+    request.assign(
         reinterpret_cast<const char*>(c.recv_mr.data()) + std::size_t{slot} * opts_.max_message,
         len);
-    reply_.clear();
-    if (!parse_rpc_request(request_, argv_, 1u << 16)) {
-      reply_ = "-ERR Protocol error: an RDMA request is one RESP array of bulk strings\r\n";
+    reply.clear();
+    if (!parse_rpc_request(request, argv, 1u << 16)) {
+      reply = "-ERR Protocol error: an RDMA request is one RESP array of bulk strings\r\n";
       std::lock_guard lock(stats_mu_);
       ++stats_.rpc_errors;
     } else {
       try {
-        handler_(c.sess, argv_, reply_);
+        in_handler_ = true;
+        handler_(c.sess, argv, reply);
+        in_handler_ = nested;
       } catch (const std::bad_alloc&) {  // this request fails; the server goes on
-        reply_.clear();
-        reply_ = "-OOM out of memory while running the command\r\n";
+        in_handler_ = nested;
+        reply.clear();
+        reply = "-OOM out of memory while running the command\r\n";
       }
       std::lock_guard lock(stats_mu_);
       ++stats_.rpcs;
     }
     // The handler bounds its reply by max_reply; this is the last guard.
-    if (reply_.size() > opts_.max_message) reply_ = "-ERR reply exceeds the RDMA message limit\r\n";
+    if (reply.size() > opts_.max_message) reply = "-ERR reply exceeds the RDMA message limit\r\n";
     // The receive goes back first: the client sends its next request only after this reply.
     if (c.qp.post_recv(c.recv_mr.slice(std::size_t{slot} * opts_.max_message, opts_.max_message),
                        slot) != errc::ok) {
@@ -273,9 +284,9 @@ class rdma_server_impl final : public rdma_server {
     }
     const auto out = c.free_send.back();
     c.free_send.pop_back();
-    std::memcpy(c.send_mr.data() + std::size_t{out} * opts_.max_message, reply_.data(),
-                reply_.size());
-    if (c.qp.post_send_msg(c.send_mr.slice(std::size_t{out} * opts_.max_message, reply_.size()),
+    std::memcpy(c.send_mr.data() + std::size_t{out} * opts_.max_message, reply.data(),
+                reply.size());
+    if (c.qp.post_send_msg(c.send_mr.slice(std::size_t{out} * opts_.max_message, reply.size()),
                            out) != errc::ok)
       close(c);
     else
@@ -329,6 +340,8 @@ class rdma_server_impl final : public rdma_server {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::string request_, reply_;
   std::vector<std::string_view> argv_;
+  bool in_handler_ =
+      false;  // handler_ is running (requests served inside it use their own buffers)
   mutable std::mutex stats_mu_;
   rdma_server_stats stats_;
 };

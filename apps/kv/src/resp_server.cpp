@@ -79,8 +79,12 @@ struct resp_server::impl {
   std::vector<std::uint64_t>
       doomed;                    // closed at the next before_wait (killed, over a pubsub limit)
   std::set<std::uint64_t> held;  // clients with a command held by CLIENT PAUSE
-  std::uint64_t running = 0;     // the client whose command runs now
   std::vector<std::string_view> argv;
+  // The client whose command is executing (0: none). A long script serves the
+  // other clients from inside it (server_loop::serve_ready_now): this one is
+  // neither read, sent to nor closed until its command returns, and commands
+  // run meanwhile parse into their own argv.
+  std::uint64_t running = 0;
   std::size_t client_mem = 0;  // every client's query and output buffers
   // Kept open so that a connection arriving while the process is out of file
   // descriptors can still be accepted, told why, and closed.
@@ -120,7 +124,7 @@ struct resp_server::impl {
       std::uint64_t worst = 0;
       std::size_t most = 0;
       for (auto& [id, c] : clients)
-        if (c->mem > most) {
+        if (c->mem > most && id != running) {
           most = c->mem;
           worst = id;
         }
@@ -201,7 +205,7 @@ struct resp_server::impl {
 
   void on_client(std::uint64_t id, unsigned events) {
     auto it = clients.find(id);
-    if (it == clients.end()) return;
+    if (it == clients.end() || id == running) return;
     client& c = *it->second;
     if ((events & (EPOLLHUP | EPOLLERR)) && !c.reading) {  // gone; its replies cannot arrive
       close_client(id);
@@ -227,6 +231,8 @@ struct resp_server::impl {
   // client has read its replies, so a pipeline of large replies holds about
   // output_pause bytes, not the sum of its replies.
   void process(client& c) {
+    std::vector<std::string_view> nested_argv;  // a command run while another executes
+    auto& args = running != 0 ? nested_argv : argv;
     if (!c.held.empty()) {
       std::vector<std::string_view> h(c.held.begin(), c.held.end());
       if (exec.paused_for(c.sess, h, now_ms())) {
@@ -235,9 +241,10 @@ struct resp_server::impl {
         return;
       }
       c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
+      const auto outer = running;
       running = c.sess.id;
       exec.execute(c.sess, h, c.out);
-      running = 0;
+      running = outer;
       c.held.clear();
       if (c.sess.close_after_reply) {
         c.closing = true;
@@ -254,7 +261,7 @@ struct resp_server::impl {
         c.paused = c.parser.buffered() != 0;
         break;
       }
-      auto st = c.parser.next(argv);
+      auto st = c.parser.next(args);
       if (st == parse_status::need_more) break;
       if (st == parse_status::error) {
         reply(c.out, c.sess.resp).error("ERR " + c.parser.error());
@@ -265,18 +272,19 @@ struct resp_server::impl {
         break;
       }
       completed = true;
-      if (argv.empty()) continue;
-      if (exec.paused_for(c.sess, argv, now_ms())) {  // CLIENT PAUSE: held until it ends
-        c.held.assign(argv.begin(), argv.end());
+      if (args.empty()) continue;
+      if (exec.paused_for(c.sess, args, now_ms())) {  // CLIENT PAUSE: held until it ends
+        c.held.assign(args.begin(), args.end());
         held.insert(c.sess.id);
         c.paused = true;
         break;
       }
       // This command's reply may take what is left of the output limit.
       c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
+      const auto outer = running;
       running = c.sess.id;
-      exec.execute(c.sess, argv, c.out);
-      running = 0;
+      exec.execute(c.sess, args, c.out);
+      running = outer;
       if (c.sess.close_after_reply) {
         c.closing = true;
         c.reading = false;
@@ -553,6 +561,10 @@ struct resp_server::impl {
       doomed.clear();
       for (auto id : ids) {
         if (clients.count(id) == 0) continue;
+        if (id == running) {  // its command is still executing (a script serving others)
+          doomed.push_back(id);
+          continue;
+        }
         close_client(id);
       }
     }
@@ -566,6 +578,10 @@ struct resp_server::impl {
     for (auto id : ids) {
       auto it = clients.find(id);
       if (it == clients.end()) continue;
+      if (id == running) {  // its command is still executing: after it returns
+        pending.push_back(id);
+        continue;
+      }
       it->second->pending = false;
       send(id, *it->second);
     }

@@ -21,6 +21,7 @@
 #include "commands.hpp"
 #include "rdma_server.hpp"
 #include "resp_server.hpp"
+#include "script.hpp"
 #include "server_loop.hpp"
 #include "store.hpp"
 #include "store_layout.hpp"
@@ -72,6 +73,8 @@ int serve(const server_options& so) {
   cfg.maxmemory_policy = so.maxmemory_policy;
   cfg.maxclients = so.maxclients;
   cfg.timeout_s = so.timeout_s;
+  cfg.busy_reply_threshold_ms = so.busy_reply_threshold_ms;
+  cfg.lua_memory = so.lua_maxmemory;
   store_options sto;
   // A maxmemory above the data region grows the region to hold it.
   sto.data_bytes = std::max(so.data_bytes, so.maxmemory);
@@ -165,6 +168,10 @@ int serve(const server_options& so) {
     }
   });
   exec.hooks().shutdown = [&loop] { loop.stop(); };
+  // A script past busy-reply-threshold keeps the other clients served from
+  // its count hook; SHUTDOWN NOSAVE then stops the loop through the hook
+  // above, as SHUTDOWN does (script.hpp).
+  exec.scripts().serve_others = [&loop] { loop.serve_ready_now(); };
 
   resp_server_options ro;
   ro.bind = so.bind;
@@ -241,6 +248,8 @@ int serve(const server_options& so) {
     bool ok = log->replay([&](std::span<const std::string_view> argv,
                               std::string& w) { return exec.replay(argv, w); },
                           rr, why);
+    // A log cut inside a MULTI/EXEC block (EXEC's or a script's writes) was
+    // cut off there by the loader, none of the block applied (aof.hpp).
     if (!ok) {
       loop.remove_fd(sfd);
       return fail(why);

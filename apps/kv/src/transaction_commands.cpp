@@ -12,6 +12,7 @@
 // The AOF gets the transaction's records between MULTI and EXEC records, so a
 // replay of a file cut inside them applies none of it (aof.cpp's loader).
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "aof.hpp"
@@ -128,6 +129,10 @@ void executor::run_queued(session& sess, std::string& out) {
   exec_logged_ = false;
   std::vector<std::string_view> argv;
   for (auto& cmd : queued) {
+    if (abandon_exec_) {  // SHUTDOWN NOSAVE abandoned a script of this queue
+      reply(out, sess.resp).error("ERR the server is shutting down");
+      continue;  // the reply's array stays whole; nothing more runs
+    }
     argv.assign(cmd.begin(), cmd.end());
     // Each command may take what is left of the reply's bound.
     const std::size_t used = out.size() - start;
@@ -136,6 +141,7 @@ void executor::run_queued(session& sess, std::string& out) {
   }
   sess.max_reply = budget;
   in_exec_ = false;
+  if (std::exchange(abandon_exec_, false)) return;  // no EXEC record: the block is cut
   if (exec_logged_) {
     const std::string_view end[] = {"EXEC"};
     aof_->append(end);

@@ -61,6 +61,13 @@ struct server_options {
   std::size_t maxmemory = 0;                        // 0: data_bytes is the only limit
   std::string maxmemory_policy = "noeviction";      // noeviction | allkeys-lru
 
+  // Scripts (EVAL): past this many ms a running script makes the server answer
+  // other clients -BUSY (SCRIPT KILL and SHUTDOWN NOSAVE still work; Redis's
+  // busy-reply-threshold, alias lua-time-limit); the Lua state's memory bound
+  // (a script past it fails "not enough memory").
+  std::uint64_t busy_reply_threshold_ms = 5000;
+  std::size_t lua_maxmemory = std::size_t{128} << 20;
+
   // The device the store's memory is registered with, and the RDMA front end
   std::string provider = "soft";  // soft, shm, verbs...
   std::string rdma_listen;        // the RDMA front end's address (empty: none)
