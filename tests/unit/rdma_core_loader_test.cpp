@@ -17,14 +17,6 @@ using cvy::verbs::load_rdma_core;
 using cvy::verbs::load_rdma_core_from;
 using cvy::verbs::rdma_core_api;
 
-namespace {
-
-bool names(const std::string& s, std::string_view what) {
-  return s.find(what) != std::string::npos;
-}
-
-}  // namespace
-
 TEST(rdma_core_loader, every_function_is_the_one_a_link_binds) {
   std::string why;
   const rdma_core_api* api = load_rdma_core(&why);
@@ -53,11 +45,10 @@ TEST(rdma_core_loader, a_missing_libibverbs_says_what_to_install) {
   rdma_core_api api;
   const std::string why =
       load_rdma_core_from("libconveyor-test-no-such-ibverbs.so.1", "librdmacm.so.1", api);
-  EXPECT_TRUE(names(why,
-                    "rdma-core (libconveyor-test-no-such-ibverbs.so.1) is not installed: "
+  EXPECT_TRUE(why.contains("rdma-core (libconveyor-test-no-such-ibverbs.so.1) is not installed: "
                     "apt install ibverbs-providers librdmacm1"))
       << why;
-  EXPECT_TRUE(names(why, "cannot open shared object file")) << why;  // dlerror's own words
+  EXPECT_TRUE(why.contains("cannot open shared object file")) << why;  // dlerror's own words
   EXPECT_EQ(api.ibv_open_device, nullptr);
 }
 
@@ -65,8 +56,7 @@ TEST(rdma_core_loader, a_missing_librdmacm_says_what_to_install_and_leaves_nothi
   rdma_core_api api;
   const std::string why =
       load_rdma_core_from("libibverbs.so.1", "libconveyor-test-no-such-rdmacm.so.1", api);
-  EXPECT_TRUE(names(why,
-                    "rdma-core (libconveyor-test-no-such-rdmacm.so.1) is not installed: "
+  EXPECT_TRUE(why.contains("rdma-core (libconveyor-test-no-such-rdmacm.so.1) is not installed: "
                     "apt install ibverbs-providers librdmacm1"))
       << why;
   EXPECT_EQ(api.ibv_open_device, nullptr);
@@ -76,7 +66,7 @@ TEST(rdma_core_loader, a_missing_librdmacm_says_what_to_install_and_leaves_nothi
 TEST(rdma_core_loader, a_library_without_the_functions_names_the_first_missing_one) {
   rdma_core_api api;
   const std::string why = load_rdma_core_from("libc.so.6", "libc.so.6", api);
-  EXPECT_TRUE(names(why, "has no ibv_get_device_list@IBVERBS_1.1")) << why;
-  EXPECT_TRUE(names(why, "upgrade rdma-core")) << why;
+  EXPECT_TRUE(why.contains("has no ibv_get_device_list@IBVERBS_1.1")) << why;
+  EXPECT_TRUE(why.contains("upgrade rdma-core")) << why;
   EXPECT_EQ(api.ibv_get_device_list, nullptr);
 }

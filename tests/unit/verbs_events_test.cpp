@@ -24,10 +24,6 @@ async_event_fields qp_event(ibv_event_type t, std::string_view where = qp_where)
   return {.type = t, .ibdev = "rxe0", .device_port = 1, .qp_num = 17, .qp_where = where};
 }
 
-bool names(const std::string& s, std::string_view what) {
-  return s.find(what) != std::string::npos;
-}
-
 }  // namespace
 
 TEST(verbs_events, qp_errors_are_qp_error_naming_device_port_qp_and_peer) {
@@ -37,8 +33,8 @@ TEST(verbs_events, qp_errors_are_qp_error_naming_device_port_qp_and_peer) {
     EXPECT_EQ(r.event.type, device_event_type::qp_error);
     EXPECT_EQ(r.event.qp_num, 17u);
     EXPECT_EQ(r.event.port, 1);
-    EXPECT_TRUE(names(r.event.description, qp_where)) << r.event.description;
-    EXPECT_TRUE(names(r.event.description, ibv_event_type_str(t))) << r.event.description;
+    EXPECT_TRUE(r.event.description.contains(qp_where)) << r.event.description;
+    EXPECT_TRUE(r.event.description.contains(ibv_event_type_str(t))) << r.event.description;
     EXPECT_EQ(r.effect, async_effect::fail_qp);
     EXPECT_EQ(r.level, level::warn);
   }
@@ -47,7 +43,7 @@ TEST(verbs_events, qp_errors_are_qp_error_naming_device_port_qp_and_peer) {
 TEST(verbs_events, qp_error_on_a_foreign_qp_names_it_by_number_and_changes_nothing) {
   const auto r = translate_async_event(qp_event(IBV_EVENT_QP_FATAL, ""));
   EXPECT_EQ(r.event.type, device_event_type::qp_error);
-  EXPECT_TRUE(names(r.event.description, "device rxe0 port 1 QP 17")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("device rxe0 port 1 QP 17")) << r.event.description;
   EXPECT_EQ(r.effect, async_effect::none);
 }
 
@@ -55,8 +51,8 @@ TEST(verbs_events, cq_error_is_cq_error_and_fails_the_cq) {
   const auto r =
       translate_async_event({.type = IBV_EVENT_CQ_ERR, .ibdev = "siw0", .device_port = 1});
   EXPECT_EQ(r.event.type, device_event_type::cq_error);
-  EXPECT_TRUE(names(r.event.description, "device siw0 port 1")) << r.event.description;
-  EXPECT_TRUE(names(r.event.description, "cq_overflow")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("device siw0 port 1")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("cq_overflow")) << r.event.description;
   EXPECT_EQ(r.effect, async_effect::fail_cq);
   EXPECT_EQ(r.level, level::warn);
 }
@@ -68,7 +64,7 @@ TEST(verbs_events, port_error_is_port_down_for_the_events_port_and_fails_its_qps
   EXPECT_EQ(r.event.type, device_event_type::port_down);
   EXPECT_EQ(r.event.port, 2);
   EXPECT_EQ(r.event.qp_num, 0u);
-  EXPECT_TRUE(names(r.event.description, "device mlx5_0 port 2")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("device mlx5_0 port 2")) << r.event.description;
   EXPECT_EQ(r.effect, async_effect::port_down);
   EXPECT_EQ(r.level, level::warn);
 }
@@ -78,7 +74,7 @@ TEST(verbs_events, port_active_is_port_active_and_changes_nothing) {
       {.type = IBV_EVENT_PORT_ACTIVE, .ibdev = "rxe0", .device_port = 1, .event_port = 1});
   EXPECT_EQ(r.event.type, device_event_type::port_active);
   EXPECT_EQ(r.event.port, 1);
-  EXPECT_TRUE(names(r.event.description, "device rxe0 port 1")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("device rxe0 port 1")) << r.event.description;
   EXPECT_EQ(r.effect, async_effect::none);
   EXPECT_EQ(r.level, level::info);
 }
@@ -91,7 +87,7 @@ TEST(verbs_events, address_changes_are_other_naming_the_port) {
         translate_async_event({.type = t, .ibdev = "rxe0", .device_port = 1, .event_port = 1});
     EXPECT_EQ(r.event.type, device_event_type::other);
     EXPECT_EQ(r.event.port, 1);
-    EXPECT_TRUE(names(r.event.description, "device rxe0 port 1")) << r.event.description;
+    EXPECT_TRUE(r.event.description.contains("device rxe0 port 1")) << r.event.description;
     EXPECT_EQ(r.effect, async_effect::none);
   }
 }
@@ -99,7 +95,7 @@ TEST(verbs_events, address_changes_are_other_naming_the_port) {
 TEST(verbs_events, device_fatal_is_device_fatal_and_fails_every_qp) {
   const auto r = translate_async_event({.type = IBV_EVENT_DEVICE_FATAL, .ibdev = "rxe0"});
   EXPECT_EQ(r.event.type, device_event_type::device_fatal);
-  EXPECT_TRUE(names(r.event.description, "device rxe0")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("device rxe0")) << r.event.description;
   EXPECT_EQ(r.effect, async_effect::device_fatal);
   EXPECT_EQ(r.level, level::error);
 }
@@ -108,8 +104,8 @@ TEST(verbs_events, a_removed_device_is_device_fatal_naming_it) {
   const auto e = cvy::verbs::device_removed_event("rxe0");
   EXPECT_EQ(e.type, device_event_type::device_fatal);
   EXPECT_EQ(e.qp_num, 0u);
-  EXPECT_TRUE(names(e.description, "device rxe0")) << e.description;
-  EXPECT_TRUE(names(e.description, "removed")) << e.description;
+  EXPECT_TRUE(e.description.contains("device rxe0")) << e.description;
+  EXPECT_TRUE(e.description.contains("removed")) << e.description;
 }
 
 TEST(verbs_events, informational_qp_events_are_other_and_change_nothing) {
@@ -118,7 +114,7 @@ TEST(verbs_events, informational_qp_events_are_other_and_change_nothing) {
     SCOPED_TRACE(ibv_event_type_str(t));
     const auto r = translate_async_event(qp_event(t));
     EXPECT_EQ(r.event.type, device_event_type::other);
-    EXPECT_TRUE(names(r.event.description, "device rxe0")) << r.event.description;
+    EXPECT_TRUE(r.event.description.contains("device rxe0")) << r.event.description;
     EXPECT_EQ(r.effect, async_effect::none);
     EXPECT_EQ(r.level, level::debug);
   }
@@ -133,16 +129,16 @@ TEST(verbs_events, srq_limit_reached_is_srq_limit_reached_naming_the_srq_and_its
   EXPECT_EQ(r.event.type, device_event_type::srq_limit_reached);
   EXPECT_EQ(r.event.srq_num, 5u);
   EXPECT_EQ(r.event.qp_num, 0u);
-  EXPECT_TRUE(names(r.event.description, "device rxe0 SRQ 5")) << r.event.description;
-  EXPECT_TRUE(names(r.event.description, "limit 64 reached")) << r.event.description;
-  EXPECT_TRUE(names(r.event.description, "disarmed")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("device rxe0 SRQ 5")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("limit 64 reached")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("disarmed")) << r.event.description;
   EXPECT_EQ(r.effect, async_effect::none);
   EXPECT_EQ(r.level, level::info);
   // A limit the provider did not know of (armed elsewhere): no number made up.
   const auto u =
       translate_async_event({.type = IBV_EVENT_SRQ_LIMIT_REACHED, .ibdev = "rxe0", .srq_num = 5});
   EXPECT_EQ(u.event.type, device_event_type::srq_limit_reached);
-  EXPECT_FALSE(names(u.event.description, "limit 0")) << u.event.description;
+  EXPECT_FALSE(u.event.description.contains("limit 0")) << u.event.description;
 }
 
 TEST(verbs_events, srq_error_is_srq_error_naming_the_srq) {
@@ -150,8 +146,8 @@ TEST(verbs_events, srq_error_is_srq_error_naming_the_srq) {
       {.type = IBV_EVENT_SRQ_ERR, .ibdev = "siw0", .device_port = 1, .srq_num = 9});
   EXPECT_EQ(r.event.type, device_event_type::srq_error);
   EXPECT_EQ(r.event.srq_num, 9u);
-  EXPECT_TRUE(names(r.event.description, "device siw0 SRQ 9")) << r.event.description;
-  EXPECT_TRUE(names(r.event.description, "ERROR")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("device siw0 SRQ 9")) << r.event.description;
+  EXPECT_TRUE(r.event.description.contains("ERROR")) << r.event.description;
   EXPECT_EQ(r.effect, async_effect::none);
   EXPECT_EQ(r.level, level::warn);
 }
@@ -161,8 +157,8 @@ TEST(verbs_events, every_event_kind_names_the_device_and_the_event) {
     const auto t = static_cast<ibv_event_type>(i);
     SCOPED_TRACE(ibv_event_type_str(t));
     const auto r = translate_async_event(qp_event(t));
-    EXPECT_TRUE(names(r.event.description, "device rxe0")) << r.event.description;
-    EXPECT_TRUE(names(r.event.description, ibv_event_type_str(t))) << r.event.description;
+    EXPECT_TRUE(r.event.description.contains("device rxe0")) << r.event.description;
+    EXPECT_TRUE(r.event.description.contains(ibv_event_type_str(t))) << r.event.description;
   }
 }
 
@@ -171,14 +167,14 @@ TEST(verbs_events, a_qp_failed_by_its_port_going_down_is_a_qp_error_naming_every
   EXPECT_EQ(e.type, device_event_type::qp_error);
   EXPECT_EQ(e.port, 1);
   EXPECT_EQ(e.qp_num, 17u);
-  EXPECT_TRUE(names(e.description, qp_where)) << e.description;
-  EXPECT_TRUE(names(e.description, "port 1 went down")) << e.description;
-  EXPECT_TRUE(names(e.description, "flush")) << e.description;
+  EXPECT_TRUE(e.description.contains(qp_where)) << e.description;
+  EXPECT_TRUE(e.description.contains("port 1 went down")) << e.description;
+  EXPECT_TRUE(e.description.contains("flush")) << e.description;
   // The device failed it first (rxe: a requester whose packets no longer route).
   const auto a = cvy::verbs::qp_failed_event(qp_where, 1, 17, "port 1 went down", true);
   EXPECT_EQ(a.type, device_event_type::qp_error);
-  EXPECT_TRUE(names(a.description, qp_where)) << a.description;
-  EXPECT_TRUE(names(a.description, "already in ERROR")) << a.description;
+  EXPECT_TRUE(a.description.contains(qp_where)) << a.description;
+  EXPECT_TRUE(a.description.contains("already in ERROR")) << a.description;
 }
 
 TEST(verbs_events, deliver_calls_the_callback_once_with_the_event) {
