@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "blocking.hpp"
 #include "glob.hpp"  // KEYS, SCAN MATCH and CONFIG GET match with it
 
 namespace conveyor::kv {
@@ -37,6 +38,16 @@ struct session {
   // "-ERR reply exceeds ..." instead; a command with side effects checks before
   // it changes anything.
   std::size_t max_reply = static_cast<std::size_t>(-1);
+  // Blocking commands (BLPOP, BRPOP). The front end sets may_block when it can
+  // park the client (resp_server; an RDMA RPC cannot wait: there the command
+  // answers as on a timeout). A command that must wait writes no reply and
+  // sets `blocked`, the keys it waits on and its deadline (ms since the epoch,
+  // 0: none); the front end registers it (executor::blocking()) and runs the
+  // same command again when a key is signalled, until it replies.
+  bool may_block = false;
+  bool blocked = false;
+  std::vector<std::string> block_keys;
+  std::int64_t block_deadline = 0;
 };
 
 struct server_config {
@@ -84,6 +95,7 @@ class executor {
   std::uint64_t next_client_id() noexcept { return ++last_client_id_; }
   aof* log_file() noexcept { return aof_; }
   std::int64_t started_ms() const noexcept { return start_ms_; }
+  blocking_registry& blocking() noexcept { return blocking_; }
 
   struct command;  // the table (commands.cpp)
 
@@ -97,6 +109,7 @@ class executor {
   std::uint64_t last_client_id_ = 0;
   bool replaying_ = false;
   std::int64_t start_ms_ = 0;
+  blocking_registry blocking_;
   friend struct exec_context;
 };
 

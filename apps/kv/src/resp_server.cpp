@@ -19,6 +19,7 @@
 #include "aof.hpp"
 #include "commands.hpp"
 #include "server_loop.hpp"
+#include "store.hpp"
 
 namespace conveyor::kv {
 
@@ -40,6 +41,10 @@ struct client {
   bool pending = false;   // in the pending-write list
   bool paused = false;    // complete commands held back by the output bound
   std::size_t mem = 0;    // buffer bytes counted in impl::client_mem
+  // Parked by BLPOP/BRPOP (executor::blocking()): the command runs again when a
+  // key it waits on is pushed to; the pipeline after it waits.
+  bool blocked = false;
+  std::vector<std::string> blocked_argv;
   explicit client(const parser_limits& l) : parser(l) {}
   std::size_t unsent() const { return out.size() - out_pos; }
 };
@@ -69,6 +74,7 @@ struct resp_server::impl {
     auto it = clients.find(id);
     if (it == clients.end()) return;
     client_mem -= it->second->mem;
+    exec.blocking().remove(id);  // a client that leaves while blocked leaves nothing
     loop.remove_fd(it->second->fd);
     ::close(it->second->fd);
     clients.erase(it);
@@ -197,7 +203,7 @@ struct resp_server::impl {
   void process(client& c) {
     c.paused = false;
     bool completed = false;  // a command completed: the next one starts its clock now
-    while (!c.closing) {
+    while (!c.closing && !c.blocked) {
       if (c.unsent() >= opts.output_pause) {
         c.paused = c.parser.buffered() != 0;
         break;
@@ -217,11 +223,16 @@ struct resp_server::impl {
       // This command's reply may take what is left of the output limit.
       c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
       exec.execute(c.sess, argv, c.out);
+      if (c.sess.blocked) {
+        park(c);
+        break;
+      }
       if (c.sess.close_after_reply) {
         c.closing = true;
         c.reading = false;
         update_events(c);
       }
+      if (exec.blocking().any_ready()) serve_blocked();
     }
     // Only an incomplete command counts against partial_timeout, and only from
     // when the command before it completed (a long pipeline whose reads end
@@ -233,6 +244,61 @@ struct resp_server::impl {
     else if (partial && !c.partial)
       c.partial_since = c.last_active;
     c.partial = partial;
+  }
+
+  // ---- clients blocked by BLPOP/BRPOP --------------------------------------
+  bool serving_blocked = false;
+
+  void park(client& c) {
+    c.sess.blocked = false;
+    c.blocked = true;
+    c.blocked_argv.assign(argv.begin(), argv.end());
+    exec.blocking().add(c.sess.id, c.sess.block_keys, c.sess.block_deadline);
+  }
+
+  // The client's command has its answer (a reply or a timeout's): the
+  // pipeline after it goes on.
+  void unpark(client& c) {
+    c.blocked = false;
+    c.blocked_argv.clear();
+    mark_pending(c.sess.id, c);
+    process(c);
+  }
+
+  // Runs the parked commands of the clients waiting on ready keys, in arrival
+  // order, until one finds its keys empty again (the rest keep waiting).
+  void serve_blocked() {
+    if (serving_blocked) return;  // the outer call drains what this one would
+    serving_blocked = true;
+    std::string key;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::string_view> args;
+    while (exec.blocking().next_ready(key, ids)) {
+      for (auto id : ids) {
+        auto it = clients.find(id);
+        if (it == clients.end() || !it->second->blocked) continue;
+        client& c = *it->second;
+        args.assign(c.blocked_argv.begin(), c.blocked_argv.end());
+        c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
+        exec.execute(c.sess, args, c.out);
+        if (c.sess.blocked) {  // empty again: still waiting, in its place
+          c.sess.blocked = false;
+          break;
+        }
+        exec.blocking().remove(id);
+        unpark(c);
+      }
+    }
+    serving_blocked = false;
+  }
+
+  void expire_blocked() {
+    for (auto id : exec.blocking().expired(now_ms())) {
+      auto it = clients.find(id);
+      if (it == clients.end() || !it->second->blocked) continue;
+      reply(it->second->out, it->second->sess.resp).null_array();
+      unpark(*it->second);
+    }
   }
 
   // Reads and runs what arrived; false if the client was closed.
@@ -334,6 +400,7 @@ struct resp_server::impl {
       auto c = std::make_unique<client>(opts.limits);
       c->fd = fd;
       c->sess.id = exec.next_client_id();
+      c->sess.may_block = true;
       c->last_active = clock::now();
       std::uint64_t id = c->sess.id;
       try {
@@ -348,6 +415,8 @@ struct resp_server::impl {
   }
 
   void before_wait() {
+    // Pushes by any path (an RDMA RPC, a script) wake the clients they unblock.
+    if (exec.blocking().any_ready()) serve_blocked();
     if (pending.empty()) {
       if (log != nullptr && log->pending()) log->flush();
       return;
@@ -374,7 +443,7 @@ struct resp_server::impl {
       if (c->partial && now - c->partial_since > opts.partial_timeout)
         doomed.push_back(id);
       else if (opts.idle_timeout.count() > 0 && now - c->last_active > opts.idle_timeout &&
-               c->unsent() == 0)
+               c->unsent() == 0 && !c->blocked)
         doomed.push_back(id);
     }
     for (auto id : doomed) {
@@ -448,6 +517,8 @@ bool resp_server::listen(std::string& why) {
   p_->loop.add_fd(fd, EPOLLIN, [this](unsigned) { p_->on_accept(); });
   p_->loop.before_wait([this] { p_->before_wait(); });
   p_->loop.every(std::chrono::milliseconds(250), [this] { p_->sweep(); });
+  // BLPOP/BRPOP deadlines, to within 10 ms.
+  p_->loop.every(std::chrono::milliseconds(10), [this] { p_->expire_blocked(); });
   return true;
 }
 
