@@ -244,10 +244,12 @@ void cmd_hincrbyfloat(exec_context& c) {
 
 void cmd_hscan(exec_context& c) {
   scan_args a;
-  if (!parse_scan(c, 2, a)) return;
+  if (!parse_scan_cursor(c, 2, a)) return;
   bool failed;
   auto* h = find_for_read<hash_object>(c, c.argv[1], value_type::hash, &failed);
   if (failed) return;
+  if (h == nullptr) return reply_empty_scan(c);
+  if (!parse_scan_options(c, 2, a)) return;
   std::vector<const std::pair<const element_key, std::string>*> out;
   std::uint64_t next = 0;
   const glob_pattern glob(a.pattern);

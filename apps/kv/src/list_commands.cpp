@@ -99,8 +99,10 @@ void bpop_generic(exec_context& c, bool left) {
       return c.r.error("ERR timeout is not a float or out of range");
   }
   t *= 1000;
-  if (t > static_cast<long double>(std::numeric_limits<std::int64_t>::max()))
-    return c.r.error("ERR timeout is out of range");
+  // Redis 7.0 converts without a range check, and a timeout past 2^63 ms
+  // turns negative there: its answer is kept.
+  if (t >= static_cast<long double>(std::numeric_limits<std::int64_t>::max()))
+    return c.r.error("ERR timeout is negative");
   auto ms = static_cast<std::int64_t>(std::ceil(t));
   if (ms < 0) return c.r.error("ERR timeout is negative");
   if (ms > 0 && ms > std::numeric_limits<std::int64_t>::max() - c.now)
@@ -176,13 +178,14 @@ void cmd_lrange(exec_context& c) {
   }
 }
 
+// LINDEX and LSET look the key up before they read the index, as Redis does.
 void cmd_lindex(exec_context& c) {
-  std::int64_t i;
-  if (!to_i64(c.argv[2], i)) return c.r.error(err_int);
   bool failed;
   auto* l = find_for_read<list_object>(c, c.argv[1], value_type::list, &failed);
   if (failed) return;
   if (l == nullptr) return c.r.null();
+  std::int64_t i;
+  if (!to_i64(c.argv[2], i)) return c.r.error(err_int);
   const auto n = static_cast<std::int64_t>(l->items.size());
   if (i < 0) i += n;
   if (i < 0 || i >= n) return c.r.null();
@@ -192,13 +195,13 @@ void cmd_lindex(exec_context& c) {
 }
 
 void cmd_lset(exec_context& c) {
-  std::int64_t i;
-  if (!to_i64(c.argv[2], i)) return c.r.error(err_int);
   bool failed;
   auto* l = find_for_write<list_object>(c, c.argv[1], value_type::list, c.argv[3].size(), false,
                                         &failed);
   if (failed) return;
   if (l == nullptr) return c.r.error("ERR no such key");
+  std::int64_t i;
+  if (!to_i64(c.argv[2], i)) return c.r.error(err_int);
   const auto n = static_cast<std::int64_t>(l->items.size());
   if (i < 0) i += n;
   if (i < 0 || i >= n) return c.r.error("ERR index out of range");
@@ -239,8 +242,8 @@ void cmd_lrem(exec_context& c) {
       else
         kept.push_front(std::move(*it));
   }
+  l->items = std::move(kept);  // the elements were moved into it
   if (removed == 0) return c.r.integer(0);
-  l->items = std::move(kept);
   l->bytes -= static_cast<std::size_t>(removed) * (v.size() + element_overhead);
   c.st().changed(c.argv[1], c.now);
   c.log(c.argv);

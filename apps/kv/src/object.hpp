@@ -34,7 +34,7 @@ using layout::value_type;
 // encoding, and a hash below them is published for one-sided readers. A
 // collection that passes one converts for good (as Redis's do).
 struct encoding_limits {
-  std::size_t hash_max_listpack_entries = 128;
+  std::size_t hash_max_listpack_entries = 512;
   std::size_t hash_max_listpack_value = 64;
   std::size_t zset_max_listpack_entries = 128;
   std::size_t zset_max_listpack_value = 64;

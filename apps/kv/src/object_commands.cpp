@@ -11,12 +11,14 @@
 namespace conveyor::kv {
 
 void cmd_object(exec_context& c) {
-  if (!iequal(c.argv[1], "ENCODING") || c.argv.size() != 3) {
-    std::string e = "ERR unknown subcommand or wrong number of arguments for '";
+  if (!iequal(c.argv[1], "ENCODING")) {
+    std::string e = "ERR unknown subcommand '";
     e += c.argv[1].substr(0, 128);
     e += "'. Try OBJECT HELP.";
     return c.r.error(e);
   }
+  if (c.argv.size() != 3)
+    return c.r.error("ERR wrong number of arguments for 'object|encoding' command");
   auto key = c.argv[2];
   auto t = c.st().type_of(key, c.now);
   if (!t) return c.r.null();

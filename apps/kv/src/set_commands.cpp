@@ -250,10 +250,12 @@ void cmd_sdiff(exec_context& c) {
 
 void cmd_sscan(exec_context& c) {
   scan_args a;
-  if (!parse_scan(c, 2, a)) return;
+  if (!parse_scan_cursor(c, 2, a)) return;
   bool failed;
   auto* s = find_for_read<set_object>(c, c.argv[1], value_type::set, &failed);
   if (failed) return;
+  if (s == nullptr) return reply_empty_scan(c);
+  if (!parse_scan_options(c, 2, a)) return;
   std::vector<std::string_view> out;
   std::uint64_t next = 0;
   const glob_pattern glob(a.pattern);

@@ -98,14 +98,30 @@ struct scan_args {
   bool has_pattern = false;
   std::int64_t count = 10;
 };
-// Parses argv from `at` (the cursor); false with the error replied.
-inline bool parse_scan(exec_context& c, std::size_t at, scan_args& a) {
-  auto cur = c.argv[at];
-  auto [p, ec] = std::from_chars(cur.data(), cur.data() + cur.size(), a.cursor);
-  if (ec != std::errc{} || p != cur.data() + cur.size()) {
+// The cursor at argv[at]; false with the error replied. Redis checks it
+// before the key, and the options (parse_scan_options) only for a key that exists.
+inline bool parse_scan_cursor(exec_context& c, std::size_t at, scan_args& a) {
+  // Redis's strtoul: a sign is accepted ("-1" is the largest cursor), a
+  // leading space or trailing bytes are not.
+  const std::string cur(c.argv[at].substr(0, 64));
+  char* end = nullptr;
+  errno = 0;
+  a.cursor = std::strtoull(cur.c_str(), &end, 10);
+  if (c.argv[at].size() > 64 || (!cur.empty() && std::isspace(static_cast<unsigned char>(cur[0]))) ||
+      *end != '\0' || errno == ERANGE) {
     c.r.error("ERR invalid cursor");
     return false;
   }
+  return true;
+}
+// The empty reply of a scan of a key that does not exist.
+inline void reply_empty_scan(exec_context& c) {
+  c.r.array(2);
+  c.r.bulk("0");
+  c.r.array(0);
+}
+// The options after the cursor at argv[at]; false with the error replied.
+inline bool parse_scan_options(exec_context& c, std::size_t at, scan_args& a) {
   for (std::size_t i = at + 1; i < c.argv.size(); ++i) {
     bool has_next = i + 1 < c.argv.size();
     if (iequal(c.argv[i], "MATCH") && has_next) {

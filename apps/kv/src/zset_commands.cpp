@@ -95,7 +95,7 @@ void zrange_generic(exec_context& c, std::size_t first, range_kind kind, bool re
     const std::size_t left = c.argv.size() - j - 1;
     if (iequal(c.argv[j], "WITHSCORES")) {
       withscores = true;
-    } else if (iequal(c.argv[j], "LIMIT") && left >= 2 && !iequal(c.argv[0], "zrevrange")) {
+    } else if (iequal(c.argv[j], "LIMIT") && left >= 2) {
       if (!to_i64(c.argv[j + 1], offset) || !to_i64(c.argv[j + 2], limit))
         return c.r.error(err_int);
       have_limit = true;
@@ -112,7 +112,7 @@ void zrange_generic(exec_context& c, std::size_t first, range_kind kind, bool re
       return c.r.error(err_syntax);
     }
   }
-  if (have_limit && kind == range_kind::rank)
+  if (have_limit && limit != -1 && kind == range_kind::rank)  // Redis checks the count only
     return c.r.error(
         "ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX");
   if (withscores && kind == range_kind::lex)
@@ -191,7 +191,7 @@ void zrange_generic(exec_context& c, std::size_t first, range_kind kind, bool re
       if (c.r.out().size() > c.reply_start) return;  // the too-large error
     }
   }
-  c.r.array(out.size());
+  c.r.array(withscores && c.r.resp() < 3 ? 2 * out.size() : out.size());
   for (auto& [m, s] : out) reply_scored(c, *m, s, withscores);
 }
 
@@ -270,7 +270,9 @@ void cmd_zadd(exec_context& c) {
     scores.push_back(d);
   }
   bool failed;
-  auto* z = find_for_write<zset_object>(c, c.argv[1], value_type::zset, args_bytes(c, at, 2),
+  // Each member is charged twice the overhead (zset_put): in both orders.
+  auto* z = find_for_write<zset_object>(c, c.argv[1], value_type::zset,
+                                        args_bytes(c, at, 2) + elements / 2 * element_overhead,
                                         !xx, &failed);
   if (failed) return;
   std::int64_t added = 0, updated = 0;
@@ -434,10 +436,12 @@ void cmd_zpopmax(exec_context& c) {
 
 void cmd_zscan(exec_context& c) {
   scan_args a;
-  if (!parse_scan(c, 2, a)) return;
+  if (!parse_scan_cursor(c, 2, a)) return;
   bool failed;
   auto* z = find_for_read<zset_object>(c, c.argv[1], value_type::zset, &failed);
   if (failed) return;
+  if (z == nullptr) return reply_empty_scan(c);
+  if (!parse_scan_options(c, 2, a)) return;
   std::vector<std::pair<const std::string*, double>> out;
   std::uint64_t next = 0;
   const glob_pattern glob(a.pattern);
