@@ -14,7 +14,7 @@ namespace kv = conveyor::kv;
 using kvtest::run;
 
 namespace {
-struct types : ::testing::Test {
+struct kv_types : ::testing::Test {
   kvtest::kv_env env;
   std::unique_ptr<kv::store> st = env.make_store();
   kv::server_config cfg;
@@ -25,7 +25,7 @@ struct types : ::testing::Test {
 };
 }  // namespace
 
-TEST_F(types, every_write_of_every_type_moves_the_version) {
+TEST_F(kv_types, every_write_of_every_type_moves_the_version) {
   EXPECT_EQ(ver("k"), 0u);
   const std::vector<std::vector<std::string_view>> writes = {
       {"SET", "k", "v"},          {"APPEND", "k", "x"},      {"PEXPIRE", "k", "100000"},
@@ -59,7 +59,7 @@ TEST_F(types, every_write_of_every_type_moves_the_version) {
   EXPECT_EQ(ver("k"), v);
 }
 
-TEST_F(types, a_collection_goes_with_its_key) {
+TEST_F(kv_types, a_collection_goes_with_its_key) {
   const auto now = kv::now_ms();
   r({"RPUSH", "l", "a", "b"});
   EXPECT_GT(st->stats().used_bytes, 0u);
@@ -82,7 +82,7 @@ TEST_F(types, a_collection_goes_with_its_key) {
   EXPECT_FALSE(st->type_of("z2", now).has_value());
 }
 
-TEST_F(types, object_encoding_follows_the_thresholds) {
+TEST_F(kv_types, object_encoding_follows_the_thresholds) {
   r({"HSET", "h", "f", "v"});
   EXPECT_EQ(r({"OBJECT", "ENCODING", "h"}), "$8\r\nlistpack\r\n");
   r({"HSET", "h", "long", std::string(65, 'x')});
@@ -100,7 +100,7 @@ TEST_F(types, object_encoding_follows_the_thresholds) {
   EXPECT_EQ(r({"OBJECT", "ENCODING", "nokey"}), "$-1\r\n");
 }
 
-TEST_F(types, a_blpop_that_cannot_wait_answers_as_a_timeout) {
+TEST_F(kv_types, a_blpop_that_cannot_wait_answers_as_a_timeout) {
   EXPECT_EQ(r({"BLPOP", "q", "0"}), "*-1\r\n");  // no front end to park it
   s.may_block = true;
   EXPECT_EQ(r({"BLPOP", "q", "q2", "1.5"}), "");  // parked: no reply yet
@@ -113,7 +113,7 @@ TEST_F(types, a_blpop_that_cannot_wait_answers_as_a_timeout) {
   EXPECT_EQ(r({"BLPOP", "q", "q2", "1.5"}), "*2\r\n$2\r\nq2\r\n$1\r\nx\r\n");
 }
 
-TEST(blocking_registry, arrival_order_readiness_deadlines_and_the_bound) {
+TEST(kv_blocking_registry, arrival_order_readiness_deadlines_and_the_bound) {
   kv::blocking_registry b;
   b.add(1, {"a", "b"}, 0);
   b.add(2, {"a"}, 100);
