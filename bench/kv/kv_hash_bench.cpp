@@ -92,6 +92,7 @@ struct resp_conn {
 
 int main(int argc, char** argv) {
   CLI::App app{"HGETALL latency: one-sided READs (conveyor-kv) or RESP (any server)"};
+  app.set_help_flag("--help", "print this help and exit");  // -h is the host, as in redis-cli
   std::string host = "127.0.0.1", provider, key = "bench:hash";
   int port = 7380;
   bool resp = false;
