@@ -505,6 +505,49 @@ def dump(c):
     return out
 
 
+class Thresholds(unittest.TestCase):
+    def test_encoding_options_reach_config_get_and_object_encoding(self):
+        kv = Kv("--hash-max-listpack-entries", "4", "--set-max-intset-entries", "2",
+                "--provider", "shm", "--rdma-listen", "@kv-types-thr-%d" % os.getpid())
+        try:
+            c = Conn(kv.port)
+            self.assertEqual(c.call("CONFIG", "GET", "hash-max-listpack-entries"),
+                             ("arr", [("bulk", b"hash-max-listpack-entries"), ("bulk", b"4")]))
+            c.call("HSET", "h", "a", "1", "b", "2", "c", "3", "d", "4")
+            self.assertEqual(c.call("OBJECT", "ENCODING", "h"), ("bulk", b"listpack"))
+            deadline = time.monotonic() + 10
+            while not any("RDMA on" in line for line in kv.stderr_lines):
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.05)
+            where = ["-h", "@kv-types-thr-%d" % os.getpid()]
+            # Small: one-sided, from the item.
+            out = subprocess.run([BIN, "kv", "hgetall", "h", *where], capture_output=True, timeout=20)
+            lines = out.stdout.split(b"\n")[:-1]
+            self.assertEqual(sorted(zip(lines[::2], lines[1::2])),
+                             [(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")], out.stderr)
+            out = subprocess.run([BIN, "kv", "hgetall", "nokey", *where], capture_output=True, timeout=20)
+            self.assertEqual(out.stdout, b"(empty array)\n", out.stderr)
+            out = subprocess.run([BIN, "kv", "get", "h", *where], capture_output=True, timeout=20)
+            self.assertIn(b"WRONGTYPE", out.stderr)
+            self.assertEqual(out.returncode, 1)
+            c.call("HSET", "h", "e", "5")
+            self.assertEqual(c.call("OBJECT", "ENCODING", "h"), ("bulk", b"hashtable"))
+            c.call("SADD", "s", "1", "2", "3")
+            self.assertEqual(c.call("OBJECT", "ENCODING", "s"), ("bulk", b"hashtable"))
+            # Past the threshold the hash is read through the server, all of it.
+            out = subprocess.run([BIN, "kv", "hgetall", "h", "-h", "@kv-types-thr-%d" % os.getpid()],
+                                 capture_output=True, timeout=20)
+            lines = out.stdout.split(b"\n")[:-1]
+            self.assertEqual(sorted(zip(lines[::2], lines[1::2])),
+                             [(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4"), (b"e", b"5")],
+                             out.stderr)
+            out = subprocess.run([BIN, "kv", "hget", "h", "e", "-h", "@kv-types-thr-%d" % os.getpid()],
+                                 capture_output=True, timeout=20)
+            self.assertEqual(out.stdout, b"5\n", out.stderr)
+        finally:
+            kv.stop()
+
+
 class Persistence(unittest.TestCase):
     def test_aof_replays_and_rewrites_every_type(self):
         d = tempfile.mkdtemp(prefix="kv-types-aof-")

@@ -58,6 +58,14 @@ struct server_options {
   std::size_t maxmemory = 0;                        // 0: data_bytes is the only limit
   std::string maxmemory_policy = "noeviction";      // noeviction | allkeys-lru
 
+  // Collections: where Redis's compact encodings end (OBJECT ENCODING), and
+  // with them the publication of a hash for one-sided readers (docs/KV.md).
+  std::size_t hash_max_listpack_entries = 512;
+  std::size_t hash_max_listpack_value = 64;
+  std::size_t zset_max_listpack_entries = 128;
+  std::size_t zset_max_listpack_value = 64;
+  std::size_t set_max_intset_entries = 512;
+
   // The device the store's memory is registered with, and the RDMA front end
   std::string provider = "soft";  // soft, shm, verbs...
   std::string rdma_listen;        // the RDMA front end's address (empty: none)
