@@ -380,6 +380,17 @@ BAD_INPUT = [
     (["SET", "str", "v"], ["ZRANGE", "str", "0", "1"]), (None, ["OBJECT", "ENCODING"]),
     (None, ["OBJECT", "FOO", "k"]), (None, ["RENAME", "nokey", "x"]), (None, ["RENAME", "a"]),
     (None, ["RENAMENX", "nokey", "x"]), (None, ["SCAN", "0", "TYPE"]),
+    (None, ["LLEN"]), (None, ["LPUSHX", "l"]), (None, ["RPUSHX"]), (None, ["ZREVRANK", "z"]),
+    (None, ["ZREVRANGE", "z", "0"]), (None, ["ZPOPMIN"]), (None, ["ZPOPMAX", "z", "1", "2"]),
+    (None, ["ZINCRBY", "z", "1"]), (None, ["SRANDMEMBER"]), (None, ["SPOP"]), (None, ["LINDEX", "l"]),
+    (None, ["LTRIM", "l", "0"]), (None, ["LREM", "l", "0"]), (None, ["LSET", "l", "0"]),
+    (["SET", "str", "v"], ["LLEN", "str"]), (["SET", "str", "v"], ["LRANGE", "str", "0", "1"]),
+    (["SET", "str", "v"], ["SISMEMBER", "str", "a"]), (["SET", "str", "v"], ["ZSCORE", "str", "a"]),
+    (["SET", "str", "v"], ["HLEN", "str"]), (["SET", "str", "v"], ["SPOP", "str"]),
+    (["SET", "str", "v"], ["ZPOPMIN", "str"]), (["SET", "str", "v"], ["LPOP", "str"]),
+    (["SET", "str", "v"], ["HSCAN", "str", "0"]), (["SET", "str", "v"], ["ZCOUNT", "str", "0", "1"]),
+    (["HSET", "h", "f", "v"], ["ZRANK", "h", "f"]), (["SADD", "s", "a"], ["HINCRBY", "s", "f", "1"]),
+    (["ZADD", "z", "1", "a"], ["SADD", "z", "b"]), (["SADD", "s", "a"], ["RPUSH", "s", "b"]),
 ]
 
 
