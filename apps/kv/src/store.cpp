@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -276,19 +277,20 @@ class store_impl final : public store {
     if (write(k, scratch_, value_type::hash, f->item->expire_at, f, units, now, true) ==
         put_status::stored)
       return;
-    // No room for the encoding (retired items in their grace time): the
-    // one-sided readers are sent to the server, never left with the old fields.
+    // No room for the encoding (the commands asked can_publish first, so this
+    // is a write past maxmemory): the one-sided readers are sent to the
+    // server rather than left with the old fields. Retired memory is never
+    // freed early here: a reader within the grace time relies on it.
     scratch_.assign(1, static_cast<char>(L::hash_served));
     units = L::round_units(L::item_bytes(k.size(), 1));
     if (auto g = find(k);
         g && write(k, scratch_, value_type::hash, g->item->expire_at, g, units, now, true) ==
                  put_status::stored)
       return;
-    // Not even that: the old item cannot stay published. Free retired memory
-    // (a reader slower than the grace retries, docs/KV.md) and try again.
-    reclaim_all();
-    if (auto g = find(k))
-      write(k, scratch_, value_type::hash, g->item->expire_at, g, units, now, true);
+    std::fprintf(stderr,
+                 "conveyor kv: no memory to republish hash '%.64s': its one-sided readers see "
+                 "the previous version until its next write\n",
+                 k.c_str());
   }
 
   bool reserve(std::string_view key, std::size_t bytes, time_ms now) override {
@@ -297,6 +299,17 @@ class store_impl final : public store {
       if (!evict_other(key, now)) return false;
     }
     return true;
+  }
+
+  bool can_publish(std::string_view key, std::size_t extra, time_ms now) override {
+    auto f = find(key);
+    if (!f || type_at(f->item) != value_type::hash) return true;
+    auto it = objects_.find(key);
+    if (it == objects_.end() || it->second->big) return true;
+    const auto need = L::round_units(L::item_bytes(key.size(), f->item->value_len + extra));
+    if (alloc_.largest_free() >= need) return true;
+    reclaim(now);
+    return alloc_.largest_free() >= need;
   }
 
   bool rename(std::string_view from, std::string_view to, time_ms now, bool* oom) override {

@@ -127,6 +127,11 @@ class store {
   // Makes room for `bytes` more under maxmemory (allkeys-lru evicts other keys,
   // never `key`); false: the write must answer OOM.
   virtual bool reserve(std::string_view key, std::size_t bytes, time_ms now) = 0;
+  // Before a write to a hash that is published for one-sided readers: whether
+  // the store can allocate its next item (its encoding grown by up to `extra`
+  // bytes) now. False: answer OOM before changing anything (memory held by
+  // retired items in their grace time; transient). True for any other key.
+  virtual bool can_publish(std::string_view key, std::size_t extra, time_ms now) = 0;
   // RENAME: the value, type and expiry move; `to` is replaced. False: no `from`
   // (or, with *oom, no room for the new item).
   virtual bool rename(std::string_view from, std::string_view to, time_ms now, bool* oom) = 0;

@@ -48,6 +48,7 @@ class unit_allocator {
     }
     insert(off, n);
   }
+  std::uint64_t largest_free() const { return by_size_.empty() ? 0 : by_size_.rbegin()->first; }
   std::uint64_t free_units() const {
     std::uint64_t s = 0;
     for (auto& [o, l] : by_off_) s += l;

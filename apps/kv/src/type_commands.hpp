@@ -46,7 +46,10 @@ T* find_for_write(exec_context& c, std::string_view key, value_type t, std::size
     c.r.error(err_wrongtype);
     return nullptr;
   }
-  if (bytes != 0 && !c.st().reserve(key, bytes, c.now)) {
+  // A small hash is republished whole after the change: its next item must
+  // find memory before anything changes (deletions included).
+  if ((bytes != 0 && !c.st().reserve(key, bytes, c.now)) ||
+      (t == value_type::hash && !c.st().can_publish(key, bytes + 8 * c.argv.size(), c.now))) {
     *failed = true;
     c.r.error(err_oom);
     return nullptr;
