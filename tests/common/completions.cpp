@@ -172,7 +172,8 @@ std::string wait_for(cq_reader& target, std::size_t n, std::chrono::nanoseconds 
 std::string drop_siw_repeated_flushes(std::vector<work_completion>& wcs, cq_reader& reader,
                                       std::chrono::nanoseconds timeout) {
   for (std::size_t i = 1; i < wcs.size(); ++i) {
-    if (wcs[i].wr_id != wcs[i - 1].wr_id || wcs[i].status != conveyor::wc_status::wr_flush_err) continue;
+    if (wcs[i].wr_id != wcs[i - 1].wr_id || wcs[i].status != conveyor::wc_status::wr_flush_err)
+      continue;
     std::cout << "[   INFO   ] the device completed request " << wcs[i].wr_id
               << " twice (Linux siw's flush race); the second, " << describe(wcs[i])
               << ", is ignored\n";

@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "command_context.hpp"
 #include "kv_fixture.hpp"
 #include "resp.hpp"
 
@@ -184,6 +187,167 @@ TEST_F(kv_transactions, watch_sees_writes_from_any_session_and_queue_errors_abor
   run(*ex, other, {"DEL", "w"});
   run(*ex, s, {"MULTI"});
   EXPECT_EQ(run(*ex, s, {"EXEC"}), "_\r\n");
+}
+
+// WATCH on a key of every type, broken by every write command of the table
+// (run by another client) that changes it; a read leaves it intact. Every
+// write command in the table must appear here, so a new one is checked too.
+TEST_F(kv_transactions, watch_is_broken_by_every_write_of_every_type) {
+  using cmds = std::vector<std::vector<std::string>>;
+  const cmds none, str = {{"SET", "k", "v"}}, num = {{"SET", "k", "10"}},
+                   ttl = {{"SET", "k", "v"}, {"EXPIRE", "k", "1000"}},
+                   hash = {{"HSET", "k", "f", "1", "g", "2"}},
+                   hash_ttl = {{"HSET", "k", "f", "1"}, {"EXPIRE", "k", "1000"}},
+                   list = {{"RPUSH", "k", "a", "b", "c"}}, set = {{"SADD", "k", "a", "b", "c"}},
+                   zset = {{"ZADD", "k", "1", "a", "2", "b", "3", "c"}},
+                   hash_src = {{"HSET", "src", "f", "1"}}, list_src = {{"RPUSH", "src", "a"}},
+                   zset_src = {{"ZADD", "src", "1", "a"}}, str_src = {{"SET", "src", "v"}};
+  const std::string future = std::to_string(kv::now_ms() / 1000 + 1000);
+  const std::string future_ms = std::to_string(kv::now_ms() + 1000000);
+  struct watched_write {
+    const cmds* setup;
+    std::vector<std::string> write;
+  };
+  const std::vector<watched_write> cases = {
+      // strings and the keyspace
+      {&str, {"SET", "k", "x"}},
+      {&none, {"SETNX", "k", "x"}},
+      {&str, {"SETEX", "k", "100", "x"}},
+      {&str, {"PSETEX", "k", "100000", "x"}},
+      {&str, {"GETSET", "k", "x"}},
+      {&str, {"GETDEL", "k"}},
+      {&str, {"DEL", "k"}},
+      {&str, {"UNLINK", "k"}},
+      {&str, {"MSET", "k", "x", "other", "y"}},
+      {&none, {"MSETNX", "k", "x"}},
+      {&num, {"INCR", "k"}},
+      {&num, {"DECR", "k"}},
+      {&num, {"INCRBY", "k", "2"}},
+      {&num, {"DECRBY", "k", "2"}},
+      {&str, {"APPEND", "k", "x"}},
+      {&str, {"EXPIRE", "k", "100"}},
+      {&str, {"PEXPIRE", "k", "100000"}},
+      {&str, {"EXPIREAT", "k", future}},
+      {&str, {"PEXPIREAT", "k", future_ms}},
+      {&ttl, {"PERSIST", "k"}},
+      {&str, {"FLUSHALL"}},
+      {&str, {"FLUSHDB"}},
+      {&str, {"RENAME", "k", "k2"}},
+      {&str_src, {"RENAMENX", "src", "k"}},
+      // hashes
+      {&hash, {"HSET", "k", "f", "9"}},
+      {&hash, {"HSET", "k", "new", "9"}},
+      {&hash, {"HMSET", "k", "f", "9"}},
+      {&hash, {"HSETNX", "k", "h", "1"}},
+      {&hash, {"HDEL", "k", "f"}},
+      {&hash, {"HDEL", "k", "f", "g"}},  // emptied: the key goes
+      {&hash, {"HINCRBY", "k", "f", "1"}},
+      {&hash, {"HINCRBYFLOAT", "k", "f", "1.5"}},
+      {&hash, {"SET", "k", "x"}},  // another type over it
+      {&hash, {"DEL", "k"}},
+      {&hash, {"EXPIRE", "k", "100"}},
+      {&hash_ttl, {"PERSIST", "k"}},
+      {&hash, {"RENAME", "k", "k2"}},
+      {&hash_src, {"RENAME", "src", "k"}},
+      {&hash, {"FLUSHALL"}},
+      // lists
+      {&list, {"LPUSH", "k", "z"}},
+      {&list, {"RPUSH", "k", "z"}},
+      {&list, {"LPUSHX", "k", "z"}},
+      {&list, {"RPUSHX", "k", "z"}},
+      {&list, {"LPOP", "k"}},
+      {&list, {"RPOP", "k", "3"}},  // emptied
+      {&list, {"BLPOP", "k", "0"}},
+      {&list, {"BRPOP", "k", "0"}},
+      {&list, {"LSET", "k", "0", "z"}},
+      {&list, {"LREM", "k", "0", "a"}},
+      {&list, {"LTRIM", "k", "0", "0"}},
+      {&list, {"PEXPIRE", "k", "100000"}},
+      {&list_src, {"RENAMENX", "src", "k"}},
+      // sets
+      {&set, {"SADD", "k", "z"}},
+      {&set, {"SREM", "k", "a"}},
+      {&set, {"SPOP", "k"}},
+      {&set, {"SPOP", "k", "3"}},  // emptied
+      {&set, {"DEL", "k"}},
+      // sorted sets
+      {&zset, {"ZADD", "k", "5", "z"}},
+      {&zset, {"ZADD", "k", "XX", "9", "a"}},
+      {&zset, {"ZINCRBY", "k", "1", "a"}},
+      {&zset, {"ZREM", "k", "a"}},
+      {&zset, {"ZPOPMIN", "k"}},
+      {&zset, {"ZPOPMAX", "k", "3"}},  // emptied
+      {&zset_src, {"RENAME", "src", "k"}},
+      // a script's writes (the same executor)
+      {&hash, {"EVAL", "return redis.call('hset', KEYS[1], 'f', 'x')", "1", "k"}},
+      {&list, {"EVAL", "return redis.call('lpop', KEYS[1])", "1", "k"}},
+  };
+  kv::session other;
+  std::set<std::string> covered;
+  for (const auto& c : cases) {
+    std::string what;
+    for (const auto& a : c.write) what += a + " ";
+    run(*ex, other, {"FLUSHALL"});
+    for (const auto& cmd : *c.setup) {
+      std::vector<std::string_view> v(cmd.begin(), cmd.end());
+      std::string out;
+      ex->execute(other, v, out);
+      ASSERT_NE(out[0], '-') << what << out;
+    }
+    EXPECT_EQ(run(*ex, s, {"WATCH", "k"}), "+OK\r\n");
+    std::vector<std::string_view> v(c.write.begin(), c.write.end());
+    std::string out;
+    ex->execute(other, v, out);
+    ASSERT_NE(out[0], '-') << what << out;
+    run(*ex, s, {"MULTI"});
+    run(*ex, s, {"PING"});
+    EXPECT_EQ(run(*ex, s, {"EXEC"}), "*-1\r\n") << what << "did not break the WATCH";
+    std::string name;
+    for (char ch : c.write[0]) name += static_cast<char>(std::tolower(ch));
+    covered.insert(name);
+  }
+  for (const auto& k : kv::command_table()) {
+    if (k.write) {
+      EXPECT_TRUE(covered.contains(std::string(k.name))) << k.name << " not checked";
+    }
+  }
+  // Reads of every type leave the WATCH alone.
+  run(*ex, other, {"FLUSHALL"});
+  run(*ex, other, {"HSET", "h", "f", "1"});
+  run(*ex, other, {"RPUSH", "l", "a"});
+  run(*ex, other, {"SADD", "s", "a"});
+  run(*ex, other, {"ZADD", "z", "1", "a"});
+  EXPECT_EQ(run(*ex, s, {"WATCH", "h", "l", "s", "z"}), "+OK\r\n");
+  for (std::vector<std::string_view> r : {std::vector<std::string_view>{"HGETALL", "h"},
+                                          {"LRANGE", "l", "0", "-1"},
+                                          {"SMEMBERS", "s"},
+                                          {"ZRANGE", "z", "0", "-1"},
+                                          {"TYPE", "h"},
+                                          {"OBJECT", "ENCODING", "z"},
+                                          {"HSETNX", "h", "f", "2"},
+                                          {"SADD", "s", "a"},
+                                          {"ZADD", "z", "NX", "5", "a"}}) {
+    const auto before = st->key_version(r[1] == "ENCODING" ? r[2] : r[1], kv::now_ms());
+    std::string out;
+    ex->execute(other, r, out);  // the last three change nothing
+    EXPECT_EQ(st->key_version(r[1] == "ENCODING" ? r[2] : r[1], kv::now_ms()), before)
+        << r[0] << " " << r[1] << " moved the version";
+  }
+  run(*ex, s, {"MULTI"});
+  run(*ex, s, {"PING"});
+  EXPECT_EQ(run(*ex, s, {"EXEC"}), "*1\r\n+PONG\r\n");
+}
+
+// Inside EXEC nothing blocks: BLPOP on an empty list answers as its timeout.
+TEST_F(kv_transactions, blpop_inside_exec_does_not_block) {
+  s.may_block = true;  // as a RESP client's session
+  run(*ex, s, {"MULTI"});
+  EXPECT_EQ(run(*ex, s, {"BLPOP", "empty", "0"}), "+QUEUED\r\n");
+  EXPECT_EQ(run(*ex, s, {"RPUSH", "l", "a"}), "+QUEUED\r\n");
+  EXPECT_EQ(run(*ex, s, {"BLPOP", "l", "0"}), "+QUEUED\r\n");
+  EXPECT_EQ(run(*ex, s, {"EXEC"}), "*3\r\n*-1\r\n:1\r\n*2\r\n$1\r\nl\r\n$1\r\na\r\n");
+  EXPECT_FALSE(s.blocked);
+  EXPECT_TRUE(s.may_block);
 }
 
 TEST_F(kv_transactions, exec_replies_stay_within_the_clients_reply_bound) {

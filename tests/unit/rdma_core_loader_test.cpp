@@ -45,8 +45,9 @@ TEST(rdma_core_loader, a_missing_libibverbs_says_what_to_install) {
   rdma_core_api api;
   const std::string why =
       load_rdma_core_from("libconveyor-test-no-such-ibverbs.so.1", "librdmacm.so.1", api);
-  EXPECT_TRUE(why.contains("rdma-core (libconveyor-test-no-such-ibverbs.so.1) is not installed: "
-                    "apt install ibverbs-providers librdmacm1"))
+  EXPECT_TRUE(
+      why.contains("rdma-core (libconveyor-test-no-such-ibverbs.so.1) is not installed: "
+                   "apt install ibverbs-providers librdmacm1"))
       << why;
   EXPECT_TRUE(why.contains("cannot open shared object file")) << why;  // dlerror's own words
   EXPECT_EQ(api.ibv_open_device, nullptr);
@@ -56,8 +57,9 @@ TEST(rdma_core_loader, a_missing_librdmacm_says_what_to_install_and_leaves_nothi
   rdma_core_api api;
   const std::string why =
       load_rdma_core_from("libibverbs.so.1", "libconveyor-test-no-such-rdmacm.so.1", api);
-  EXPECT_TRUE(why.contains("rdma-core (libconveyor-test-no-such-rdmacm.so.1) is not installed: "
-                    "apt install ibverbs-providers librdmacm1"))
+  EXPECT_TRUE(
+      why.contains("rdma-core (libconveyor-test-no-such-rdmacm.so.1) is not installed: "
+                   "apt install ibverbs-providers librdmacm1"))
       << why;
   EXPECT_EQ(api.ibv_open_device, nullptr);
   EXPECT_EQ(api.rdma_create_id, nullptr);

@@ -99,6 +99,24 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
                  "device the store's memory is registered with (soft, shm, verbs...)")
       ->capture_default_str();
   app.add_option("--rdma-listen", o.rdma_listen, "address of the RDMA front end (empty: none)");
+  app.add_option("--hash-max-listpack-entries", o.hash_max_listpack_entries,
+                 "a hash with more fields is a hashtable and is no longer published for "
+                 "one-sided reads (HGET/HGETALL become RPCs)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--hash-max-listpack-value", o.hash_max_listpack_value,
+                 "a hash with a longer field or value: the same")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--zset-max-listpack-entries", o.zset_max_listpack_entries,
+                 "a sorted set with more members is a skiplist (OBJECT ENCODING)")
+      ->capture_default_str();
+  app.add_option("--zset-max-listpack-value", o.zset_max_listpack_value,
+                 "a sorted set with a longer member: the same")
+      ->capture_default_str();
+  app.add_option("--set-max-intset-entries", o.set_max_intset_entries,
+                 "a set of integers with more members is a hashtable (OBJECT ENCODING)")
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no start-up lines on stderr");
 }
 
@@ -117,6 +135,11 @@ int run_kv_serve(const kv_serve_options& o) {
   so.timeout_s = o.timeout_s;
   so.partial_timeout_s = o.partial_timeout_s;
   so.aof_skip_bad_records = o.aof_skip_bad_records;
+  so.hash_max_listpack_entries = o.hash_max_listpack_entries;
+  so.hash_max_listpack_value = o.hash_max_listpack_value;
+  so.zset_max_listpack_entries = o.zset_max_listpack_entries;
+  so.zset_max_listpack_value = o.zset_max_listpack_value;
+  so.set_max_intset_entries = o.set_max_intset_entries;
   if (!parse_memory(o.maxmemory, so.maxmemory)) {
     std::fprintf(stderr, "conveyor kv serve: --maxmemory %s: a size in bytes (or 64mb, 1gb...)\n",
                  o.maxmemory.c_str());

@@ -31,6 +31,10 @@ struct kv_serve_options {
   std::string provider = "soft";
   std::string rdma_listen;
   bool quiet = false;
+  // Collections' encodings (Redis's names and defaults; docs/KV.md).
+  std::size_t hash_max_listpack_entries = 512, hash_max_listpack_value = 64;
+  std::size_t zset_max_listpack_entries = 128, zset_max_listpack_value = 64;
+  std::size_t set_max_intset_entries = 512;
 };
 
 void add_kv_serve_options(CLI::App& app, kv_serve_options& o);

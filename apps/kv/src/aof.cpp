@@ -497,7 +497,8 @@ bool aof::rewrite(store& data, std::string& why) {
   bool ok = true;
   std::vector<std::string> keys;
   std::uint64_t cursor = 0;
-  // The whole data set, key by key: SET k v [PXAT t]. Keys are collected per
+  // The whole data set, key by key: SET k v [PXAT t], and a collection as
+  // the commands that build it, then PEXPIREAT k t (object_aof.cpp). Keys are collected per
   // scan step and their values read after (get may not run inside scan's callback).
   do {
     keys.clear();
@@ -505,6 +506,19 @@ bool aof::rewrite(store& data, std::string& why) {
     for (auto& k : keys) {
       auto exp = data.expiry(k, now);
       if (!exp) continue;  // expired meanwhile
+      auto type = data.type_of(k, now);
+      if (type && *type != value_type::string) {
+        bool wrong = false;
+        if (auto* obj = data.find_collection(k, *type, now, &wrong)) {
+          encode_collection(out, k, *obj);
+          if (*exp >= 0) {
+            std::string t = std::to_string(*exp);
+            std::string_view a[] = {"PEXPIREAT", k, t};
+            encode_command(out, a);
+          }
+        }
+        continue;
+      }
       auto v = data.get(k, now);
       if (!v) continue;
       if (*exp >= 0) {

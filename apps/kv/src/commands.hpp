@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "blocking.hpp"
 #include "glob.hpp"  // KEYS, SCAN MATCH and CONFIG GET match with it
 
 namespace conveyor::kv {
@@ -62,6 +63,16 @@ struct session {
   // never answered -BUSY, and a command that would block must answer as if
   // its timeout had passed (Redis: scripts never block).
   bool script = false;
+  // Blocking commands (BLPOP, BRPOP). The front end sets may_block when it can
+  // park the client (resp_server; an RDMA RPC cannot wait: there the command
+  // answers as on a timeout). A command that must wait writes no reply and
+  // sets `blocked`, the keys it waits on and its deadline (ms since the epoch,
+  // 0: none); the front end registers it (executor::blocking()) and runs the
+  // same command again when a key is signalled, until it replies.
+  bool may_block = false;
+  bool blocked = false;
+  std::vector<std::string> block_keys;
+  std::int64_t block_deadline = 0;
 };
 
 struct server_config {
@@ -192,6 +203,7 @@ class executor {
   void sample_ops(std::int64_t now_ms) noexcept;
   std::uint64_t ops_per_sec() const noexcept;
   std::int64_t started_ms() const noexcept { return start_ms_; }
+  blocking_registry& blocking() noexcept { return blocking_; }
 
   struct command;  // the table (commands.cpp)
   // The table's entry for a command name (any case); null if there is none.
@@ -235,6 +247,7 @@ class executor {
   std::int64_t start_ms_ = 0;
   std::unique_ptr<scripting> scripts_;
   bool abandon_exec_ = false;
+  blocking_registry blocking_;
   friend struct exec_context;
 };
 

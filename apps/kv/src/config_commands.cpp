@@ -195,6 +195,14 @@ void cmd_config(exec_context& c) {
   auto& cfg = c.ex.config();
   if (iequal(sub, "GET") && c.argv.size() >= 3) {
     auto all = entries(cfg);
+    // The collections' thresholds (the start options set them; object.hpp).
+    const auto& enc = c.st().encodings();
+    for (auto [name, v] : {std::pair{"hash-max-listpack-entries", enc.hash_max_listpack_entries},
+                           {"hash-max-listpack-value", enc.hash_max_listpack_value},
+                           {"zset-max-listpack-entries", enc.zset_max_listpack_entries},
+                           {"zset-max-listpack-value", enc.zset_max_listpack_value},
+                           {"set-max-intset-entries", enc.set_max_intset_entries}})
+      all.push_back({name, std::to_string(v)});
     std::vector<const config_entry*> hits;
     for (const auto& e : all) {
       for (std::size_t i = 2; i < c.argv.size(); ++i)

@@ -15,12 +15,14 @@
 #include <cstring>
 #include <new>
 #include <set>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "aof.hpp"
 #include "commands.hpp"
 #include "pubsub.hpp"
+#include "script.hpp"
 #include "server_loop.hpp"
 #include "store.hpp"
 
@@ -61,6 +63,10 @@ struct client {
   clock::time_point soft_since;   // pubsub: above the soft output limit since then
   bool over_soft = false;
   std::size_t mem = 0;  // buffer bytes counted in impl::client_mem
+  // Parked by BLPOP/BRPOP (executor::blocking()): the command runs again when a
+  // key it waits on is pushed to; the pipeline after it waits.
+  bool blocked = false;
+  std::vector<std::string> blocked_argv;
   explicit client(const parser_limits& l) : parser(l) {}
   std::size_t unsent() const { return out.size() - out_pos; }
 };
@@ -102,6 +108,7 @@ struct resp_server::impl {
     if (it == clients.end()) return;
     client_mem -= it->second->mem;
     exec.forget(it->second->sess);
+    exec.blocking().remove(id);  // a client that leaves while blocked leaves nothing
     loop.remove_fd(it->second->fd);
     ::close(it->second->fd);
     clients.erase(it);
@@ -245,7 +252,9 @@ struct resp_server::impl {
       running = c.sess.id;
       exec.execute(c.sess, h, c.out);
       running = outer;
+      if (c.sess.blocked) park(c, h);  // a held BLPOP that must wait
       c.held.clear();
+      if (c.blocked) return;
       if (c.sess.close_after_reply) {
         c.closing = true;
         c.reading = false;
@@ -256,7 +265,7 @@ struct resp_server::impl {
     }
     c.paused = false;
     bool completed = false;  // a command completed: the next one starts its clock now
-    while (!c.closing) {
+    while (!c.closing && !c.blocked) {
       if (c.unsent() >= opts.output_pause) {
         c.paused = c.parser.buffered() != 0;
         break;
@@ -285,11 +294,16 @@ struct resp_server::impl {
       running = c.sess.id;
       exec.execute(c.sess, args, c.out);
       running = outer;
+      if (c.sess.blocked) {
+        park(c, args);
+        break;
+      }
       if (c.sess.close_after_reply) {
         c.closing = true;
         c.reading = false;
         update_events(c);
       }
+      if (exec.blocking().any_ready()) serve_blocked();
     }
     // Only an incomplete command counts against partial_timeout, and only from
     // when the command before it completed (a long pipeline whose reads end
@@ -301,6 +315,68 @@ struct resp_server::impl {
     else if (partial && !c.partial)
       c.partial_since = c.last_active;
     c.partial = partial;
+  }
+
+  // ---- clients blocked by BLPOP/BRPOP --------------------------------------
+  bool serving_blocked = false;
+
+  void park(client& c, std::span<const std::string_view> command) {
+    c.sess.blocked = false;
+    c.blocked = true;
+    c.blocked_argv.assign(command.begin(), command.end());
+    exec.blocking().add(c.sess.id, c.sess.block_keys, c.sess.block_deadline);
+  }
+
+  // The client's command has its answer (a reply or a timeout's): the
+  // pipeline after it goes on.
+  void unpark(client& c) {
+    c.blocked = false;
+    c.blocked_argv.clear();
+    mark_pending(c.sess.id, c);
+    process(c);
+  }
+
+  // Runs the parked commands of the clients waiting on ready keys, in arrival
+  // order, until one finds its keys empty again (the rest keep waiting).
+  void serve_blocked() {
+    if (serving_blocked) return;  // the outer call drains what this one would
+    // A script serving the others from its hook (busy): they wait for its end,
+    // as every other command does (the keys stay ready until then).
+    if (exec.scripts().busy()) return;
+    serving_blocked = true;
+    std::string key;
+    std::vector<std::uint64_t> ids;
+    std::vector<std::string_view> args;
+    while (exec.blocking().next_ready(key, ids)) {
+      for (auto id : ids) {
+        auto it = clients.find(id);
+        if (it == clients.end() || !it->second->blocked) continue;
+        client& c = *it->second;
+        args.assign(c.blocked_argv.begin(), c.blocked_argv.end());
+        c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
+        const auto outer = running;
+        running = c.sess.id;
+        exec.execute(c.sess, args, c.out);
+        running = outer;
+        if (c.sess.blocked) {  // empty again: still waiting, in its place
+          c.sess.blocked = false;
+          break;
+        }
+        exec.blocking().remove(id);
+        unpark(c);
+      }
+    }
+    serving_blocked = false;
+  }
+
+  void expire_blocked() {
+    if (exec.scripts().busy()) return;
+    for (auto id : exec.blocking().expired(now_ms())) {
+      auto it = clients.find(id);
+      if (it == clients.end() || !it->second->blocked) continue;
+      reply(it->second->out, it->second->sess.resp).null_array();
+      unpark(*it->second);
+    }
   }
 
   // Reads and runs what arrived; false if the client was closed.
@@ -445,6 +521,7 @@ struct resp_server::impl {
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0)
         c->sess.laddr = address_of(local);
       c->sess.created_ms = now_ms();
+      c->sess.may_block = true;
       c->last_active = clock::now();
       std::uint64_t id = c->sess.id;
       try {
@@ -556,6 +633,8 @@ struct resp_server::impl {
   }
 
   void before_wait() {
+    // Pushes by any path (an RDMA RPC, a script, EXEC) wake the clients they unblock.
+    if (exec.blocking().any_ready()) serve_blocked();
     if (!doomed.empty()) {
       auto ids = std::move(doomed);
       doomed.clear();
@@ -601,7 +680,8 @@ struct resp_server::impl {
       if (c->partial && now - c->partial_since > opts.partial_timeout)
         gone.push_back(id);
       else if (idle.count() > 0 && now - c->last_active > idle && c->unsent() == 0 && !subscriber &&
-               !c->sess.monitor)  // as Redis: pub/sub and MONITOR clients stay
+               !c->sess.monitor &&
+               !c->blocked)  // as Redis: pub/sub, MONITOR and blocked clients stay
         gone.push_back(id);
       else if (subscriber && c->unsent() != 0 && over_output_limit(*c, now)) {
         ++exec.stats().output_limit_closes;
@@ -688,6 +768,9 @@ bool resp_server::listen(std::string& why) {
   h.deliver = [this](std::uint64_t id, std::string_view bytes) { p_->deliver(id, bytes); };
   h.list_clients = [this](std::string& out, std::uint64_t only) { p_->list_clients(out, only); };
   h.kill = [this](const std::function<bool(const session&)>& m) { return p_->kill(m); };
+  h.blocked_clients = [this] { return p_->exec.blocking().blocked(); };  // INFO clients
+  // BLPOP/BRPOP deadlines, to within 10 ms.
+  p_->loop.every(std::chrono::milliseconds(10), [this] { p_->expire_blocked(); });
   return true;
 }
 

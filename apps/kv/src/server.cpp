@@ -82,6 +82,9 @@ int serve(const server_options& so) {
   sto.policy = so.maxmemory_policy == "allkeys-lru" ? eviction_policy::allkeys_lru
                                                     : eviction_policy::noeviction;
   if (sto.max_value > sto.data_bytes) sto.max_value = sto.data_bytes;
+  sto.encodings = {so.hash_max_listpack_entries, so.hash_max_listpack_value,
+                   so.zset_max_listpack_entries, so.zset_max_listpack_value,
+                   so.set_max_intset_entries};
   // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the
   // way out). Blocked before any thread starts (the device's engine threads
   // inherit the mask), so only the signalfd sees them.

@@ -127,6 +127,8 @@ void executor::run_queued(session& sess, std::string& out) {
   const std::size_t budget = sess.max_reply;
   in_exec_ = true;
   exec_logged_ = false;
+  // Inside EXEC nothing blocks: BLPOP/BRPOP answer as on their timeout (Redis).
+  const bool may_block = std::exchange(sess.may_block, false);
   std::vector<std::string_view> argv;
   for (auto& cmd : queued) {
     if (abandon_exec_) {  // SHUTDOWN NOSAVE abandoned a script of this queue
@@ -140,6 +142,7 @@ void executor::run_queued(session& sess, std::string& out) {
     execute(sess, argv, out);
   }
   sess.max_reply = budget;
+  sess.may_block = may_block;
   in_exec_ = false;
   if (std::exchange(abandon_exec_, false)) return;  // no EXEC record: the block is cut
   if (exec_logged_) {

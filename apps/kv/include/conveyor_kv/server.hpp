@@ -68,6 +68,14 @@ struct server_options {
   std::uint64_t busy_reply_threshold_ms = 5000;
   std::size_t lua_maxmemory = std::size_t{128} << 20;
 
+  // Collections: where Redis's compact encodings end (OBJECT ENCODING), and
+  // with them the publication of a hash for one-sided readers (docs/KV.md).
+  std::size_t hash_max_listpack_entries = 512;
+  std::size_t hash_max_listpack_value = 64;
+  std::size_t zset_max_listpack_entries = 128;
+  std::size_t zset_max_listpack_value = 64;
+  std::size_t set_max_intset_entries = 512;
+
   // The device the store's memory is registered with, and the RDMA front end
   std::string provider = "soft";  // soft, shm, verbs...
   std::string rdma_listen;        // the RDMA front end's address (empty: none)
