@@ -33,6 +33,12 @@ class KvServer:
         self.drain = threading.Thread(target=self._drain, daemon=True)
         self.drain.start()
 
+    def sanitized(self):
+        """True when the server runs under ASan or TSan (their runtimes map shadow memory)."""
+        with open(f"/proc/{self.proc.pid}/maps") as f:
+            maps = f.read()
+        return "libasan" in maps or "libtsan" in maps
+
     def _drain(self):
         for line in self.proc.stderr:
             self.stderr_lines.append(line)
