@@ -179,7 +179,7 @@ TEST_F(commands, hello_client_select_config_command_and_quit_answer_as_redis_doe
   EXPECT_TRUE(r({"COMMAND", "INFO", "get"}).starts_with("*1\r\n*6\r\n$3\r\nget\r\n:2\r\n"));
   auto info = r({"INFO"});
   for (auto f : {"keyspace_hits:", "keyspace_misses:", "evicted_keys:", "used_memory:",
-                 "connected_clients:", "one_sided_gets:", "total_commands_processed:"})
+                 "connected_clients:", "total_commands_processed:"})
     EXPECT_NE(info.find(f), std::string::npos) << f;
   EXPECT_EQ(r({"QUIT"}), "+OK\r\n");
   EXPECT_TRUE(s.close_after_reply);

@@ -1,10 +1,14 @@
-// conveyor kv get|set|del — the conveyor::kv client on the command line, with
+// conveyor kv get|set|del|hget|hgetall|call — the conveyor::kv client on the
+// command line (get, hget and hgetall by one-sided READs; call runs any
+// command as an RPC and prints its RESP reply), with
 // redis-cli's letters: -h host, -p port, -a password. An "@name" address is an
 // shm server's, host:port a soft one's, unless --provider says otherwise.
 //
 //   conveyor kv set greeting hello -p 7380          # 127.0.0.1:7380, soft
 //   conveyor kv get greeting -h @kv -a s3cret       # shm server "@kv", requirepass s3cret
 //   conveyor kv del greeting -h 10.0.0.5 --provider verbs
+//   conveyor kv hgetall user:1 -p 7380              # a small hash: one item, one-sided
+//   conveyor kv call RPUSH jobs j1 -p 7380          # any command, as an RPC
 #include "kv_client.hpp"
 
 #include <CLI/CLI.hpp>
@@ -14,6 +18,8 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "conveyor_kv/client.hpp"
 
@@ -69,6 +75,17 @@ kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
   c.del = kv.add_subcommand("del", "DEL a key (an RPC)");
   c.del->add_option("key", o.key)->required();
   common(c.del);
+  c.hget = kv.add_subcommand("hget", "HGET a hash's field by one-sided RDMA READs");
+  c.hget->add_option("key", o.key)->required();
+  c.hget->add_option("field", o.field)->required();
+  common(c.hget);
+  c.hgetall = kv.add_subcommand(
+      "hgetall", "HGETALL a hash by one-sided RDMA READs (an RPC for a hash too large to publish)");
+  c.hgetall->add_option("key", o.key)->required();
+  common(c.hgetall);
+  c.call = kv.add_subcommand("call", "run any command as an RPC and print its RESP reply");
+  c.call->add_option("command", o.argv, "the command and its arguments")->required();
+  common(c.call);
   return c;
 }
 
@@ -92,7 +109,8 @@ std::unique_ptr<kv::client> open(const kv_client_options& o, int& rc) {
 }  // namespace
 
 int run_kv_client(const kv_client_commands& cmds, const kv_client_options& o) {
-  if (!*cmds.get && !*cmds.set && !*cmds.del) return -1;
+  if (!*cmds.get && !*cmds.set && !*cmds.del && !*cmds.hget && !*cmds.hgetall && !*cmds.call)
+    return -1;
   int rc = 0;
   auto c = open(o, rc);
   if (!c) return rc;
@@ -106,6 +124,34 @@ int run_kv_client(const kv_client_commands& cmds, const kv_client_options& o) {
     std::fwrite((*r)->data(), 1, (*r)->size(), stdout);
     std::printf("\n");
     return 0;
+  }
+  if (*cmds.hget) {
+    auto r = c->hget(o.key, o.field);
+    if (!r) return std::fprintf(stderr, "conveyor kv hget: %s\n", r.error().to_string().c_str()), 1;
+    if (!*r) return std::printf("(nil)\n"), 0;
+    std::fwrite((*r)->data(), 1, (*r)->size(), stdout);
+    std::printf("\n");
+    return 0;
+  }
+  if (*cmds.hgetall) {
+    auto r = c->hgetall(o.key);
+    if (!r)
+      return std::fprintf(stderr, "conveyor kv hgetall: %s\n", r.error().to_string().c_str()), 1;
+    if (r->empty()) return std::printf("(empty array)\n"), 0;
+    for (auto& [f, v] : *r) {  // redis-cli's raw form: field, then value, a line each
+      std::fwrite(f.data(), 1, f.size(), stdout);
+      std::printf("\n");
+      std::fwrite(v.data(), 1, v.size(), stdout);
+      std::printf("\n");
+    }
+    return 0;
+  }
+  if (*cmds.call) {
+    std::vector<std::string_view> argv(o.argv.begin(), o.argv.end());
+    auto r = c->command(argv);
+    if (!r) return std::fprintf(stderr, "conveyor kv call: %s\n", r.error().to_string().c_str()), 1;
+    std::fwrite(r->data(), 1, r->size(), stdout);
+    return r->starts_with("-") ? 1 : 0;
   }
   if (*cmds.set) {
     auto r = c->set(o.key, o.value);

@@ -1,4 +1,4 @@
-// conveyor kv get|set|del: the RDMA client commands (kv_client.cpp). The
+// conveyor kv get|set|del|hget|hgetall|call: the RDMA client commands (kv_client.cpp). The
 // server's address takes redis-cli's letters: -h host, -p port, -a password.
 #pragma once
 
@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace conveyor::tool {
 
@@ -18,10 +19,13 @@ struct kv_client_options {
   std::string progress = "thread";  // the client device's progress mode: thread | manual
   double timeout_s = 2;             // the connection and each request
   std::string key, value;
+  std::string field;              // hget
+  std::vector<std::string> argv;  // call: any command, as an RPC
 };
 
 struct kv_client_commands {
   CLI::App *get = nullptr, *set = nullptr, *del = nullptr;
+  CLI::App *hget = nullptr, *hgetall = nullptr, *call = nullptr;
 };
 
 kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o);

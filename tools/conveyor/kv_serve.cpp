@@ -49,6 +49,11 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
       ->capture_default_str();
   app.add_option("--bind", o.bind, "address the RESP listener binds")->capture_default_str();
   app.add_option("--requirepass", o.requirepass, "password clients must AUTH with (RESP and RDMA)");
+  app.add_option("--protected-mode", o.protected_mode,
+                 "yes: with no password, refuse RESP clients from outside loopback (Redis's "
+                 "-DENIED)")
+      ->check(CLI::IsMember({"yes", "no"}))
+      ->capture_default_str();
   app.add_option("--appendonly", o.appendonly, "yes: log every write to the append-only file")
       ->check(CLI::IsMember({"yes", "no"}))
       ->capture_default_str();
@@ -83,10 +88,35 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
                  "query and output buffers of all RESP clients together (bytes, or 512mb, 1gb; 0: "
                  "no bound); past it the client holding the most is closed")
       ->capture_default_str();
+  app.add_option("--busy-reply-threshold,--lua-time-limit", o.busy_reply_threshold_ms,
+                 "ms a script may run before other clients get -BUSY and SCRIPT KILL works")
+      ->check(CLI::Range(1u, 3600000u))
+      ->capture_default_str();
+  app.add_option("--lua-maxmemory", o.lua_maxmemory,
+                 "memory of the scripts' Lua state (bytes, or 64mb...); a script past it fails")
+      ->capture_default_str();
   app.add_option("--provider", o.provider,
                  "device the store's memory is registered with (soft, shm, verbs...)")
       ->capture_default_str();
   app.add_option("--rdma-listen", o.rdma_listen, "address of the RDMA front end (empty: none)");
+  app.add_option("--hash-max-listpack-entries", o.hash_max_listpack_entries,
+                 "a hash with more fields is a hashtable and is no longer published for "
+                 "one-sided reads (HGET/HGETALL become RPCs)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--hash-max-listpack-value", o.hash_max_listpack_value,
+                 "a hash with a longer field or value: the same")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--zset-max-listpack-entries", o.zset_max_listpack_entries,
+                 "a sorted set with more members is a skiplist (OBJECT ENCODING)")
+      ->capture_default_str();
+  app.add_option("--zset-max-listpack-value", o.zset_max_listpack_value,
+                 "a sorted set with a longer member: the same")
+      ->capture_default_str();
+  app.add_option("--set-max-intset-entries", o.set_max_intset_entries,
+                 "a set of integers with more members is a hashtable (OBJECT ENCODING)")
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no start-up lines on stderr");
 }
 
@@ -95,6 +125,7 @@ int run_kv_serve(const kv_serve_options& o) {
   so.port = o.port;
   so.bind = o.bind;
   so.requirepass = o.requirepass;
+  so.protected_mode = o.protected_mode == "yes";
   so.appendonly = o.appendonly == "yes";
   so.appendfilename = o.appendfilename;
   so.dir = o.dir;
@@ -104,6 +135,11 @@ int run_kv_serve(const kv_serve_options& o) {
   so.timeout_s = o.timeout_s;
   so.partial_timeout_s = o.partial_timeout_s;
   so.aof_skip_bad_records = o.aof_skip_bad_records;
+  so.hash_max_listpack_entries = o.hash_max_listpack_entries;
+  so.hash_max_listpack_value = o.hash_max_listpack_value;
+  so.zset_max_listpack_entries = o.zset_max_listpack_entries;
+  so.zset_max_listpack_value = o.zset_max_listpack_value;
+  so.set_max_intset_entries = o.set_max_intset_entries;
   if (!parse_memory(o.maxmemory, so.maxmemory)) {
     std::fprintf(stderr, "conveyor kv serve: --maxmemory %s: a size in bytes (or 64mb, 1gb...)\n",
                  o.maxmemory.c_str());
@@ -118,6 +154,12 @@ int run_kv_serve(const kv_serve_options& o) {
   if (!parse_memory(o.data_bytes, so.data_bytes) || so.data_bytes == 0) {
     std::fprintf(stderr, "conveyor kv serve: --data-bytes %s: a size in bytes (or 256mb...)\n",
                  o.data_bytes.c_str());
+    return 2;
+  }
+  so.busy_reply_threshold_ms = o.busy_reply_threshold_ms;
+  if (!parse_memory(o.lua_maxmemory, so.lua_maxmemory) || so.lua_maxmemory < (1u << 20)) {
+    std::fprintf(stderr, "conveyor kv serve: --lua-maxmemory %s: a size of at least 1mb\n",
+                 o.lua_maxmemory.c_str());
     return 2;
   }
   so.provider = o.provider;

@@ -14,6 +14,7 @@ struct kv_serve_options {
   std::string bind = "127.0.0.1";
   std::string requirepass;
   std::string appendonly = "no";
+  std::string protected_mode = "yes";
   std::string appendfilename = "appendonly.aof";
   std::string dir = ".";
   std::string appendfsync = "everysec";
@@ -23,11 +24,17 @@ struct kv_serve_options {
   std::size_t maxclients = 10000;
   unsigned timeout_s = 0;
   unsigned partial_timeout_s = 10;
+  unsigned busy_reply_threshold_ms = 5000;
+  std::string lua_maxmemory = "128mb";
   bool aof_skip_bad_records = false;
   std::string maxmemory_clients = "1gb";
   std::string provider = "soft";
   std::string rdma_listen;
   bool quiet = false;
+  // Collections' encodings (Redis's names and defaults; docs/KV.md).
+  std::size_t hash_max_listpack_entries = 512, hash_max_listpack_value = 64;
+  std::size_t zset_max_listpack_entries = 128, zset_max_listpack_value = 64;
+  std::size_t set_max_intset_entries = 512;
 };
 
 void add_kv_serve_options(CLI::App& app, kv_serve_options& o);

@@ -117,6 +117,43 @@ std::size_t find_complete_record(std::string_view tail, std::size_t max_bulk) {
   return std::string_view::npos;
 }
 
+namespace {
+
+bool is_word(std::span<const std::string_view> argv, std::string_view w) {
+  if (argv.size() != 1 || argv[0].size() != w.size()) return false;
+  for (std::size_t i = 0; i < w.size(); ++i)
+    if ((argv[0][i] & ~0x20) != w[i]) return false;
+  return true;
+}
+
+// Whether the transaction whose records start at `from` ends (an EXEC record)
+// inside the file's `size` bytes. Reads ahead with a parser of its own (one
+// record and one chunk held); bytes that do not parse count as an end: the
+// main pass reaches them and reports the damage.
+bool transaction_ends(std::uint64_t from, std::uint64_t size, const aof_read_fn& read,
+                      const parser_limits& lim, std::size_t chunk) {
+  request_parser p(lim);
+  std::vector<std::string_view> argv;
+  std::vector<char> buf(chunk == 0 ? 1 : chunk);
+  std::uint64_t off = from;
+  while (true) {
+    while (true) {
+      const auto st = p.next(argv);
+      if (st == parse_status::need_more) break;
+      if (st == parse_status::error) return true;
+      if (is_word(argv, "EXEC")) return true;
+    }
+    if (off >= size) return false;
+    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
+    const std::int64_t n = read(off, buf.data(), want);
+    if (n <= 0) return n < 0;  // a read error: the main pass reports it
+    off += static_cast<std::uint64_t>(n);
+    p.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)));
+  }
+}
+
+}  // namespace
+
 aof_load_result load_aof(std::uint64_t size, const aof_read_fn& read, const aof_apply_fn& apply,
                          const aof_options& opts,
                          const std::function<void(std::uint64_t, std::string_view)>& on_skip,
@@ -131,6 +168,7 @@ aof_load_result load_aof(std::uint64_t size, const aof_read_fn& read, const aof_
   std::vector<std::string_view> argv;
   std::vector<char> buf(chunk == 0 ? 1 : chunk);
   std::uint64_t off = 0;
+  bool in_tx = false;
   while (true) {
     while (true) {
       const std::uint64_t start = p.consumed();
@@ -143,6 +181,27 @@ aof_load_result load_aof(std::uint64_t size, const aof_read_fn& read, const aof_
         return res;
       }
       if (argv.empty()) continue;
+      // A transaction (EXEC's records between MULTI and EXEC) is applied only
+      // if its EXEC is in the file: one cut inside it is a torn tail from its
+      // MULTI on, and none of it is applied (Redis's loader does the same).
+      if (is_word(argv, "MULTI") || is_word(argv, "EXEC")) {
+        const bool multi = argv[0].size() == 5;
+        if (multi == in_tx) {
+          res.verdict = aof_verdict::bad_record;
+          res.good_bytes = res.damage_at = start;
+          res.command = multi ? "MULTI" : "EXEC";
+          res.why = multi ? "MULTI inside a transaction" : "EXEC without MULTI";
+          return res;
+        }
+        in_tx = multi;
+        if (multi && !transaction_ends(p.consumed(), size, read, lim, chunk)) {
+          res.verdict = aof_verdict::torn_tail;
+          res.open_transaction = true;
+          res.good_bytes = start;
+          return res;
+        }
+        continue;
+      }
       std::string reason;
       if (!apply(argv, reason)) {
         if (opts.skip_bad_records) {
@@ -319,11 +378,14 @@ bool aof::replay(const std::function<bool(std::span<const std::string_view>, std
       res.truncated_bytes = size - r.good_bytes;
       res.side_file = save_tail(fd_, opts_.path, r.good_bytes, res.truncated_bytes, why);
       if (res.side_file.empty()) return false;
-      std::fprintf(stderr,
-                   "conveyor kv: warning: %s ends with an incomplete command (%llu bytes at "
-                   "offset %llu, a write cut short by a crash); saved to %s and cut off\n",
-                   opts_.path.c_str(), static_cast<unsigned long long>(res.truncated_bytes),
-                   static_cast<unsigned long long>(r.good_bytes), res.side_file.c_str());
+      std::fprintf(
+          stderr,
+          "conveyor kv: warning: %s ends with an incomplete %s (%llu bytes at "
+          "offset %llu, a write cut short by a crash); saved to %s and cut off\n",
+          opts_.path.c_str(),
+          r.open_transaction ? "transaction (MULTI without EXEC: none of it applied)" : "command",
+          static_cast<unsigned long long>(res.truncated_bytes),
+          static_cast<unsigned long long>(r.good_bytes), res.side_file.c_str());
       if (::ftruncate(fd_, static_cast<off_t>(r.good_bytes)) != 0 || ::fdatasync(fd_) != 0) {
         why = "truncating " + opts_.path + ": " + std::strerror(errno);
         return false;
@@ -400,6 +462,18 @@ void aof::tick() {
   }
 }
 
+bool aof::sync() {
+  if (!flush()) return false;
+  if (dirty_) {
+    if (::fdatasync(fd_) != 0) {
+      set_error(std::string("fdatasync: ") + std::strerror(errno));
+      return false;
+    }
+    dirty_ = false;
+  }
+  return true;
+}
+
 bool aof::rewrite_due() const noexcept {
   if (opts_.rewrite_percentage == 0 || size_ < opts_.rewrite_min_size) return false;
   std::uint64_t base = base_size_ != 0 ? base_size_ : 1;
@@ -423,7 +497,8 @@ bool aof::rewrite(store& data, std::string& why) {
   bool ok = true;
   std::vector<std::string> keys;
   std::uint64_t cursor = 0;
-  // The whole data set, key by key: SET k v [PXAT t]. Keys are collected per
+  // The whole data set, key by key: SET k v [PXAT t], and a collection as
+  // the commands that build it, then PEXPIREAT k t (object_aof.cpp). Keys are collected per
   // scan step and their values read after (get may not run inside scan's callback).
   do {
     keys.clear();
@@ -431,6 +506,19 @@ bool aof::rewrite(store& data, std::string& why) {
     for (auto& k : keys) {
       auto exp = data.expiry(k, now);
       if (!exp) continue;  // expired meanwhile
+      auto type = data.type_of(k, now);
+      if (type && *type != value_type::string) {
+        bool wrong = false;
+        if (auto* obj = data.find_collection(k, *type, now, &wrong)) {
+          encode_collection(out, k, *obj);
+          if (*exp >= 0) {
+            std::string t = std::to_string(*exp);
+            std::string_view a[] = {"PEXPIREAT", k, t};
+            encode_command(out, a);
+          }
+        }
+        continue;
+      }
       auto v = data.get(k, now);
       if (!v) continue;
       if (*exp >= 0) {

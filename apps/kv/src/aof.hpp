@@ -14,6 +14,9 @@
 //     missing CRLF, a length past the file's end with complete records after
 //     it, a record above the store's bounds) refuses the start, names the
 //     offset and leaves the file untouched;
+//   - a transaction (MULTI, its records, EXEC: what EXEC logs) whose EXEC is
+//     not in the file is a torn tail from its MULTI on: none of it is
+//     applied, and it is saved aside and cut off like a torn record;
 //   - a well-formed record the store refuses refuses the start, naming its
 //     offset and command, unless skip_bad_records (--aof-skip-bad-records),
 //     which skips it with a warning.
@@ -97,6 +100,7 @@ struct aof_load_result {
   std::uint64_t next_record = 0;    // damaged by an overlong length: a complete record after it
   std::uint64_t peak_buffered = 0;  // most bytes held at once (<= max_record + chunk)
   std::string command;              // bad_record: its command name (64 bytes at most)
+  bool open_transaction = false;    // torn_tail: a MULTI whose EXEC is not in the file
   std::string why;                  // what is wrong
 };
 using aof_read_fn = std::function<std::int64_t(std::uint64_t off, char* buf, std::size_t len)>;
@@ -135,6 +139,10 @@ class aof {
   bool flush();
   // Once a second from the loop: the everysec fdatasync, and the rewrite check.
   void tick();
+  // Writes and fdatasyncs now, whatever the policy (SHUTDOWN, the end of serve).
+  bool sync();
+  // CONFIG SET appendfsync.
+  void set_fsync(fsync_policy p) noexcept { opts_.fsync = p; }
   bool rewrite_due() const noexcept;
   // Rewrites the file from the store's current contents (see above).
   bool rewrite(store& data, std::string& why);

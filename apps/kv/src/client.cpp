@@ -80,29 +80,82 @@ class client_impl final : public client {
 
   result<std::optional<std::string>> get(std::string_view key) override {
     std::optional<std::string> out;
-    auto r = run_gets(std::span(&key, 1), [&](std::size_t, const std::byte* p, std::size_t n) {
-      out.emplace(reinterpret_cast<const char*>(p), n);
+    bool wrong = false;
+    auto r = run_gets(std::span(&key, 1),
+                      [&](std::size_t, L::value_type t, const std::byte* p, std::size_t n) {
+                        if (t != L::value_type::string) return void(wrong = true);
+                        out.emplace(reinterpret_cast<const char*>(p), n);
+                      });
+    if (!r) return std::unexpected(r.error());
+    if (wrong) return wrongtype();
+    return out;
+  }
+
+  result<std::optional<std::string>> hget(std::string_view key, std::string_view field) override {
+    std::array<std::string_view, 1> f{field};
+    auto r = hmget(key, f);
+    if (!r) return std::unexpected(r.error());
+    return std::move((*r)[0]);
+  }
+
+  result<std::vector<std::optional<std::string>>> hmget(
+      std::string_view key, std::span<const std::string_view> fields) override {
+    bool served = false;
+    std::vector<std::optional<std::string>> out(fields.size());
+    auto r = read_hash(key, served, [&](std::string_view f, std::string_view v) {
+      for (std::size_t i = 0; i < fields.size(); ++i)
+        if (fields[i] == f) out[i].emplace(v);
     });
     if (!r) return std::unexpected(r.error());
+    if (!served) return out;
+    std::vector<std::string_view> argv{"HMGET", key};
+    argv.insert(argv.end(), fields.begin(), fields.end());
+    auto reply = command(argv);
+    if (!reply) return std::unexpected(reply.error());
+    out.clear();
+    if (!parse_bulks(*reply, out) || out.size() != fields.size()) return reply_error(*reply);
+    return out;
+  }
+
+  result<std::vector<std::pair<std::string, std::string>>> hgetall(std::string_view key) override {
+    bool served = false;
+    std::vector<std::pair<std::string, std::string>> out;
+    auto r = read_hash(key, served,
+                       [&](std::string_view f, std::string_view v) { out.emplace_back(f, v); });
+    if (!r) return std::unexpected(r.error());
+    if (!served) return out;
+    std::array<std::string_view, 2> argv{"HGETALL", key};
+    auto reply = command(argv);
+    if (!reply) return std::unexpected(reply.error());
+    std::vector<std::optional<std::string>> flat;
+    if (!parse_bulks(*reply, flat) || flat.size() % 2 != 0) return reply_error(*reply);
+    for (std::size_t i = 0; i < flat.size(); i += 2) {
+      if (!flat[i] || !flat[i + 1]) return reply_error(*reply);
+      out.emplace_back(std::move(*flat[i]), std::move(*flat[i + 1]));
+    }
     return out;
   }
 
   result<std::optional<std::size_t>> get_into(std::string_view key,
                                               std::span<std::byte> buf) override {
     std::optional<std::size_t> len;
-    auto r = run_gets(std::span(&key, 1), [&](std::size_t, const std::byte* p, std::size_t n) {
-      std::memcpy(buf.data(), p, std::min(n, buf.size()));
-      len = n;
-    });
+    bool wrong = false;
+    auto r = run_gets(std::span(&key, 1),
+                      [&](std::size_t, L::value_type t, const std::byte* p, std::size_t n) {
+                        if (t != L::value_type::string) return void(wrong = true);
+                        std::memcpy(buf.data(), p, std::min(n, buf.size()));
+                        len = n;
+                      });
     if (!r) return std::unexpected(r.error());
+    if (wrong) return wrongtype();
     return len;
   }
 
   result<std::vector<std::optional<std::string>>> mget(
       std::span<const std::string_view> keys) override {
     std::vector<std::optional<std::string>> out(keys.size());
-    auto r = run_gets(keys, [&](std::size_t i, const std::byte* p, std::size_t n) {
-      out[i].emplace(reinterpret_cast<const char*>(p), n);
+    auto r = run_gets(keys, [&](std::size_t i, L::value_type t, const std::byte* p, std::size_t n) {
+      if (t == L::value_type::string) out[i].emplace(reinterpret_cast<const char*>(p), n);
     });
     if (!r) return std::unexpected(r.error());
     return out;
@@ -200,6 +253,64 @@ class client_impl final : public client {
   }
 
  private:
+  static std::unexpected<error> wrongtype() {
+    return make_error(errc::rejected,
+                      "WRONGTYPE Operation against a key holding the wrong kind of value");
+  }
+
+  // One-sided read of a hash's item: fn(field, value) for each field of a
+  // small hash (the encoding checked whole first); `served` when the hash is
+  // too large to be published (the caller asks the server).
+  template <class Fn>
+  result<void> read_hash(std::string_view key, bool& served, Fn&& fn) {
+    bool wrong = false, invalid = false;
+    std::string item;  // the value, copied out of the lane before decoding
+    bool found = false;
+    auto r = run_gets(std::span(&key, 1),
+                      [&](std::size_t, L::value_type t, const std::byte* p, std::size_t n) {
+                        if (t != L::value_type::hash) return void(wrong = true);
+                        found = true;
+                        item.assign(reinterpret_cast<const char*>(p), n);
+                      });
+    if (!r) return r;
+    if (wrong) return wrongtype();
+    if (!found) return {};
+    const auto form = L::decode_hash(reinterpret_cast<const std::byte*>(item.data()), item.size(),
+                                     [&](std::string_view f, std::string_view v) { fn(f, v); });
+    invalid = form == L::hash_form::invalid;
+    if (invalid)  // checksummed, yet not an encoding: not a conveyor-kv server's item
+      return make_error(errc::protocol_error, "kv client: a hash item that does not decode");
+    served = form == L::hash_form::served;
+    ++(served ? stats_.hash_rpc_reads : stats_.hash_one_sided);
+    return {};
+  }
+
+  // A RESP2 array of bulk strings or nulls (HMGET, HGETALL's RESP2 form).
+  static bool parse_bulks(std::string_view r, std::vector<std::optional<std::string>>& out) {
+    auto line = [&](std::int64_t& v) {
+      auto e = r.find("\r\n");
+      if (e == std::string_view::npos || e < 2) return false;
+      auto [p, ec] = std::from_chars(r.data() + 1, r.data() + e, v);
+      if (ec != std::errc{} || p != r.data() + e) return false;
+      r.remove_prefix(e + 2);
+      return true;
+    };
+    std::int64_t n;
+    if (r.empty() || r[0] != '*' || !line(n) || n < 0) return false;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t len;
+      if (r.empty() || r[0] != '$' || !line(len)) return false;
+      if (len < 0) {
+        out.emplace_back();
+        continue;
+      }
+      if (r.size() < static_cast<std::size_t>(len) + 2) return false;
+      out.emplace_back(std::string(r.substr(0, static_cast<std::size_t>(len))));
+      r.remove_prefix(static_cast<std::size_t>(len) + 2);
+    }
+    return r.empty();
+  }
+
   template <class T>
   std::unexpected<error> fail(T code, std::string what) {
     broken_ = true;
@@ -298,7 +409,7 @@ class client_impl final : public client {
               finish(l);  // expired: absent, as the server would say
             } else {
               ++stats_.hits;
-              sink(ln.index, buf + c.value_offset, c.value_len);
+              sink(ln.index, c.type, buf + c.value_offset, c.value_len);
               finish(l);
             }
             break;

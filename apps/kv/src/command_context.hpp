@@ -95,6 +95,35 @@ struct executor::command {
   void (*fn)(exec_context&);
 };
 
+// The table (commands.cpp), and a command's name as errors and stats give it
+// ("client|kill").
+std::span<const executor::command> command_table();
+std::string full_name(const executor::command& k, argv_t argv);
+
+// ---- transactions (transaction_commands.cpp) ------------------------------------
+void cmd_multi(exec_context& c);
+void cmd_exec(exec_context& c);
+void cmd_discard(exec_context& c);
+void cmd_watch(exec_context& c);
+void cmd_unwatch(exec_context& c);
+void queue_command(exec_context& c);  // in MULTI: +QUEUED
+
+// ---- pub/sub (pubsub.cpp) --------------------------------------------------------
+void cmd_subscribe(exec_context& c);
+void cmd_unsubscribe(exec_context& c);
+void cmd_psubscribe(exec_context& c);
+void cmd_punsubscribe(exec_context& c);
+void cmd_publish(exec_context& c);
+void cmd_pubsub(exec_context& c);
+
+// ---- operations (admin_commands.cpp) ---------------------------------------------
+void cmd_monitor(exec_context& c);
+void cmd_slowlog(exec_context& c);
+void cmd_shutdown(exec_context& c);
+void cmd_reset(exec_context& c);
+// After each command: SLOWLOG, MONITOR.
+void after_command(exec_context& c, const executor::command& k, std::int64_t usec);
+
 // ---- server and connection commands (server_commands.cpp) ---------------------
 void cmd_ping(exec_context& c);
 void cmd_echo(exec_context& c);
@@ -144,5 +173,71 @@ void cmd_pttl(exec_context& c);
 void cmd_expiretime(exec_context& c);
 void cmd_pexpiretime(exec_context& c);
 void cmd_persist(exec_context& c);
+
+// ---- scripts (script_commands.cpp) ----------------------------------------------
+void cmd_eval(exec_context& c);
+void cmd_evalsha(exec_context& c);
+void cmd_eval_ro(exec_context& c);
+void cmd_evalsha_ro(exec_context& c);
+void cmd_script(exec_context& c);
+// ---- collections (hash_, list_, set_, zset_commands.cpp) and keys' objects
+// (object_commands.cpp)
+void cmd_hset(exec_context& c);
+void cmd_hmset(exec_context& c);
+void cmd_hsetnx(exec_context& c);
+void cmd_hget(exec_context& c);
+void cmd_hmget(exec_context& c);
+void cmd_hgetall(exec_context& c);
+void cmd_hkeys(exec_context& c);
+void cmd_hvals(exec_context& c);
+void cmd_hdel(exec_context& c);
+void cmd_hlen(exec_context& c);
+void cmd_hexists(exec_context& c);
+void cmd_hstrlen(exec_context& c);
+void cmd_hincrby(exec_context& c);
+void cmd_hincrbyfloat(exec_context& c);
+void cmd_hscan(exec_context& c);
+void cmd_lpush(exec_context& c);
+void cmd_rpush(exec_context& c);
+void cmd_lpushx(exec_context& c);
+void cmd_rpushx(exec_context& c);
+void cmd_lpop(exec_context& c);
+void cmd_rpop(exec_context& c);
+void cmd_blpop(exec_context& c);
+void cmd_brpop(exec_context& c);
+void cmd_llen(exec_context& c);
+void cmd_lrange(exec_context& c);
+void cmd_lindex(exec_context& c);
+void cmd_lset(exec_context& c);
+void cmd_lrem(exec_context& c);
+void cmd_ltrim(exec_context& c);
+void cmd_sadd(exec_context& c);
+void cmd_srem(exec_context& c);
+void cmd_smembers(exec_context& c);
+void cmd_sismember(exec_context& c);
+void cmd_scard(exec_context& c);
+void cmd_spop(exec_context& c);
+void cmd_srandmember(exec_context& c);
+void cmd_sinter(exec_context& c);
+void cmd_sunion(exec_context& c);
+void cmd_sdiff(exec_context& c);
+void cmd_sscan(exec_context& c);
+void cmd_zadd(exec_context& c);
+void cmd_zincrby(exec_context& c);
+void cmd_zrem(exec_context& c);
+void cmd_zscore(exec_context& c);
+void cmd_zcard(exec_context& c);
+void cmd_zrange(exec_context& c);
+void cmd_zrangebyscore(exec_context& c);
+void cmd_zrevrange(exec_context& c);
+void cmd_zrank(exec_context& c);
+void cmd_zrevrank(exec_context& c);
+void cmd_zcount(exec_context& c);
+void cmd_zpopmin(exec_context& c);
+void cmd_zpopmax(exec_context& c);
+void cmd_zscan(exec_context& c);
+void cmd_object(exec_context& c);
+void cmd_rename(exec_context& c);
+void cmd_renamenx(exec_context& c);
 
 }  // namespace conveyor::kv

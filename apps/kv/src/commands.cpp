@@ -4,6 +4,7 @@
 // Redis 7 so that clients that match on them keep working.
 #include "commands.hpp"
 
+#include <chrono>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -11,6 +12,8 @@
 
 #include "aof.hpp"
 #include "command_context.hpp"
+#include "pubsub.hpp"
+#include "script.hpp"
 
 namespace conveyor::kv {
 
@@ -68,6 +71,92 @@ const executor::command commands[] = {
     {"type", 2, false, 1, 1, 1, "readonly fast", cmd_type},
     {"scan", -2, false, 0, 0, 0, "readonly", cmd_scan},
     {"keys", 2, false, 0, 0, 0, "readonly", cmd_keys},
+    // transactions (transaction_commands.cpp)
+    {"multi", 1, false, 0, 0, 0, "noscript loading stale fast", cmd_multi},
+    {"exec", 1, false, 0, 0, 0, "noscript loading stale skip_slowlog", cmd_exec},
+    {"discard", 1, false, 0, 0, 0, "noscript loading stale fast", cmd_discard},
+    {"watch", -2, false, 1, -1, 1, "noscript loading stale fast", cmd_watch},
+    {"unwatch", 1, false, 0, 0, 0, "noscript loading stale fast", cmd_unwatch},
+    // pub/sub (pubsub.cpp)
+    {"subscribe", -2, false, 0, 0, 0, "pubsub noscript loading stale", cmd_subscribe},
+    {"unsubscribe", -1, false, 0, 0, 0, "pubsub noscript loading stale", cmd_unsubscribe},
+    {"psubscribe", -2, false, 0, 0, 0, "pubsub noscript loading stale", cmd_psubscribe},
+    {"punsubscribe", -1, false, 0, 0, 0, "pubsub noscript loading stale", cmd_punsubscribe},
+    {"publish", 3, false, 0, 0, 0, "pubsub loading stale fast", cmd_publish},
+    {"pubsub", -2, false, 0, 0, 0, "pubsub loading stale", cmd_pubsub},
+    // operations (admin_commands.cpp)
+    {"monitor", 1, false, 0, 0, 0, "admin noscript loading stale", cmd_monitor},
+    {"slowlog", -2, false, 0, 0, 0, "admin loading stale", cmd_slowlog},
+    {"shutdown", -1, false, 0, 0, 0, "admin noscript loading stale", cmd_shutdown},
+    {"reset", 1, false, 0, 0, 0, "noscript loading stale fast noauth", cmd_reset},
+    // scripts (script_commands.cpp)
+    {"eval", -3, false, 0, 0, 0, "noscript stale skip_monitor may_replicate no_mandatory_keys",
+     cmd_eval},
+    {"evalsha", -3, false, 0, 0, 0, "noscript stale skip_monitor may_replicate no_mandatory_keys",
+     cmd_evalsha},
+    {"eval_ro", -3, false, 0, 0, 0, "readonly noscript stale skip_monitor no_mandatory_keys",
+     cmd_eval_ro},
+    {"evalsha_ro", -3, false, 0, 0, 0, "readonly noscript stale skip_monitor no_mandatory_keys",
+     cmd_evalsha_ro},
+    {"script", -2, false, 0, 0, 0, "noscript", cmd_script},
+    // collections (hash_, list_, set_, zset_, object_commands.cpp)
+    {"hset", -4, true, 1, 1, 1, "write denyoom fast", cmd_hset},
+    {"hmset", -4, true, 1, 1, 1, "write denyoom fast", cmd_hmset},
+    {"hsetnx", 4, true, 1, 1, 1, "write denyoom fast", cmd_hsetnx},
+    {"hget", 3, false, 1, 1, 1, "readonly fast", cmd_hget},
+    {"hmget", -3, false, 1, 1, 1, "readonly fast", cmd_hmget},
+    {"hgetall", 2, false, 1, 1, 1, "readonly", cmd_hgetall},
+    {"hkeys", 2, false, 1, 1, 1, "readonly", cmd_hkeys},
+    {"hvals", 2, false, 1, 1, 1, "readonly", cmd_hvals},
+    {"hdel", -3, true, 1, 1, 1, "write fast", cmd_hdel},
+    {"hlen", 2, false, 1, 1, 1, "readonly fast", cmd_hlen},
+    {"hexists", 3, false, 1, 1, 1, "readonly fast", cmd_hexists},
+    {"hstrlen", 3, false, 1, 1, 1, "readonly fast", cmd_hstrlen},
+    {"hincrby", 4, true, 1, 1, 1, "write denyoom fast", cmd_hincrby},
+    {"hincrbyfloat", 4, true, 1, 1, 1, "write denyoom fast", cmd_hincrbyfloat},
+    {"hscan", -3, false, 1, 1, 1, "readonly", cmd_hscan},
+    {"lpush", -3, true, 1, 1, 1, "write denyoom fast", cmd_lpush},
+    {"rpush", -3, true, 1, 1, 1, "write denyoom fast", cmd_rpush},
+    {"lpushx", -3, true, 1, 1, 1, "write denyoom fast", cmd_lpushx},
+    {"rpushx", -3, true, 1, 1, 1, "write denyoom fast", cmd_rpushx},
+    {"lpop", -2, true, 1, 1, 1, "write fast", cmd_lpop},
+    {"rpop", -2, true, 1, 1, 1, "write fast", cmd_rpop},
+    {"blpop", -3, true, 1, -2, 1, "write noscript", cmd_blpop},
+    {"brpop", -3, true, 1, -2, 1, "write noscript", cmd_brpop},
+    {"llen", 2, false, 1, 1, 1, "readonly fast", cmd_llen},
+    {"lrange", 4, false, 1, 1, 1, "readonly", cmd_lrange},
+    {"lindex", 3, false, 1, 1, 1, "readonly", cmd_lindex},
+    {"lset", 4, true, 1, 1, 1, "write denyoom", cmd_lset},
+    {"lrem", 4, true, 1, 1, 1, "write", cmd_lrem},
+    {"ltrim", 4, true, 1, 1, 1, "write", cmd_ltrim},
+    {"sadd", -3, true, 1, 1, 1, "write denyoom fast", cmd_sadd},
+    {"srem", -3, true, 1, 1, 1, "write fast", cmd_srem},
+    {"smembers", 2, false, 1, 1, 1, "readonly", cmd_smembers},
+    {"sismember", 3, false, 1, 1, 1, "readonly fast", cmd_sismember},
+    {"scard", 2, false, 1, 1, 1, "readonly fast", cmd_scard},
+    {"spop", -2, true, 1, 1, 1, "write fast", cmd_spop},
+    {"srandmember", -2, false, 1, 1, 1, "readonly", cmd_srandmember},
+    {"sinter", -2, false, 1, -1, 1, "readonly", cmd_sinter},
+    {"sunion", -2, false, 1, -1, 1, "readonly", cmd_sunion},
+    {"sdiff", -2, false, 1, -1, 1, "readonly", cmd_sdiff},
+    {"sscan", -3, false, 1, 1, 1, "readonly", cmd_sscan},
+    {"zadd", -4, true, 1, 1, 1, "write denyoom fast", cmd_zadd},
+    {"zincrby", 4, true, 1, 1, 1, "write denyoom fast", cmd_zincrby},
+    {"zrem", -3, true, 1, 1, 1, "write fast", cmd_zrem},
+    {"zscore", 3, false, 1, 1, 1, "readonly fast", cmd_zscore},
+    {"zcard", 2, false, 1, 1, 1, "readonly fast", cmd_zcard},
+    {"zrange", -4, false, 1, 1, 1, "readonly", cmd_zrange},
+    {"zrangebyscore", -4, false, 1, 1, 1, "readonly", cmd_zrangebyscore},
+    {"zrevrange", -4, false, 1, 1, 1, "readonly", cmd_zrevrange},
+    {"zrank", 3, false, 1, 1, 1, "readonly fast", cmd_zrank},
+    {"zrevrank", 3, false, 1, 1, 1, "readonly fast", cmd_zrevrank},
+    {"zcount", 4, false, 1, 1, 1, "readonly fast", cmd_zcount},
+    {"zpopmin", -2, true, 1, 1, 1, "write fast", cmd_zpopmin},
+    {"zpopmax", -2, true, 1, 1, 1, "write fast", cmd_zpopmax},
+    {"zscan", -3, false, 1, 1, 1, "readonly", cmd_zscan},
+    {"object", -2, false, 2, 2, 1, "readonly", cmd_object},
+    {"rename", 3, true, 1, 2, 1, "write", cmd_rename},
+    {"renamenx", 3, true, 1, 2, 1, "write fast", cmd_renamenx},
 };
 
 const std::unordered_map<std::string_view, const executor::command*>& table() {
@@ -175,13 +264,106 @@ void cmd_command(exec_context& c) {
   c.r.error(e);
 }
 
+bool allowed_while_subscribed(std::string_view name) {
+  return name == "subscribe" || name == "unsubscribe" || name == "psubscribe" ||
+         name == "punsubscribe" || name == "ping" || name == "quit" || name == "reset";
+}
+
+// Run at once inside MULTI instead of being queued (Redis's processCommand).
+bool runs_in_multi(std::string_view name) {
+  return name == "exec" || name == "discard" || name == "multi" || name == "watch" ||
+         name == "quit" || name == "reset";
+}
+
 }  // namespace
 
-executor::executor(store& s, aof* log, const server_config& cfg)
-    : store_(s), aof_(log), cfg_(cfg), start_ms_(now_ms()) {}
+// "client|kill" for a command with subcommands, as Redis names them in errors
+// and in SLOWLOG, INFO commandstats.
+std::string full_name(const executor::command& k, std::span<const std::string_view> argv) {
+  std::string n(k.name);
+  const bool container = k.name == "client" || k.name == "config" || k.name == "slowlog" ||
+                         k.name == "pubsub" || k.name == "command";
+  if (container && argv.size() >= 2 && argv[1].size() <= 32) {
+    n += '|';
+    for (char ch : argv[1]) n += ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch - 'A' + 'a') : ch;
+  }
+  return n;
+}
+
+std::span<const executor::command> command_table() {
+  return {commands, std::size(commands)};
+}
+
+namespace {}  // namespace
+
+executor::executor(store& s, aof* log, server_config& cfg)
+    : store_(s),
+      aof_(log),
+      cfg_(cfg),
+      pubsub_(std::make_unique<pubsub>(hooks_)),
+      command_stats_(std::size(commands)),
+      start_ms_(now_ms()),
+      scripts_(std::make_unique<scripting>(*this)) {}
+
+executor::~executor() = default;
+
+const executor::command* executor::find(std::string_view name) {
+  return lookup(name);
+}
 
 void executor::log(std::span<const std::string_view> argv) {
-  if (aof_ != nullptr && !replaying_) aof_->append(argv);
+  if (aof_ == nullptr || replaying_) return;
+  if (scripts_->capture(argv)) return;  // a script's writes: logged when it ends (log_effects)
+  if (in_exec_ && !exec_logged_) {      // a transaction's first record: MULTI before it
+    const std::string_view begin[] = {"MULTI"};
+    aof_->append(begin);
+    exec_logged_ = true;
+  }
+  aof_->append(argv);
+}
+
+void executor::log_effects(const std::vector<std::vector<std::string>>& records) {
+  if (aof_ == nullptr || replaying_ || records.empty()) return;
+  // Inside EXEC the transaction's MULTI/EXEC records already enclose them (a
+  // block inside a block would be damage to the loader).
+  const bool block = !in_exec_ && records.size() > 1;
+  if (block) {
+    const std::string_view begin[] = {"MULTI"};
+    aof_->append(begin);
+  }
+  std::vector<std::string_view> v;
+  for (const auto& rec : records) {
+    v.assign(rec.begin(), rec.end());
+    log(v);
+  }
+  if (block) {
+    const std::string_view end[] = {"EXEC"};
+    aof_->append(end);
+  }
+}
+
+void executor::forget(session& sess) {
+  pubsub_->forget(sess);
+}
+
+void executor::pause(std::int64_t until_ms, bool writes_only) noexcept {
+  pause_until_ = until_ms;
+  pause_writes_only_ = writes_only;
+}
+
+bool executor::paused_for(const session& sess, std::span<const std::string_view> argv,
+                          std::int64_t now) const {
+  if (now >= pause_until_ || argv.empty()) return false;
+  const command* k = lookup(argv[0]);
+  if (k == nullptr) return false;
+  if (k->name == "client" || k->name == "quit" || k->name == "ping") return false;
+  if (!pause_writes_only_ || k->write) return true;
+  // WRITE: EXEC waits too when its queue holds a write (Redis 7).
+  if (k->name == "exec")
+    for (const auto& q : sess.queued)
+      if (const command* w = q.empty() ? nullptr : lookup(q[0]); w != nullptr && w->write)
+        return true;
+  return false;
 }
 
 void executor::execute(session& sess, std::span<const std::string_view> argv, std::string& out) {
@@ -190,9 +372,19 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
   ++stats_.commands;
   const command* k = lookup(argv[0]);
   bool noauth_ok = k != nullptr && k->flags.find("noauth") != std::string_view::npos;
-  if (!cfg_.requirepass.empty() && !sess.authenticated && !replaying_ && !noauth_ok)
+  if (!cfg_.requirepass.empty() && !sess.authenticated && !replaying_ && !noauth_ok) {
+    if (sess.in_multi) sess.multi_failed = true;
     return r.error("NOAUTH Authentication required.");
+  }
+  // A script running past busy-reply-threshold: other clients get -BUSY but
+  // for the few commands Redis allows (script.hpp). Refused while queueing,
+  // the command aborts the transaction (Redis's rejectCommand).
+  if (!sess.script && scripts_->busy() && scripts_->answer_while_busy(argv, r)) {
+    if (sess.in_multi) sess.multi_failed = true;
+    return;
+  }
   if (k == nullptr) {
+    if (sess.in_multi) sess.multi_failed = true;  // refused while queueing: EXEC aborts
     std::string e = "ERR unknown command '";
     e += argv[0].substr(0, 128);
     e += "', with args beginning with: ";
@@ -205,11 +397,27 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
   }
   const std::size_t start = out.size();
   exec_context c{*this, sess, argv, r, now_ms(), start};
+  auto& cs = command_stats_[static_cast<std::size_t>(k - commands)];
   if ((k->arity > 0 && argv.size() != static_cast<std::size_t>(k->arity)) ||
-      (k->arity < 0 && argv.size() < static_cast<std::size_t>(-k->arity)))
+      (k->arity < 0 && argv.size() < static_cast<std::size_t>(-k->arity))) {
+    if (sess.in_multi) sess.multi_failed = true;
+    ++cs.rejected;
     return c.wrong_args();
-  if (k->write && aof_ != nullptr && !aof_->healthy() && !replaying_)
+  }
+  if (sess.resp == 2 && (!sess.channels.empty() || !sess.patterns.empty()) &&
+      !allowed_while_subscribed(k->name)) {
+    ++cs.rejected;
+    return r.error("ERR Can't execute '" + full_name(*k, argv) +
+                   "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed "
+                   "in this context");
+  }
+  if (sess.in_multi && !runs_in_multi(k->name)) return queue_command(c);
+  if (k->write && aof_ != nullptr && !aof_->healthy() && !replaying_) {
+    ++cs.rejected;
     return r.error("MISCONF Errors writing to the AOF file: " + aof_->last_error());
+  }
+  sess.last_command = full_name(*k, argv);
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     k->fn(c);
   } catch (const std::bad_alloc&) {
@@ -218,11 +426,18 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
     // allocates nothing).
     out.resize(start);
     r.error("OOM out of memory while running the command");
-    return;
   }
   // Commands without a bound of their own (GETRANGE, ECHO, INFO...) have
   // replies no larger than what they were sent or a value: checked once here.
   if (out.size() - start > sess.max_reply) c.reply_too_large();
+  if (replaying_) return;
+  const auto usec =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  ++cs.calls;
+  cs.usec += static_cast<std::uint64_t>(usec);
+  if (out.size() > start && out[start] == '-') ++cs.failed;
+  after_command(c, *k, usec);
 }
 
 bool executor::replay(std::span<const std::string_view> argv, std::string& why) {

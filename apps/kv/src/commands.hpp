@@ -13,17 +13,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "blocking.hpp"
 #include "glob.hpp"  // KEYS, SCAN MATCH and CONFIG GET match with it
 
 namespace conveyor::kv {
 
 class store;
 class aof;
+class pubsub;
+class scripting;
 
 struct session {
   std::uint64_t id = 0;
@@ -37,6 +42,37 @@ struct session {
   // "-ERR reply exceeds ..." instead; a command with side effects checks before
   // it changes anything.
   std::size_t max_reply = static_cast<std::size_t>(-1);
+
+  // MULTI/EXEC/WATCH (transaction_commands.cpp).
+  bool in_multi = false;      // between MULTI and EXEC/DISCARD: commands are queued
+  bool multi_failed = false;  // a command was refused while queueing: EXEC aborts
+  std::vector<std::vector<std::string>> queued;
+  std::size_t queued_bytes = 0;
+  std::vector<std::pair<std::string, std::uint64_t>> watched;  // key, store::key_version at WATCH
+  std::size_t watched_bytes = 0;
+  // Pub/sub (pubsub.cpp) and MONITOR: what this connection listens to.
+  std::set<std::string, std::less<>> channels, patterns;
+  bool monitor = false;
+  // CLIENT LIST / INFO (the front end fills them).
+  std::string addr, laddr;
+  std::int64_t created_ms = 0;
+  std::string last_command;
+  bool resp_client = false;  // a RESP connection: can receive pushes (pub/sub, MONITOR)
+  bool shutdown = false;     // SHUTDOWN: the front end stops the server after this reply
+  // The session a script's redis.call runs commands in (script.hpp): it is
+  // never answered -BUSY, and a command that would block must answer as if
+  // its timeout had passed (Redis: scripts never block).
+  bool script = false;
+  // Blocking commands (BLPOP, BRPOP). The front end sets may_block when it can
+  // park the client (resp_server; an RDMA RPC cannot wait: there the command
+  // answers as on a timeout). A command that must wait writes no reply and
+  // sets `blocked`, the keys it waits on and its deadline (ms since the epoch,
+  // 0: none); the front end registers it (executor::blocking()) and runs the
+  // same command again when a key is signalled, until it replies.
+  bool may_block = false;
+  bool blocked = false;
+  std::vector<std::string> block_keys;
+  std::int64_t block_deadline = 0;
 };
 
 struct server_config {
@@ -52,6 +88,28 @@ struct server_config {
   std::string maxmemory_policy = "noeviction";
   std::size_t maxclients = 10000;
   unsigned timeout_s = 0;  // idle clients closed after this (0: never)
+  // MULTI: what one client may queue (past either bound the command is refused
+  // and EXEC answers EXECABORT), and the keys it may WATCH.
+  std::size_t multi_max_commands = 100000;
+  std::size_t multi_max_bytes = std::size_t{512} << 20;
+  std::size_t watch_max_keys = 100000;
+  // Pub/sub: channels and patterns one client may hold, and their longest name
+  // (a pattern is compiled: about 70 bytes per element).
+  std::size_t pubsub_max_subscriptions = 100000;
+  std::size_t pubsub_max_name = 64u << 10;
+  // CONFIG SET-able (config in admin_commands.cpp).
+  bool protected_mode = true;
+  std::int64_t slowlog_log_slower_than = 10000;  // microseconds; < 0: never
+  std::size_t slowlog_max_len = 128;
+  // client-output-buffer-limit pubsub: hard, soft bytes and soft seconds.
+  std::size_t pubsub_hard = std::size_t{32} << 20, pubsub_soft = std::size_t{8} << 20;
+  unsigned pubsub_soft_s = 60;
+  std::string run_id;  // 40 hex characters, fresh each start (INFO server)
+  // Scripts (script.hpp): past this a running script serves the other
+  // clients with -BUSY and can be killed (Redis's busy-reply-threshold, alias
+  // lua-time-limit); the Lua state's memory bound (lua-maxmemory).
+  std::uint64_t busy_reply_threshold_ms = 5000;
+  std::size_t lua_memory = std::size_t{128} << 20;
 };
 
 // Counters that INFO reports. The front ends fill theirs; the RDMA side sets the
@@ -66,11 +124,51 @@ struct server_stats {
   std::function<std::uint64_t()> rdma_clients;    // connected RDMA clients
   std::function<void(std::string& info)>
       rdma_info;  // appends "key:value\r\n" lines to INFO's rdma section
+  std::uint64_t watch_aborts = 0, exec_aborts = 0;  // EXEC: null (WATCH), EXECABORT
+  std::uint64_t slow_commands = 0;
+};
+
+// Per command: calls and time (INFO commandstats), by the table's index.
+struct command_stat {
+  std::uint64_t calls = 0, usec = 0, rejected = 0, failed = 0;
+};
+
+// What only the front end knows of a connection, for its CLIENT LIST line.
+struct client_io {
+  int fd = -1;
+  std::size_t qbuf = 0, omem = 0;
+  std::int64_t idle_s = 0;
+};
+// One CLIENT LIST line (Redis 7's fields), newline-terminated.
+void client_line(std::string& out, const session& s, const client_io& io, std::int64_t now_ms);
+
+struct slowlog_entry {
+  std::uint64_t id;
+  std::int64_t at_s;
+  std::int64_t usec;
+  std::vector<std::string> argv;  // at most 32 arguments of 128 bytes (Redis's)
+  std::string addr, name;
+};
+
+// What the connection-level commands ask of the RESP front end (resp_server
+// sets them; without one, CLIENT LIST is empty and SUBSCRIBE has no reader).
+struct front_end_hooks {
+  // Appends bytes to a client's output (pub/sub messages, MONITOR lines); the
+  // front end enforces the client's output bounds.
+  std::function<void(std::uint64_t id, std::string_view bytes)> deliver;
+  // CLIENT LIST lines (client_line), of every client or (only != 0) of one.
+  std::function<void(std::string& out, std::uint64_t only)> list_clients;
+  // CLIENT KILL: closes the clients `match` accepts (never the caller when
+  // skipme); returns how many.
+  std::function<std::size_t(const std::function<bool(const session&)>& match)> kill;
+  std::function<void()> shutdown;  // stops the server's loop
+  std::function<std::size_t()> blocked_clients;
 };
 
 class executor {
  public:
-  executor(store& s, aof* log, const server_config& cfg);
+  executor(store& s, aof* log, server_config& cfg);
+  ~executor();
   void execute(session& sess, std::span<const std::string_view> argv, std::string& out);
   // AOF replay: applies one logged command without logging it again. False with
   // `why` if the command fails (a log the server did not write). A logged
@@ -81,22 +179,75 @@ class executor {
   server_stats& stats() noexcept { return stats_; }
   store& data() noexcept { return store_; }
   const server_config& config() const noexcept { return cfg_; }
+  server_config& config() noexcept { return cfg_; }
+  front_end_hooks& hooks() noexcept { return hooks_; }
+  pubsub& channels() noexcept { return *pubsub_; }
+  std::vector<command_stat>& command_stats() noexcept { return command_stats_; }
+  std::vector<slowlog_entry>& slowlog() noexcept { return slowlog_; }
+  std::uint64_t& slowlog_next_id() noexcept { return slowlog_next_id_; }
+  // CLIENT PAUSE: until this time (ms) no command (writes_only: no write
+  // command) runs; the front end holds them back.
+  void pause(std::int64_t until_ms, bool writes_only) noexcept;
+  bool paused_for(const session& sess, std::span<const std::string_view> argv,
+                  std::int64_t now) const;
+  // The client ended (the front end calls it): its subscriptions go.
+  void forget(session& sess);
+  // Applies the queued commands of EXEC (transaction_commands.cpp); the AOF
+  // gets them between MULTI and EXEC records.
+  void run_queued(session& sess, std::string& out);
   std::uint64_t next_client_id() noexcept { return ++last_client_id_; }
   aof* log_file() noexcept { return aof_; }
+  void set_log(aof* log) noexcept { aof_ = log; }  // once the AOF is open
+  // INFO's instantaneous_ops_per_sec: commands per second over the last 16
+  // samples, taken every 100 ms by the server (Redis's method).
+  void sample_ops(std::int64_t now_ms) noexcept;
+  std::uint64_t ops_per_sec() const noexcept;
   std::int64_t started_ms() const noexcept { return start_ms_; }
+  blocking_registry& blocking() noexcept { return blocking_; }
 
   struct command;  // the table (commands.cpp)
+  // The table's entry for a command name (any case); null if there is none.
+  static const command* find(std::string_view name);
+  // EVAL, EVALSHA, SCRIPT and the busy state of a long script (script.hpp).
+  scripting& scripts() noexcept { return *scripts_; }
+  // A script's writes when it ends (scripting captures them while it runs):
+  // more than one is logged between MULTI and EXEC records, the same block
+  // EXEC writes and the AOF loader applies whole or not at all (aof.hpp). A
+  // script run by EXEC adds no block of its own: its records are part of the
+  // transaction's.
+  void log_effects(const std::vector<std::vector<std::string>>& records);
+  // SHUTDOWN, and SHUTDOWN NOSAVE while a script is busy (abandon_exec): the
+  // AOF written and synced, then the front end's shutdown hook. False if there
+  // is no hook. abandon_exec: an EXEC running the abandoned script runs
+  // nothing more of its queue and writes no EXEC record, so the loader cuts
+  // its block and none of it replays (as if the process had died there).
+  bool shutdown_server(bool abandon_exec = false);
 
  private:
   void log(std::span<const std::string_view> argv);
 
   store& store_;
   aof* aof_;
-  const server_config& cfg_;
+  server_config& cfg_;
   server_stats stats_;
+  front_end_hooks hooks_;
+  std::unique_ptr<pubsub> pubsub_;
+  std::vector<command_stat> command_stats_;
+  std::vector<slowlog_entry> slowlog_;
+  std::uint64_t slowlog_next_id_ = 0;
+  std::int64_t pause_until_ = 0;
+  std::array<std::uint64_t, 16> ops_samples_{};
+  std::size_t ops_index_ = 0;
+  std::int64_t ops_last_ms_ = 0;
+  std::uint64_t ops_last_commands_ = 0;
+  bool pause_writes_only_ = false;
+  bool in_exec_ = false, exec_logged_ = false;  // EXEC: MULTI written before its first record
   std::uint64_t last_client_id_ = 0;
   bool replaying_ = false;
   std::int64_t start_ms_ = 0;
+  std::unique_ptr<scripting> scripts_;
+  bool abandon_exec_ = false;
+  blocking_registry blocking_;
   friend struct exec_context;
 };
 

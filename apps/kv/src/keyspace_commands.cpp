@@ -148,8 +148,27 @@ void cmd_persist(exec_context& c) {
 
 // ---- keyspace ----------------------------------------------------------------
 
+namespace {
+std::string_view type_name(std::optional<value_type> t) {
+  if (!t) return "none";
+  switch (*t) {
+    case value_type::string:
+      return "string";
+    case value_type::list:
+      return "list";
+    case value_type::hash:
+      return "hash";
+    case value_type::set:
+      return "set";
+    case value_type::zset:
+      return "zset";
+  }
+  return "none";
+}
+}  // namespace
+
 void cmd_type(exec_context& c) {
-  c.r.simple(c.st().contains(c.argv[1], c.now) ? "string" : "none");
+  c.r.simple(type_name(c.st().type_of(c.argv[1], c.now)));
 }
 
 void cmd_scan(exec_context& c) {
@@ -178,13 +197,14 @@ void cmd_scan(exec_context& c) {
     }
   }
   std::vector<std::string> keys;
-  bool type_ok = !type || iequal(*type, "string");
+
   const glob_pattern glob(pattern);
   std::size_t bytes = 64;  // the reply's headers and the cursor
   bool too_large = false;
   auto next = c.st().scan(cursor, static_cast<std::size_t>(std::min<std::int64_t>(count, 1 << 20)),
                           [&](std::string_view k) {
-                            if (too_large || !type_ok || (has_pattern && !glob.match(k))) return;
+                            if (too_large || (has_pattern && !glob.match(k))) return;
+                            if (type && !iequal(*type, type_name(c.st().peek_type(k)))) return;
                             bytes += bulk_bytes(k.size());
                             if (!c.fits(bytes))
                               too_large = true;

@@ -59,6 +59,7 @@ struct connection {
   std::vector<std::uint32_t> free_send;  // reply buffers not in flight
   session sess;
   bool closing = false;
+  std::uint64_t reply_bytes = 0;  // SEND payloads posted (the RPC replies)
 };
 
 class rdma_server_impl final : public rdma_server {
@@ -73,6 +74,7 @@ class rdma_server_impl final : public rdma_server {
         opts_(std::move(o)),
         lis_(std::move(lis)) {
     address_ = lis_.address();
+    accepting_.store(!opts_.accept_later);
     acceptor_ = std::thread([this] { accept_loop(); });
     ::pthread_setname_np(acceptor_.native_handle(), "kv-rdma-accept");
   }
@@ -93,8 +95,14 @@ class rdma_server_impl final : public rdma_server {
   }
 
  private:
+  void start_accepting() override { accepting_.store(true); }
+
   void accept_loop() {
     while (!stop_.load()) {
+      if (!accepting_.load()) {  // bound, not yet serving (the AOF replays first)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       auto req = lis_.accept(std::chrono::milliseconds(100));
       if (!req) continue;  // timed out (or a failed handshake): look at stop_ again
       auto pass = L::decode_hello(req->private_data());
@@ -230,29 +238,40 @@ class rdma_server_impl final : public rdma_server {
       close(c);
       return;
     }
+    // A long script served this request from inside another's handler
+    // (server_loop::serve_ready_now): the outer request's buffers are in use.
+    std::string nested_request, nested_reply;
+    std::vector<std::string_view> nested_argv;
+    const bool nested = in_handler_;
+    std::string& request = nested ? nested_request : request_;
+    std::string& reply = nested ? nested_reply : reply_;
+    std::vector<std::string_view>& argv = nested ? nested_argv : argv_;
     const auto slot = static_cast<std::uint32_t>(wc.wr_id);
     const std::size_t len = std::min<std::size_t>(wc.byte_len, opts_.max_message);
     // Copy once out of the receive buffer; the copy is what gets validated and used.
-    request_.assign(
+    request.assign(
         reinterpret_cast<const char*>(c.recv_mr.data()) + std::size_t{slot} * opts_.max_message,
         len);
-    reply_.clear();
-    if (!parse_rpc_request(request_, argv_, 1u << 16)) {
-      reply_ = "-ERR Protocol error: an RDMA request is one RESP array of bulk strings\r\n";
+    reply.clear();
+    if (!parse_rpc_request(request, argv, 1u << 16)) {
+      reply = "-ERR Protocol error: an RDMA request is one RESP array of bulk strings\r\n";
       std::lock_guard lock(stats_mu_);
       ++stats_.rpc_errors;
     } else {
       try {
-        handler_(c.sess, argv_, reply_);
+        in_handler_ = true;
+        handler_(c.sess, argv, reply);
+        in_handler_ = nested;
       } catch (const std::bad_alloc&) {  // this request fails; the server goes on
-        reply_.clear();
-        reply_ = "-OOM out of memory while running the command\r\n";
+        in_handler_ = nested;
+        reply.clear();
+        reply = "-OOM out of memory while running the command\r\n";
       }
       std::lock_guard lock(stats_mu_);
       ++stats_.rpcs;
     }
     // The handler bounds its reply by max_reply; this is the last guard.
-    if (reply_.size() > opts_.max_message) reply_ = "-ERR reply exceeds the RDMA message limit\r\n";
+    if (reply.size() > opts_.max_message) reply = "-ERR reply exceeds the RDMA message limit\r\n";
     // The receive goes back first: the client sends its next request only after this reply.
     if (c.qp.post_recv(c.recv_mr.slice(std::size_t{slot} * opts_.max_message, opts_.max_message),
                        slot) != errc::ok) {
@@ -265,11 +284,28 @@ class rdma_server_impl final : public rdma_server {
     }
     const auto out = c.free_send.back();
     c.free_send.pop_back();
-    std::memcpy(c.send_mr.data() + std::size_t{out} * opts_.max_message, reply_.data(),
-                reply_.size());
-    if (c.qp.post_send_msg(c.send_mr.slice(std::size_t{out} * opts_.max_message, reply_.size()),
+    std::memcpy(c.send_mr.data() + std::size_t{out} * opts_.max_message, reply.data(),
+                reply.size());
+    if (c.qp.post_send_msg(c.send_mr.slice(std::size_t{out} * opts_.max_message, reply.size()),
                            out) != errc::ok)
       close(c);
+    else
+      c.reply_bytes += reply_.size();
+  }
+
+  // What the device served to the clients' READs (qp_counters): the QPs that
+  // are gone are summed into closed_ when they go. A QP's tx_bytes holds its
+  // SEND payloads (the RPC replies) too; those are taken out.
+  rdma_served served() const override {
+    rdma_served r = closed_;
+    for (auto& [id, c] : conns_) add(r, *c);
+    return r;
+  }
+
+  static void add(rdma_served& r, const connection& c) {
+    const auto k = c.qp.counters();
+    r.reads_served += k.reads_served;
+    r.read_bytes += k.tx_bytes > c.reply_bytes ? k.tx_bytes - c.reply_bytes : 0;
   }
 
   void close(connection& c) { c.closing = true; }
@@ -277,6 +313,7 @@ class rdma_server_impl final : public rdma_server {
   void drop(std::uint64_t id) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
+    add(closed_, *it->second);
     it->second->qp.disconnect();
     conns_.erase(it);
     live_.fetch_sub(1);
@@ -294,6 +331,8 @@ class rdma_server_impl final : public rdma_server {
   std::string address_;
   std::thread acceptor_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> accepting_{true};
+  rdma_served closed_;  // served() of the connections gone
   std::atomic<std::uint32_t> live_{0};
   std::atomic<std::uint64_t> next_id_{0};
   std::map<std::uint64_t, std::unique_ptr<connection>> conns_;  // loop thread only
@@ -301,6 +340,8 @@ class rdma_server_impl final : public rdma_server {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::string request_, reply_;
   std::vector<std::string_view> argv_;
+  bool in_handler_ =
+      false;  // handler_ is running (requests served inside it use their own buffers)
   mutable std::mutex stats_mu_;
   rdma_server_stats stats_;
 };

@@ -45,11 +45,23 @@ struct rdma_server_options {
   std::uint32_t rpc_slots = 4;             // outstanding RPCs per connection
   std::uint32_t max_message = 256u << 10;  // largest request and reply, bytes
   std::uint32_t max_connections = 64;
+  // Bind now, accept only after start_accepting() (kv serve binds both ports
+  // before it replays the AOF, and serves once the data is loaded).
+  bool accept_later = false;
 };
 
 struct rdma_server_stats {
   std::uint64_t connections_current = 0, connections_total = 0, rejected = 0;
   std::uint64_t rpcs = 0, rpc_errors = 0;  // rpc_errors: malformed or oversized requests
+};
+
+// What the device served to one-sided READs of the store (INFO's conveyor
+// section), from the QPs' counters (conveyor/qp.hpp, qp_counters): soft's
+// engine counts every READ it answers; on shm a client that maps the regions
+// reads them with its own loads, which no counter of this side sees; verbs QPs
+// keep no counters (the NIC serves READs) and report zeros.
+struct rdma_served {
+  std::uint64_t reads_served = 0, read_bytes = 0;
 };
 
 // Runs one command on the loop thread: argv in, RESP reply appended to out. The
@@ -66,6 +78,9 @@ class rdma_server {
   virtual ~rdma_server() = default;  // stops the acceptor; closes every connection
   virtual std::string address() const = 0;
   virtual rdma_server_stats stats() const = 0;
+  virtual void start_accepting() = 0;
+  // Loop thread only.
+  virtual rdma_served served() const = 0;
 };
 
 // Parses one RESP array of bulk strings that fills `msg` exactly (the RPC request

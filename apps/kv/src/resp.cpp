@@ -311,6 +311,13 @@ void reply::bulk(std::string_view s) {
   out_.append("\r\n", 2);
 }
 
+void reply::dbl(std::string_view s) {
+  if (resp_ < 3) return bulk(s);
+  out_.push_back(',');
+  out_.append(s);
+  out_.append("\r\n", 2);
+}
+
 void reply::null() {
   if (resp_ >= 3)
     out_.append("_\r\n", 3);

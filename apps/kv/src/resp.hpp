@@ -99,6 +99,8 @@ class reply {
   void map(std::size_t n);            // n key/value pairs (*2n in RESP2)
   void set(std::size_t n);            // ~n in RESP3, *n in RESP2
   void verbatim(std::string_view s);  // =txt: in RESP3, a bulk in RESP2
+  // A double already in Redis's form (score_str): ,s in RESP3, a bulk in RESP2.
+  void dbl(std::string_view s);
   int resp() const noexcept { return resp_; }
   std::string& out() noexcept { return out_; }
 

@@ -20,7 +20,12 @@
 //   - all clients together: when their query and output buffers pass
 //     maxmemory_clients, the client holding the most is closed (and logged),
 //     until the total fits (Redis's maxmemory-clients);
-//   - idle_timeout (0: none) closes connections with nothing to say;
+//   - the executor's timeout (CONFIG SET timeout; 0: none) closes connections
+//     with nothing to say (pub/sub and MONITOR clients excepted, as Redis);
+//   - pub/sub subscribers: client-output-buffer-limit pubsub (hard, soft for
+//     seconds), closed at the next loop iteration; MONITOR: output_limit;
+//   - protected mode (no password, protected-mode yes): a client from outside
+//     loopback is told Redis's -DENIED and closed;
 //   - maxclients connections; one more is told "-ERR max number of clients
 //     reached" and closed. So is one that arrives while the process is out of
 //     file descriptors (a spare descriptor is kept for that); if even that
@@ -53,7 +58,6 @@ struct resp_server_options {
   std::size_t output_pause = 4u << 20;
   std::size_t output_limit = 256u << 20;
   std::chrono::milliseconds partial_timeout{10000};
-  std::chrono::milliseconds idle_timeout{0};
   // Query and output buffers of all clients together (0: no bound).
   std::size_t maxmemory_clients = std::size_t{1} << 30;
   bool log = true;  // a line on stderr for each client closed by maxmemory_clients

@@ -15,11 +15,13 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <random>
 
 #include "aof.hpp"
 #include "commands.hpp"
 #include "rdma_server.hpp"
 #include "resp_server.hpp"
+#include "script.hpp"
 #include "server_loop.hpp"
 #include "store.hpp"
 #include "store_layout.hpp"
@@ -71,6 +73,8 @@ int serve(const server_options& so) {
   cfg.maxmemory_policy = so.maxmemory_policy;
   cfg.maxclients = so.maxclients;
   cfg.timeout_s = so.timeout_s;
+  cfg.busy_reply_threshold_ms = so.busy_reply_threshold_ms;
+  cfg.lua_memory = so.lua_maxmemory;
   store_options sto;
   // A maxmemory above the data region grows the region to hold it.
   sto.data_bytes = std::max(so.data_bytes, so.maxmemory);
@@ -78,6 +82,9 @@ int serve(const server_options& so) {
   sto.policy = so.maxmemory_policy == "allkeys-lru" ? eviction_policy::allkeys_lru
                                                     : eviction_policy::noeviction;
   if (sto.max_value > sto.data_bytes) sto.max_value = sto.data_bytes;
+  sto.encodings = {so.hash_max_listpack_entries, so.hash_max_listpack_value,
+                   so.zset_max_listpack_entries, so.zset_max_listpack_value,
+                   so.set_max_intset_entries};
   // SIGINT/SIGTERM end the loop cleanly (the AOF is flushed and synced on the
   // way out). Blocked before any thread starts (the device's engine threads
   // inherit the mask), so only the signalfd sees them.
@@ -127,11 +134,104 @@ int serve(const server_options& so) {
   if (!dev) return fail("opening device " + so.provider + ": " + dev.error().to_string());
   auto pd = dev->alloc_pd();
   if (!pd) return fail("allocating a protection domain: " + pd.error().to_string());
+  sto.release_data_pages = dev->attr().provider != "verbs";
   auto st = store::create(*pd, sto);
   if (!st) return fail("creating the store: " + st.error().to_string());
   store& data = **st;
 
+  cfg.protected_mode = so.protected_mode;
+  {
+    std::random_device rd;
+    static constexpr char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 40; ++i) cfg.run_id += hex[rd() % 16];
+  }
+  if (!so.quiet && cfg.requirepass.empty() && (so.bind == "0.0.0.0" || so.bind == "::"))
+    std::fprintf(stderr,
+                 "conveyor kv serve: warning: listening on %s with no password: protected mode "
+                 "%s (set --requirepass)\n",
+                 so.bind.c_str(),
+                 so.protected_mode ? "refuses every client from outside loopback"
+                                   : "is off, so anyone who can reach the port has the data");
+
+  // Both ports are bound before the AOF is read: a second server on the same
+  // ports (and directory) fails here, before it could read or cut the log.
   std::unique_ptr<aof> log;
+  executor exec(data, nullptr, cfg);
+  server_loop loop;
+  int sfd = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sfd < 0) return fail("signalfd failed");
+  struct fd_closer {
+    int fd;
+    ~fd_closer() { ::close(fd); }
+  } sfd_close{sfd};
+  loop.add_fd(sfd, EPOLLIN, [&](unsigned) {
+    signalfd_siginfo si{};
+    while (::read(sfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+      if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) loop.stop();
+    }
+  });
+  exec.hooks().shutdown = [&loop] { loop.stop(); };
+  // A script past busy-reply-threshold keeps the other clients served from
+  // its count hook; SHUTDOWN NOSAVE then stops the loop through the hook
+  // above, as SHUTDOWN does (script.hpp).
+  exec.scripts().serve_others = [&loop] { loop.serve_ready_now(); };
+
+  resp_server_options ro;
+  ro.bind = so.bind;
+  ro.port = so.port;
+  ro.maxclients = cfg.maxclients;
+  ro.maxmemory_clients = so.maxmemory_clients;
+  ro.log = !so.quiet;
+  ro.partial_timeout = std::chrono::seconds(so.partial_timeout_s);
+  ro.limits.max_bulk = sto.max_value > sto.max_key ? sto.max_value : sto.max_key;
+  ro.limits.max_buffered = sto.max_value + sto.max_key + (1u << 20);
+  resp_server resp(loop, exec, nullptr, ro);
+  std::string why;
+  if (!resp.listen(why)) {
+    loop.remove_fd(sfd);
+    return fail(why);
+  }
+  cfg.port = resp.port();  // INFO's tcp_port, CONFIG GET port: the port bound
+  // The RDMA front end: one-sided GETs need nothing of this process's threads;
+  // write RPCs run through the same executor, the AOF flushed before each reply.
+  std::unique_ptr<rdma_server> rdma;
+  if (!so.rdma_listen.empty()) {
+    rdma_server_options rdo;
+    rdo.address = so.rdma_listen;
+    rdo.requirepass = so.requirepass;
+    rdo.accept_later = true;
+    rdo.max_message = static_cast<std::uint32_t>(
+        std::min<std::size_t>(sto.max_value + sto.max_key + 4096, 64u << 20));
+    rdo.max_message =
+        std::max<std::uint32_t>(std::min<std::uint32_t>(rdo.max_message, 1u << 20), 64u << 10);
+    auto r = rdma_server::start(
+        *dev, *pd, data, loop,
+        [&](session& s, std::span<const std::string_view> argv, std::string& out) {
+          exec.execute(s, argv, out);
+          if (log) log->flush();
+        },
+        rdo);
+    if (!r) {
+      loop.remove_fd(sfd);
+      return fail("RDMA front end on " + so.rdma_listen + ": " + r.error().to_string());
+    }
+    rdma = std::move(*r);
+    exec.stats().rdma_clients = [&rdma] { return rdma->stats().connections_current; };
+    exec.stats().rdma_info = [&rdma, provider = so.provider](std::string& t) {
+      const auto rs = rdma->stats();
+      const auto sv = rdma->served();
+      t += "provider:" + provider + "\r\n";
+      t += "rdma_address:" + rdma->address() + "\r\n";
+      t += "rdma_connected_clients:" + std::to_string(rs.connections_current) + "\r\n";
+      t += "rdma_connections_received:" + std::to_string(rs.connections_total) + "\r\n";
+      t += "rdma_rpcs:" + std::to_string(rs.rpcs) + "\r\n";
+      // What the device's engine served to one-sided READs (rdma_server.hpp:
+      // shm's direct loads and verbs NICs are not counted here).
+      t += "rdma_reads_served:" + std::to_string(sv.reads_served) + "\r\n";
+      t += "rdma_read_bytes_served:" + std::to_string(sv.read_bytes) + "\r\n";
+    };
+  }
+
   if (so.appendonly) {
     aof_options ao;
     ao.path = so.dir + "/" + so.appendfilename;
@@ -140,19 +240,23 @@ int serve(const server_options& so) {
     ao.max_bulk = std::max(sto.max_value, sto.max_key);
     ao.max_record = sto.max_value + sto.max_key + (1u << 20);
     ao.skip_bad_records = so.aof_skip_bad_records;
-    std::string why;
     log = aof::open(ao, why);
-    if (!log) return fail(why);
-  }
-  executor exec(data, log.get(), cfg);
-  if (log) {
+    if (!log) {
+      loop.remove_fd(sfd);
+      return fail(why);
+    }
+    exec.set_log(log.get());
     replay_result rr;
-    std::string why;
     auto t0 = std::chrono::steady_clock::now();
     bool ok = log->replay([&](std::span<const std::string_view> argv,
                               std::string& w) { return exec.replay(argv, w); },
                           rr, why);
-    if (!ok) return fail(why);
+    // A log cut inside a MULTI/EXEC block (EXEC's or a script's writes) was
+    // cut off there by the loader, none of the block applied (aof.hpp).
+    if (!ok) {
+      loop.remove_fd(sfd);
+      return fail(why);
+    }
     if (!so.quiet)
       std::fprintf(
           stderr,
@@ -163,39 +267,15 @@ int serve(const server_options& so) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), data.size(),
           rr.skipped ? (", " + std::to_string(rr.skipped) + " bad records skipped").c_str() : "");
   }
+  if (rdma) rdma->start_accepting();
 
-  server_loop loop;
-  int sfd = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (sfd < 0) return fail("signalfd failed");
-  loop.add_fd(sfd, EPOLLIN, [&](unsigned) {
-    signalfd_siginfo si{};
-    while (::read(sfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
-      if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) loop.stop();
-    }
-  });
-
-  resp_server_options ro;
-  ro.bind = so.bind;
-  ro.port = so.port;
-  ro.maxclients = cfg.maxclients;
-  ro.maxmemory_clients = so.maxmemory_clients;
-  ro.log = !so.quiet;
-  ro.partial_timeout = std::chrono::seconds(so.partial_timeout_s);
-  ro.idle_timeout = std::chrono::seconds(so.timeout_s);
-  ro.limits.max_bulk = sto.max_value > sto.max_key ? sto.max_value : sto.max_key;
-  ro.limits.max_buffered = sto.max_value + sto.max_key + (1u << 20);
-  resp_server resp(loop, exec, log.get(), ro);
-  std::string why;
-  if (!resp.listen(why)) {
-    ::close(sfd);
-    return fail(why);
-  }
   // Active expiry and reclamation ten times a second (Redis's hz 10), the AOF's
   // once-a-second sync and its rewrite check.
   loop.every(std::chrono::milliseconds(100), [&] {
     auto now = now_ms();
     data.expire_some(now, 200);
     data.reclaim(now);
+    exec.sample_ops(now);
   });
   // Reclamation also runs every loop iteration (a no-op when nothing is due):
   // under a write load, freeing 100 ms worth of retired items at once stalled
@@ -215,34 +295,9 @@ int serve(const server_options& so) {
                  so.bind.c_str(), resp.port(), so.provider.c_str(), so.appendonly ? "yes" : "no",
                  so.appendonly ? ", appendfsync " : "",
                  so.appendonly ? std::string(to_string(fsync)).c_str() : "");
-  // The RDMA front end: one-sided GETs need nothing of this process's threads;
-  // write RPCs run through the same executor, the AOF flushed before each reply.
-  std::unique_ptr<rdma_server> rdma;
-  if (!so.rdma_listen.empty()) {
-    rdma_server_options rdo;
-    rdo.address = so.rdma_listen;
-    rdo.requirepass = so.requirepass;
-    rdo.max_message = static_cast<std::uint32_t>(
-        std::min<std::size_t>(sto.max_value + sto.max_key + 4096, 64u << 20));
-    rdo.max_message =
-        std::max<std::uint32_t>(std::min<std::uint32_t>(rdo.max_message, 1u << 20), 64u << 10);
-    auto r = rdma_server::start(
-        *dev, *pd, data, loop,
-        [&](session& s, std::span<const std::string_view> argv, std::string& out) {
-          exec.execute(s, argv, out);
-          if (log) log->flush();
-        },
-        rdo);
-    if (!r) {
-      ::close(sfd);
-      return fail("RDMA front end on " + so.rdma_listen + ": " + r.error().to_string());
-    }
-    rdma = std::move(*r);
-    exec.stats().rdma_clients = [&rdma] { return rdma->stats().connections_current; };
-    if (!so.quiet)
-      std::fprintf(stderr, "conveyor kv serve: RDMA on %s (provider %s)\n", rdma->address().c_str(),
-                   so.provider.c_str());
-  }
+  if (rdma && !so.quiet)
+    std::fprintf(stderr, "conveyor kv serve: RDMA on %s (provider %s)\n", rdma->address().c_str(),
+                 so.provider.c_str());
   auto stopper = std::make_shared<stop_handle>();
   stopper->loop = &loop;
   if (so.on_ready) {
@@ -255,9 +310,11 @@ int serve(const server_options& so) {
   loop.run();
   stopper->detach();
   rdma.reset();
-  if (log) log->tick();
+  if (log && !log->sync())
+    std::fprintf(stderr, "conveyor kv serve: the AOF's last sync failed: %s\n",
+                 log->last_error().c_str());
+  exec.set_log(nullptr);
   loop.remove_fd(sfd);
-  ::close(sfd);
   if (!so.quiet) std::fprintf(stderr, "conveyor kv serve: stopped\n");
   return 0;
 }

@@ -1,13 +1,19 @@
 // Server and connection commands (Redis's server.c, networking.c, config.c,
 // acl.c): PING, ECHO, QUIT, SELECT, AUTH, HELLO, CLIENT, CONFIG, INFO, DBSIZE,
 // FLUSHALL, TIME, BGREWRITEAOF; and the password comparison both front ends use.
+#include <sys/resource.h>
+#include <sys/time.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 
 #include <string>
 #include <vector>
 
 #include "aof.hpp"
 #include "command_context.hpp"
+#include "pubsub.hpp"
 
 namespace conveyor::kv {
 
@@ -26,6 +32,12 @@ bool password_equal(std::string_view want, std::string_view presented) noexcept 
 
 void cmd_ping(exec_context& c) {
   if (c.argv.size() > 2) return c.wrong_args();
+  if (c.sess.resp == 2 && (!c.sess.channels.empty() || !c.sess.patterns.empty())) {
+    // Subscribed (RESP2): a pong frame, as Redis sends it there.
+    c.r.array(2);
+    c.r.bulk("pong");
+    return c.r.bulk(c.argv.size() == 2 ? c.argv[1] : "");
+  }
   if (c.argv.size() == 2)
     c.r.bulk(c.argv[1]);
   else
@@ -127,92 +139,6 @@ void cmd_hello(exec_context& c) {
   r.array(0);
 }
 
-void cmd_client(exec_context& c) {
-  auto sub = c.argv[1];
-  if (iequal(sub, "SETNAME") && c.argv.size() == 3) {
-    for (char ch : c.argv[2])
-      if (ch <= ' ' || ch > '~')
-        return c.r.error("ERR Client names cannot contain spaces, newlines or special characters.");
-    c.sess.name = c.argv[2];
-    return c.r.simple("OK");
-  }
-  if (iequal(sub, "GETNAME") && c.argv.size() == 2) {
-    if (c.sess.name.empty()) return c.r.null();
-    return c.r.bulk(c.sess.name);
-  }
-  if (iequal(sub, "ID") && c.argv.size() == 2)
-    return c.r.integer(static_cast<std::int64_t>(c.sess.id));
-  if (iequal(sub, "SETINFO") && c.argv.size() == 4) return c.r.simple("OK");
-  if (iequal(sub, "INFO") && c.argv.size() == 2) {
-    std::string s = "id=" + std::to_string(c.sess.id) + " name=" + c.sess.name +
-                    " db=0 resp=" + std::to_string(c.sess.resp) + "\n";
-    return c.r.verbatim(s);
-  }
-  std::string e = "ERR unknown subcommand or wrong number of arguments for '";
-  e += sub;
-  e += "'. Try CLIENT HELP.";
-  c.r.error(e);
-}
-
-namespace {
-
-struct config_entry {
-  std::string_view name;
-  std::string value;
-};
-
-}  // namespace
-
-void cmd_config(exec_context& c) {
-  auto sub = c.argv[1];
-  const auto& cfg = c.ex.config();
-  if (iequal(sub, "GET") && c.argv.size() >= 3) {
-    std::vector<config_entry> all = {
-        {"save", ""},
-        {"appendonly", cfg.appendonly ? "yes" : "no"},
-        {"appendfsync", cfg.appendfsync},
-        {"appendfilename", cfg.appendfilename},
-        {"dir", cfg.dir},
-        {"bind", cfg.bind},
-        {"port", std::to_string(cfg.port)},
-        {"maxmemory", std::to_string(cfg.maxmemory)},
-        {"maxmemory-policy", cfg.maxmemory_policy},
-        {"maxclients", std::to_string(cfg.maxclients)},
-        {"timeout", std::to_string(cfg.timeout_s)},
-        {"databases", "1"},
-        {"requirepass", cfg.requirepass},
-        {"protected-mode", "no"},
-        {"cluster-enabled", "no"},
-    };
-    std::vector<const config_entry*> hits;
-    for (const auto& e : all) {
-      for (std::size_t i = 2; i < c.argv.size(); ++i)
-        if (glob_match(c.argv[i], e.name, true)) {
-          hits.push_back(&e);
-          break;
-        }
-    }
-    c.r.map(hits.size());
-    for (auto* e : hits) {
-      c.r.bulk(e->name);
-      c.r.bulk(e->value);
-    }
-    return;
-  }
-  if (iequal(sub, "RESETSTAT") && c.argv.size() == 2) {
-    auto& s = c.ex.stats();
-    s.commands = s.hits = s.misses = s.rejected_connections = s.protocol_errors = 0;
-    return c.r.simple("OK");
-  }
-  if (iequal(sub, "SET"))
-    return c.r.error(
-        "ERR CONFIG SET is not supported by conveyor-kv (start options set the configuration)");
-  std::string e = "ERR unknown subcommand or wrong number of arguments for '";
-  e += sub;
-  e += "'. Try CONFIG HELP.";
-  c.r.error(e);
-}
-
 void cmd_dbsize(exec_context& c) {
   c.r.integer(static_cast<std::int64_t>(c.st().size()));
 }
@@ -242,15 +168,76 @@ void cmd_bgrewriteaof(exec_context& c) {
   c.r.simple("Background append only file rewriting started");
 }
 
+void executor::sample_ops(std::int64_t now) noexcept {
+  if (ops_last_ms_ != 0 && now > ops_last_ms_) {
+    const auto done =
+        stats_.commands >= ops_last_commands_ ? stats_.commands - ops_last_commands_ : 0;
+    ops_samples_[ops_index_++ % ops_samples_.size()] =
+        done * 1000 / static_cast<std::uint64_t>(now - ops_last_ms_);
+  }
+  ops_last_ms_ = now;
+  ops_last_commands_ = stats_.commands;
+}
+
+std::uint64_t executor::ops_per_sec() const noexcept {
+  const std::size_t n = std::min(ops_index_, ops_samples_.size());
+  if (n == 0) return 0;
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += ops_samples_[i];
+  return sum / n;
+}
+
+namespace {
+
+// Resident bytes, from /proc/self/statm (its second field, in pages).
+std::uint64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, rss = 0;
+  const int got = std::fscanf(f, "%llu %llu", &size, &rss);
+  std::fclose(f);
+  return got == 2 ? rss * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+std::string human(std::uint64_t b) {
+  char tmp[32];
+  if (b < 1024) {
+    std::snprintf(tmp, sizeof tmp, "%lluB", static_cast<unsigned long long>(b));
+  } else {
+    const char* units = "KMGTPE";
+    double v = static_cast<double>(b) / 1024;
+    int i = 0;
+    while (v >= 1024 && i < 5) {
+      v /= 1024;
+      ++i;
+    }
+    std::snprintf(tmp, sizeof tmp, "%.2f%c", v, units[i]);
+  }
+  return tmp;
+}
+
+std::string seconds(const timeval& tv) {
+  char tmp[32];
+  std::snprintf(tmp, sizeof tmp, "%ld.%06ld", static_cast<long>(tv.tv_sec),
+                static_cast<long>(tv.tv_usec));
+  return tmp;
+}
+
+}  // namespace
+
 void cmd_info(exec_context& c) {
   const auto& s = c.ex.stats();
+  const auto& cfg = c.ex.config();
   auto ss = c.st().stats();
+  // INFO with no argument, "default", "all", "everything": Redis's sections;
+  // commandstats only when asked for (or all/everything), as Redis.
   auto want = [&](std::string_view section) {
-    if (c.argv.size() < 2) return true;
-    for (std::size_t i = 1; i < c.argv.size(); ++i)
-      if (iequal(c.argv[i], section) || iequal(c.argv[i], "all") ||
-          iequal(c.argv[i], "everything") || iequal(c.argv[i], "default"))
+    if (c.argv.size() < 2) return section != "commandstats";
+    for (std::size_t i = 1; i < c.argv.size(); ++i) {
+      if (iequal(c.argv[i], section) || iequal(c.argv[i], "all") || iequal(c.argv[i], "everything"))
         return true;
+      if (iequal(c.argv[i], "default") && section != "commandstats") return true;
+    }
     return false;
   };
   std::string t;
@@ -261,38 +248,54 @@ void cmd_info(exec_context& c) {
     t += "\r\n";
   };
   auto num = [&](std::string_view k, std::uint64_t v) { line(k, std::to_string(v)); };
+  const auto uptime_s = static_cast<std::uint64_t>((c.now - c.ex.started_ms()) / 1000);
   if (want("server")) {
     t += "# Server\r\n";
-    line("redis_version", "7.0.15");
+    line("redis_version", "7.0.15");  // the Redis whose protocol and commands are followed
     line("conveyor_kv_version", "1");
     line("redis_mode", "standalone");
     line("os", "Linux");
+    line("multiplexing_api", "epoll");
     num("process_id", static_cast<std::uint64_t>(::getpid()));
-    num("tcp_port", c.ex.config().port);
-    num("uptime_in_seconds", static_cast<std::uint64_t>((c.now - c.ex.started_ms()) / 1000));
+    line("run_id", cfg.run_id);
+    num("tcp_port", cfg.port);
+    num("uptime_in_seconds", uptime_s);
+    num("uptime_in_days", uptime_s / 86400);
+    num("hz", 10);
     t += "\r\n";
   }
   if (want("clients")) {
     t += "# Clients\r\n";
     num("connected_clients", s.connections_current);
-    num("maxclients", c.ex.config().maxclients);
+    num("maxclients", cfg.maxclients);
+    num("blocked_clients", c.ex.hooks().blocked_clients ? c.ex.hooks().blocked_clients() : 0);
     num("rdma_connected_clients", s.rdma_clients ? s.rdma_clients() : 0);
     t += "\r\n";
   }
   if (want("memory")) {
+    const std::uint64_t rss = resident_bytes();
     t += "# Memory\r\n";
     num("used_memory", ss.used_bytes);
+    line("used_memory_human", human(ss.used_bytes));
+    num("used_memory_rss", rss);
+    line("used_memory_rss_human", human(rss));
     num("used_memory_dataset", ss.used_bytes);
     num("kv_capacity_bytes", ss.capacity_bytes);
-    num("maxmemory", c.ex.config().maxmemory);
-    line("maxmemory_policy", c.ex.config().maxmemory_policy);
+    num("maxmemory", cfg.maxmemory);
+    line("maxmemory_human", human(cfg.maxmemory));
+    line("maxmemory_policy", cfg.maxmemory_policy);
     num("kv_retired_pending", ss.retired_pending);
     t += "\r\n";
   }
   if (want("persistence")) {
     t += "# Persistence\r\n";
     num("loading", 0);
+    num("async_loading", 0);
+    num("rdb_changes_since_last_save", 0);
+    num("rdb_bgsave_in_progress", 0);
     num("aof_enabled", c.ex.log_file() ? 1 : 0);
+    num("aof_rewrite_in_progress", 0);
+    num("aof_rewrite_scheduled", 0);
     if (c.ex.log_file()) {
       num("aof_current_size", c.ex.log_file()->size());
       num("aof_rewrites", c.ex.log_file()->rewrites());
@@ -305,22 +308,63 @@ void cmd_info(exec_context& c) {
     t += "# Stats\r\n";
     num("total_connections_received", s.connections_total);
     num("total_commands_processed", s.commands);
-    num("rejected_connections", s.rejected_connections);
+    num("instantaneous_ops_per_sec", c.ex.ops_per_sec());
     num("total_net_input_bytes", s.net_input_bytes);
     num("total_net_output_bytes", s.net_output_bytes);
+    num("rejected_connections", s.rejected_connections);
     num("expired_keys", ss.expired);
     num("evicted_keys", ss.evicted);
+    // Commands the server ran (GET, MGET, GETDEL over RESP and RPC); a
+    // one-sided GET never reaches this process's threads (INFO conveyor).
     num("keyspace_hits", s.hits);
     num("keyspace_misses", s.misses);
+    num("pubsub_channels", c.ex.channels().active_channels("*", true).size());
+    num("pubsub_patterns", c.ex.channels().patterns());
     num("protocol_errors", s.protocol_errors);
     num("timed_out_clients", s.timed_out_clients);
     num("output_limit_closes", s.output_limit_closes);
     num("evicted_clients", s.evicted_clients);
-    num("one_sided_gets", s.one_sided_gets ? s.one_sided_gets() : 0);
+    num("watch_aborted_execs", s.watch_aborts);
+    num("execabort_execs", s.exec_aborts);
+    num("slowlog_entries_total", s.slow_commands);
+    if (s.one_sided_gets) num("one_sided_gets", s.one_sided_gets());
     t += "\r\n";
   }
-  if (want("rdma") && s.rdma_info) {
-    t += "# Rdma\r\n";
+  if (want("replication")) {
+    t += "# Replication\r\n";
+    line("role", "master");
+    num("connected_slaves", 0);
+    line("master_replid", cfg.run_id);
+    num("master_repl_offset", 0);
+    t += "\r\n";
+  }
+  if (want("cpu")) {
+    rusage self{};
+    ::getrusage(RUSAGE_SELF, &self);
+    t += "# CPU\r\n";
+    line("used_cpu_sys", seconds(self.ru_stime));
+    line("used_cpu_user", seconds(self.ru_utime));
+    t += "\r\n";
+  }
+  if (want("commandstats")) {
+    t += "# Commandstats\r\n";
+    auto table = command_table();
+    const auto& cs = c.ex.command_stats();
+    for (std::size_t i = 0; i < table.size() && i < cs.size(); ++i) {
+      if (cs[i].calls == 0 && cs[i].rejected == 0) continue;
+      char per[32];
+      std::snprintf(
+          per, sizeof per, "%.2f",
+          cs[i].calls ? static_cast<double>(cs[i].usec) / static_cast<double>(cs[i].calls) : 0.0);
+      line("cmdstat_" + std::string(table[i].name),
+           "calls=" + std::to_string(cs[i].calls) + ",usec=" + std::to_string(cs[i].usec) +
+               ",usec_per_call=" + per + ",rejected_calls=" + std::to_string(cs[i].rejected) +
+               ",failed_calls=" + std::to_string(cs[i].failed));
+    }
+    t += "\r\n";
+  }
+  if (want("conveyor") && s.rdma_info) {
+    t += "# Conveyor\r\n";
     s.rdma_info(t);
     t += "\r\n";
   }

@@ -43,6 +43,8 @@ struct server_loop::state {
   std::mutex mu;  // guards posted
   std::vector<std::function<void()>> posted;
   std::atomic<bool> stopping{false};
+  int running_fd = -1;  // the fd whose callback run() is in
+  bool nested = false;  // in serve_ready_now
 };
 
 server_loop::server_loop() : s_(new state) {
@@ -122,6 +124,27 @@ void server_loop::stop() {
   [[maybe_unused]] auto n = ::write(s_->wakefd, &one, sizeof one);
 }
 
+void server_loop::serve_ready_now() {
+  if (s_->nested) return;
+  s_->nested = true;
+  struct reset {
+    bool& b;
+    ~reset() { b = false; }
+  } guard{s_->nested};
+  constexpr int max_events = 64;
+  epoll_event events[max_events];
+  int n = ::epoll_wait(s_->epfd, events, max_events, 0);
+  for (int i = 0; i < n; ++i) {
+    int fd = events[i].data.fd;
+    if (fd == s_->wakefd || fd == s_->running_fd) continue;  // level-triggered: seen again later
+    auto it = s_->fds.find(fd);
+    if (it == s_->fds.end()) continue;
+    auto w = it->second;
+    w->fn(events[i].events);
+  }
+  for (auto& fn : s_->before) fn();
+}
+
 void server_loop::run() {
   constexpr int max_events = 256;
   epoll_event events[max_events];
@@ -156,7 +179,9 @@ void server_loop::run() {
       auto it = s_->fds.find(fd);
       if (it == s_->fds.end()) continue;  // removed by an earlier callback of this batch
       auto w = it->second;
+      s_->running_fd = fd;
       w->fn(events[i].events);
+      s_->running_fd = -1;
       if (s_->stopping.load(std::memory_order_acquire)) return;
     }
     now = clock::now();

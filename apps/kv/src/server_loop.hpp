@@ -34,6 +34,13 @@ class server_loop {
   void before_wait(std::function<void()> fn);
   // Thread-safe: runs `fn` on the loop thread soon.
   void post(std::function<void()> fn);
+  // For a long command that must keep the other clients served (a script past
+  // busy-reply-threshold, script.hpp), called from inside a callback: runs the
+  // callbacks of the fds ready now, without waiting, then the before_wait
+  // functions. Not the fd whose callback is running (its client waits for
+  // the command), no timers (expiry must not change the data under a
+  // script), no posted work; a call from inside it does nothing.
+  void serve_ready_now();
   // Runs until stop() (thread-safe); returns after the current callback.
   void run();
   void stop();

@@ -8,12 +8,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <random>
 #include <set>
+#include <unordered_map>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "store_alloc.hpp"
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
@@ -33,59 +39,6 @@ std::int64_t steady_us() noexcept {
   using namespace std::chrono;
   return duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count();
 }
-
-// Best-fit allocator of 64-byte units with coalescing. Its bookkeeping lives in
-// ordinary memory: nothing of it is exported.
-class unit_allocator {
- public:
-  explicit unit_allocator(std::uint64_t units) : total_(units) { reset(); }
-  void reset() {
-    by_off_.clear();
-    by_size_.clear();
-    if (total_) insert(0, total_);
-  }
-  std::optional<std::uint64_t> allocate(std::uint64_t n) {
-    auto it = by_size_.lower_bound({n, 0});
-    if (it == by_size_.end()) return std::nullopt;
-    auto [len, off] = *it;
-    by_size_.erase(it);
-    by_off_.erase(off);
-    if (len > n) insert(off + n, len - n);
-    return off;
-  }
-  void free(std::uint64_t off, std::uint64_t n) {
-    auto next = by_off_.lower_bound(off);
-    if (next != by_off_.end() && next->first == off + n) {
-      n += next->second;
-      by_size_.erase({next->second, next->first});
-      next = by_off_.erase(next);
-    }
-    if (next != by_off_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == off) {
-        off = prev->first;
-        n += prev->second;
-        by_size_.erase({prev->second, prev->first});
-        by_off_.erase(prev);
-      }
-    }
-    insert(off, n);
-  }
-  std::uint64_t free_units() const {
-    std::uint64_t s = 0;
-    for (auto& [o, l] : by_off_) s += l;
-    return s;
-  }
-
- private:
-  void insert(std::uint64_t off, std::uint64_t n) {
-    by_off_.emplace(off, n);
-    by_size_.emplace(n, off);
-  }
-  std::uint64_t total_;
-  std::map<std::uint64_t, std::uint64_t> by_off_;
-  std::set<std::pair<std::uint64_t, std::uint64_t>> by_size_;
-};
 
 class store_impl final : public store {
  public:
@@ -114,6 +67,7 @@ class store_impl final : public store {
     auto f = find_live(key, now);
     if (!f) return std::nullopt;
     lru_[f->slot_index] = ++clock_;
+    if (f->item->type != static_cast<std::uint32_t>(value_type::string)) return std::nullopt;
     return value_of(f->item);
   }
 
@@ -130,7 +84,7 @@ class store_impl final : public store {
       expire = old->item->expire_at;
     else if (po.expire_at)
       expire = std::max<std::int64_t>(*po.expire_at, 1);
-    return write(key, value, expire, old, units, now);
+    return write(key, value, value_type::string, expire, old, units, now, false);
   }
 
   bool erase(std::string_view key, time_ms now) override {
@@ -142,6 +96,23 @@ class store_impl final : public store {
 
   bool contains(std::string_view key, time_ms now) override {
     return find_live(key, now).has_value();
+  }
+
+  void set_limits(std::size_t maxmemory, eviction_policy policy) override {
+    opts_.maxmemory = maxmemory;
+    opts_.policy = policy;
+    limit_ =
+        maxmemory ? std::min<std::size_t>(maxmemory, data_mr_.size()) : data_mr_.size() / 8 * 7;
+  }
+
+  std::uint64_t key_version(std::string_view key, time_ms now) override {
+    auto f = find_live(key, now);
+    if (!f) return 0;
+    // A new item (any write to a string, a TTL change, RENAME, a hash's
+    // republished encoding) or a change to the key's collection (changed()).
+    std::uint64_t v = f->item->version;
+    if (auto it = objects_.find(key); it != objects_.end()) v = std::max(v, it->second->version);
+    return v;
   }
 
   std::optional<time_ms> expiry(std::string_view key, time_ms now) override {
@@ -159,7 +130,7 @@ class store_impl final : public store {
     const std::string k(key_of(f->item));
     const std::string v(value_of(f->item));
     const auto units = L::round_units(L::item_bytes(k.size(), v.size()));
-    return write(k, v, expire, f, units, now) == put_status::stored;
+    return write(k, v, type_at(f->item), expire, f, units, now, true) == put_status::stored;
   }
 
   std::size_t size() const override { return keys_; }
@@ -179,6 +150,8 @@ class store_impl final : public store {
     keys_ = 0;
     live_units_ = 0;
     expires_.clear();
+    objects_.clear();
+    object_bytes_ = 0;
     auto* h = reinterpret_cast<L::index_header*>(index_mr_.data());
     std::atomic_ref<std::uint64_t>(h->generation).fetch_add(1, std::memory_order_release);
   }
@@ -236,13 +209,171 @@ class store_impl final : public store {
     store_stats s;
     s.keys = keys_;
     s.expires = expires_.size();
-    s.used_bytes = live_units_ * L::unit;
+    s.used_bytes = live_units_ * L::unit + object_bytes_;
     s.capacity_bytes = limit_;
     s.evicted = evicted_;
     s.expired = expired_;
     s.retired_pending = retired_.size();
     return s;
   }
+
+  // ---- types -------------------------------------------------------------
+
+  std::optional<value_type> type_of(std::string_view key, time_ms now) override {
+    auto f = find_live(key, now);
+    if (!f) return std::nullopt;
+    return type_at(f->item);
+  }
+
+  std::optional<value_type> peek_type(std::string_view key) const override {
+    auto f = find(key);
+    if (!f) return std::nullopt;
+    return type_at(f->item);
+  }
+
+  collection* find_collection(std::string_view key, value_type t, time_ms now,
+                              bool* wrong) override {
+    *wrong = false;
+    auto f = find_live(key, now);
+    if (!f) return nullptr;
+    lru_[f->slot_index] = ++clock_;
+    if (type_at(f->item) != t) {
+      *wrong = true;
+      return nullptr;
+    }
+    auto it = objects_.find(key);
+    return it == objects_.end() ? nullptr : it->second.get();
+  }
+
+  collection* create_collection(std::string_view key, value_type t, time_ms now) override {
+    if (key.size() > opts_.max_key || find_live(key, now)) return nullptr;
+    std::unique_ptr<collection> o;
+    switch (t) {
+      case value_type::hash:
+        o = std::make_unique<hash_object>();
+        break;
+      case value_type::list:
+        o = std::make_unique<list_object>();
+        break;
+      case value_type::set:
+        o = std::make_unique<set_object>();
+        break;
+      case value_type::zset:
+        o = std::make_unique<zset_object>();
+        break;
+      case value_type::string:
+        return nullptr;
+    }
+    std::string value;
+    if (t == value_type::hash) L::encode_hash_begin(value, 0);
+    const auto units = L::round_units(L::item_bytes(key.size(), value.size()));
+    if (write(key, value, t, 0, std::nullopt, units, now, false) != put_status::stored)
+      return nullptr;
+    o->version = version_;
+    auto* raw = o.get();
+    objects_.insert_or_assign(std::string(key), std::move(o));
+    return raw;
+  }
+
+  void changed(std::string_view key, time_ms now) override {
+    auto f = find(key);
+    auto it = objects_.find(key);
+    if (!f || it == objects_.end()) return;
+    collection& o = *it->second;
+    if (o.size() == 0) {
+      unlink(*f);  // drops the object
+      return;
+    }
+    object_bytes_ = object_bytes_ - o.charged + o.bytes;
+    o.charged = o.bytes;
+    o.version = ++version_;
+    lru_[f->slot_index] = ++clock_;
+    if (o.type != value_type::hash) return;
+    // A hash's item is its encoding while it is small, then the served mark.
+    auto& h = static_cast<hash_object&>(o);
+    const auto& lim = opts_.encodings;
+    if (!h.big && h.fields.size() > lim.hash_max_listpack_entries) h.big = true;
+    const bool was_served = value_of(f->item) == std::string_view("\x02", 1);
+    if (h.big && was_served) return;
+    if (h.big) {
+      scratch_.assign(1, static_cast<char>(L::hash_served));
+    } else {
+      L::encode_hash_begin(scratch_, static_cast<std::uint32_t>(h.fields.size()));
+      for (const auto& [fk, v] : h.fields) L::encode_hash_field(scratch_, fk.second, v);
+    }
+    const std::string k(key);
+    auto units = L::round_units(L::item_bytes(k.size(), scratch_.size()));
+    if (write(k, scratch_, value_type::hash, f->item->expire_at, f, units, now, true) ==
+        put_status::stored)
+      return;
+    // No room for the encoding (the commands asked can_publish first, so this
+    // is a write past maxmemory): the one-sided readers are sent to the
+    // server rather than left with the old fields. Retired memory is never
+    // freed early here: a reader within the grace time relies on it.
+    scratch_.assign(1, static_cast<char>(L::hash_served));
+    units = L::round_units(L::item_bytes(k.size(), 1));
+    if (auto g = find(k); g && write(k, scratch_, value_type::hash, g->item->expire_at, g, units,
+                                     now, true) == put_status::stored)
+      return;
+    std::fprintf(stderr,
+                 "conveyor kv: no memory to republish hash '%.64s': its one-sided readers see "
+                 "the previous version until its next write\n",
+                 k.c_str());
+  }
+
+  bool reserve(std::string_view key, std::size_t bytes, time_ms now) override {
+    while (live_units_ * L::unit + object_bytes_ + bytes > limit_) {
+      if (opts_.policy == eviction_policy::noeviction) return false;
+      if (!evict_other(key, now)) return false;
+    }
+    return true;
+  }
+
+  bool can_publish(std::string_view key, std::size_t extra, time_ms now) override {
+    auto f = find(key);
+    if (!f || type_at(f->item) != value_type::hash) return true;
+    auto it = objects_.find(key);
+    if (it == objects_.end() || it->second->big) return true;
+    const auto need = L::round_units(L::item_bytes(key.size(), f->item->value_len + extra));
+    if (alloc_.largest_free() >= need) return true;
+    reclaim(now);
+    return alloc_.largest_free() >= need;
+  }
+
+  bool rename(std::string_view from, std::string_view to, time_ms now, bool* oom) override {
+    *oom = false;
+    auto f = find_live(from, now);
+    if (!f) return false;
+    if (from == to) return true;
+    const std::string key(to);
+    const std::string value(value_of(f->item));
+    const auto type = type_at(f->item);
+    const auto expire = f->item->expire_at;
+    std::unique_ptr<collection> obj;
+    if (auto it = objects_.find(from); it != objects_.end()) {
+      obj = std::move(it->second);
+      objects_.erase(it);
+    }
+    auto restore = [&] {
+      if (obj) objects_.insert_or_assign(std::string(from), std::move(obj));
+    };
+    if (auto d = find_live(to, now)) unlink(*d);
+    const auto units = L::round_units(L::item_bytes(key.size(), value.size()));
+    if (key.size() > opts_.max_key ||
+        write(key, value, type, expire, std::nullopt, units, now, true) != put_status::stored) {
+      restore();
+      *oom = true;
+      return false;
+    }
+    if (auto g = find(from)) unlink(*g);  // its object was taken out first: kept
+    if (obj) {
+      obj->version = version_;
+      objects_.insert_or_assign(key, std::move(obj));
+    }
+    return true;
+  }
+
+  const encoding_limits& encodings() const override { return opts_.encodings; }
 
   std::vector<std::byte> describe() const override {
     L::description d;
@@ -289,6 +420,14 @@ class store_impl final : public store {
     return reinterpret_cast<const L::item_header*>(data_mr_.data() +
                                                    L::slot_offset_units(w) * L::unit);
   }
+  static value_type type_at(const L::item_header* it) { return static_cast<value_type>(it->type); }
+  void drop_object(const L::item_header* it) {
+    if (type_at(it) == value_type::string) return;
+    auto o = objects_.find(key_of(it));
+    if (o == objects_.end()) return;
+    object_bytes_ -= o->second->charged;
+    objects_.erase(o);
+  }
   static std::string_view key_of(const L::item_header* it) {
     return {reinterpret_cast<const char*>(it + 1), it->key_len};
   }
@@ -333,6 +472,7 @@ class store_impl final : public store {
     auto& w = slots(f.bucket)[f.slot];
     const auto old = load_slot(w);
     forget_expiry(f.item);
+    drop_object(f.item);
     live_units_ -= L::round_units(L::item_bytes(f.item->key_len, f.item->value_len));
     store_slot(w, 0);
     publish_check(f.bucket);
@@ -399,14 +539,17 @@ class store_impl final : public store {
     return true;
   }
 
-  put_status write(std::string_view key, std::string_view value, std::int64_t expire,
-                   std::optional<found> old, std::uint64_t units, time_ms now) {
+  // Publishes a new item for `key`. keep_object: the key's collection stays
+  // (a new TTL, a republished hash); otherwise a collection it held is dropped.
+  put_status write(std::string_view key, std::string_view value, value_type type,
+                   std::int64_t expire, std::optional<found> old, std::uint64_t units, time_ms now,
+                   bool keep_object) {
     auto units_of = [](const std::optional<found>& f) -> std::uint64_t {
       return f ? L::round_units(L::item_bytes(f->item->key_len, f->item->value_len)) : 0;
     };
     std::uint64_t old_units = units_of(old);
     // The memory limit: live bytes after this write.
-    while (live_units_ - old_units + units > limit_ / L::unit) {
+    while ((live_units_ - old_units + units) * L::unit + object_bytes_ > limit_) {
       if (opts_.policy == eviction_policy::noeviction) return put_status::out_of_memory;
       // Keep the key being written out of the sample's reach.
       if (!evict_other(key, now)) return put_status::out_of_memory;
@@ -437,6 +580,7 @@ class store_impl final : public store {
     it->version = ++version_;
     it->expire_at = expire;
     it->key_len = static_cast<std::uint32_t>(key.size());
+    it->type = static_cast<std::uint32_t>(type);
     it->value_len = static_cast<std::uint32_t>(value.size());
     std::memcpy(it + 1, key.data(), key.size());
     std::memcpy(reinterpret_cast<char*>(it + 1) + key.size(), value.data(), value.size());
@@ -446,6 +590,7 @@ class store_impl final : public store {
     const auto prev = load_slot(w);
     if (old) {
       forget_expiry(old->item);
+      if (!keep_object) drop_object(old->item);
       live_units_ -= old_units;
     } else {
       ++keys_;
@@ -504,6 +649,15 @@ class store_impl final : public store {
   std::set<std::pair<time_ms, std::string>> expires_;
   std::uint64_t version_ = 0, keys_ = 0, live_units_ = 0, retired_units_ = 0;
   std::uint64_t evicted_ = 0, expired_ = 0;
+  struct key_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view k) const noexcept {
+      return std::hash<std::string_view>{}(k);
+    }
+  };
+  std::unordered_map<std::string, std::unique_ptr<collection>, key_hash, std::equal_to<>> objects_;
+  std::uint64_t object_bytes_ = 0;  // collections' elements, counted against the limit
+  std::string scratch_;             // a hash's encoding being published
 };
 
 }  // namespace
@@ -511,6 +665,8 @@ class store_impl final : public store {
 result<std::unique_ptr<store>> store::create(protection_domain& pd, const store_options& opts) {
   if (opts.data_bytes < 4 * L::unit || opts.data_bytes / L::unit > L::max_offset_units)
     return make_error(errc::invalid_argument, "kv store: data_bytes out of range");
+  if (opts.max_key > L::max_key_len)
+    return make_error(errc::invalid_argument, "kv store: max_key above 16 MiB - 1");
   if (opts.index_buckets == 0 || opts.index_buckets > (1ull << 32))
     return make_error(errc::invalid_argument, "kv store: index_buckets out of range");
   const std::uint64_t buckets = std::bit_ceil(std::max<std::uint64_t>(opts.index_buckets, 2));
@@ -520,6 +676,18 @@ result<std::unique_ptr<store>> store::create(protection_domain& pd, const store_
   if (!index) return std::unexpected(index.error());
   auto data = pd.allocate_memory(data_bytes, rights);
   if (!data) return std::unexpected(data.error());
+  // allocate_memory populates every page (what a NIC registration pins); where
+  // the provider reaches the memory through this process's mapping, the pages
+  // go back now, read as zeros again, and only those items use are resident:
+  // an idle server holds its index, not its data region. shm's memfd is shared
+  // with the peers that map it, so its pages are punched out of the file
+  // (MADV_REMOVE) rather than only unmapped here.
+  if (opts.release_data_pages) {
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t whole = data->size() / page * page;
+    if (whole != 0 && ::madvise(data->data(), whole, MADV_REMOVE) != 0)
+      ::madvise(data->data(), whole, MADV_DONTNEED);
+  }
   std::uint64_t seed = opts.seed;
   if (!seed)
     seed = std::random_device{}() | (static_cast<std::uint64_t>(std::random_device{}()) << 32) | 1;

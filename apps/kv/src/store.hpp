@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "object.hpp"
+
 namespace conveyor::kv {
 
 // Milliseconds since the Unix epoch (CLOCK_REALTIME), the unit of expiry times.
@@ -41,6 +43,13 @@ struct store_options {
   // notices and retries; docs/KV.md, "Reclamation").
   std::uint32_t reclaim_grace_ms = 500;
   std::uint64_t seed = 0;  // hash seed; 0: random
+  // Give the data region's pages back after allocation (resident only as items
+  // use them). Only for providers that reach the memory through this process's
+  // mapping (soft, shm): a NIC's registration pins the pages it was given.
+  bool release_data_pages = false;
+  // When a collection stops being "small" (Redis's encodings; a hash is
+  // published for one-sided readers only while small).
+  encoding_limits encodings{};
 };
 
 enum class put_cond { always, if_absent /*NX*/, if_present /*XX*/ };
@@ -72,13 +81,20 @@ class store {
   static result<std::unique_ptr<store>> create(protection_domain& pd, const store_options& opts);
   virtual ~store() = default;
 
-  // The value of a live key (an expired key is removed here: lazy expiry).
+  // The value of a live string key (an expired key is removed here: lazy
+  // expiry); nullopt for no key and for a key of another type (type_of tells).
   // The view stays valid until the next non-const call.
   virtual std::optional<std::string_view> get(std::string_view key, time_ms now) = 0;
+  // Stores a string; a key of another type is replaced (SET's meaning).
   virtual put_status put(std::string_view key, std::string_view value, const put_options& opts,
                          time_ms now) = 0;
   virtual bool erase(std::string_view key, time_ms now) = 0;
   virtual bool contains(std::string_view key, time_ms now) = 0;
+  // The key's version: it changes with every write to the key, of any type
+  // (every new item gets the next store-wide number, and so does every change
+  // to a collection, changed()), and is 0 while the key does not exist
+  // (expired keys included). WATCH compares it at EXEC.
+  virtual std::uint64_t key_version(std::string_view key, time_ms now) = 0;
   // nullopt: no such key; a value of -1: the key has no TTL; otherwise the absolute expiry.
   virtual std::optional<time_ms> expiry(std::string_view key, time_ms now) = 0;
   // Sets (or, with nullopt, removes) a live key's TTL; false if the key does not exist.
@@ -99,6 +115,39 @@ class store {
   // overwrites would otherwise hold the data region in grace and run it out.
   virtual void reclaim_all() = 0;
   virtual store_stats stats() const = 0;
+  // CONFIG SET maxmemory / maxmemory-policy: the limit applies from the next
+  // write (keys above a lowered limit are evicted as writes need room).
+  virtual void set_limits(std::size_t maxmemory, eviction_policy policy) = 0;
+
+  // ---- types (object.hpp). Every key has an item (type, expiry); a
+  // collection's elements are an object the store owns and drops with the key.
+  // The type of a live key (lazy expiry); nullopt: no such key.
+  virtual std::optional<value_type> type_of(std::string_view key, time_ms now) = 0;
+  // The type of the key's item without expiring anything (inside scan's callback).
+  virtual std::optional<value_type> peek_type(std::string_view key) const = 0;
+  // The live collection at `key`; nullptr if there is none, and then *wrong
+  // says whether the key holds another type.
+  virtual collection* find_collection(std::string_view key, value_type t, time_ms now,
+                                      bool* wrong) = 0;
+  // A new, empty collection at an absent key, its item published; nullptr if
+  // the store has no room (OOM). The caller fills it and calls changed().
+  virtual collection* create_collection(std::string_view key, value_type t, time_ms now) = 0;
+  // After the commands changed `key`'s collection (and its `bytes`): an empty
+  // one is deleted (Redis's semantics); otherwise its version moves, its memory
+  // is counted, and a small hash's item is published anew.
+  virtual void changed(std::string_view key, time_ms now) = 0;
+  // Makes room for `bytes` more under maxmemory (allkeys-lru evicts other keys,
+  // never `key`); false: the write must answer OOM.
+  virtual bool reserve(std::string_view key, std::size_t bytes, time_ms now) = 0;
+  // Before a write to a hash that is published for one-sided readers: whether
+  // the store can allocate its next item (its encoding grown by up to `extra`
+  // bytes) now. False: answer OOM before changing anything (memory held by
+  // retired items in their grace time; transient). True for any other key.
+  virtual bool can_publish(std::string_view key, std::size_t extra, time_ms now) = 0;
+  // RENAME: the value, type and expiry move; `to` is replaced. False: no `from`
+  // (or, with *oom, no room for the new item).
+  virtual bool rename(std::string_view from, std::string_view to, time_ms now, bool* oom) = 0;
+  virtual const encoding_limits& encodings() const = 0;
 
   // What an RDMA client needs to find keys: the exported regions and the layout
   // parameters (the generation changes when the table moves). Opaque bytes that

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -34,7 +35,8 @@ namespace conveyor::kv::layout {
 
 inline constexpr std::uint32_t index_magic = 0x43564b49;     // "CVKI"
 inline constexpr std::uint32_t describe_magic = 0x43564b44;  // "CVKD"
-inline constexpr std::uint16_t format_version = 1;
+// 2: items carry their key's type (item_header::type) and hashes an encoding.
+inline constexpr std::uint16_t format_version = 2;
 inline constexpr std::size_t unit = 64;  // allocation and bucket unit
 inline constexpr std::size_t slots_per_bucket = 7;
 inline constexpr std::size_t buckets_per_group = 2;
@@ -61,11 +63,19 @@ struct index_header {
 };
 static_assert(sizeof(index_header) == index_header_bytes);
 
+// The type of the value an item holds (item_header::type). A string's value
+// is its bytes; a hash's is hash_inline + its encoding (encode_hash) while it is
+// small, or hash_served alone; a list's, set's and sorted set's value is empty:
+// those are served by the server (RPC) only.
+enum class value_type : std::uint8_t { string = 0, list = 1, hash = 2, set = 3, zset = 4 };
+inline constexpr std::size_t max_key_len = (std::size_t{1} << 24) - 1;
+
 struct item_header {
   std::uint64_t checksum;  // hash of bytes [8, item_bytes) with the seed
   std::uint64_t version;   // store-wide write counter when the item was made
   std::int64_t expire_at;  // ms since the Unix epoch; 0: no TTL
-  std::uint32_t key_len;
+  std::uint32_t key_len : 24;
+  std::uint32_t type : 8;  // value_type
   std::uint32_t value_len;
 };
 static_assert(sizeof(item_header) == 32);
@@ -301,6 +311,7 @@ struct item_check {
   std::uint64_t need = 0;  // need_more: total item bytes
   std::uint64_t version = 0;
   std::int64_t expire_at = 0;
+  value_type type = value_type::string;
   std::size_t value_offset = 0, value_len = 0;  // within buf
 };
 inline item_check check_item(const std::byte* buf, std::size_t n, std::string_view key,
@@ -322,12 +333,71 @@ inline item_check check_item(const std::byte* buf, std::size_t n, std::string_vi
     c.result = item_result::other_key;
     return c;
   }
+  if (h.type > static_cast<std::uint32_t>(value_type::zset)) return c;  // not a type we know
   c.result = item_result::ok;
+  c.type = static_cast<value_type>(h.type);
   c.version = h.version;
   c.expire_at = h.expire_at;
   c.value_offset = sizeof h + h.key_len;
   c.value_len = h.value_len;
   return c;
+}
+
+// --- a hash's value in its item. First byte: hash_inline (the fields follow)
+// or hash_served (the hash is too large to publish: a reader asks the server).
+// Inline: count (4, little-endian), then per field: field length (4), value
+// length (4), field, value. The item's checksum covers it; decode_hash also
+// checks that the lengths add up exactly, so a reader never returns bytes
+// that are not a complete encoding.
+inline constexpr std::uint8_t hash_inline = 1, hash_served = 2;
+
+inline void put_le32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+inline std::uint32_t get_le32(const std::byte* p) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(p[i]);
+  return v;
+}
+
+// An inline encoding is built as: encode_hash_begin(out, count), then
+// encode_hash_field(out, f, v) for each of the count fields.
+inline void encode_hash_begin(std::string& out, std::uint32_t count) {
+  out.clear();
+  out.push_back(static_cast<char>(hash_inline));
+  put_le32(out, count);
+}
+inline void encode_hash_field(std::string& out, std::string_view f, std::string_view v) {
+  put_le32(out, static_cast<std::uint32_t>(f.size()));
+  put_le32(out, static_cast<std::uint32_t>(v.size()));
+  out.append(f);
+  out.append(v);
+}
+
+enum class hash_form { fields, served, invalid };
+// Calls fn(field, value) for each field of an inline encoding (only once the
+// whole encoding has been checked).
+template <class Fn>
+hash_form decode_hash(const std::byte* p, std::size_t n, Fn&& fn) {
+  if (n == 1 && static_cast<std::uint8_t>(p[0]) == hash_served) return hash_form::served;
+  if (n < 5 || static_cast<std::uint8_t>(p[0]) != hash_inline) return hash_form::invalid;
+  const std::uint32_t count = get_le32(p + 1);
+  std::size_t at = 5;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (n - at < 8) return hash_form::invalid;
+    const std::uint64_t fl = get_le32(p + at), vl = get_le32(p + at + 4);
+    if (fl + vl > n - at - 8) return hash_form::invalid;
+    at += 8 + fl + vl;
+  }
+  if (at != n) return hash_form::invalid;
+  at = 5;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const std::size_t fl = get_le32(p + at), vl = get_le32(p + at + 4);
+    const char* f = reinterpret_cast<const char*>(p + at + 8);
+    fn(std::string_view(f, fl), std::string_view(f + fl, vl));
+    at += 8 + fl + vl;
+  }
+  return hash_form::fields;
 }
 
 }  // namespace conveyor::kv::layout

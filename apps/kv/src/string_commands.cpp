@@ -5,7 +5,7 @@
 #include <limits>
 #include <string>
 
-#include "command_context.hpp"
+#include "type_commands.hpp"
 
 namespace conveyor::kv {
 
@@ -47,6 +47,7 @@ auto get_counted(exec_context& c) {
 }  // namespace
 
 void cmd_get(exec_context& c) {
+  if (wrong_type(c, c.argv[1], value_type::string)) return;
   auto v = get_counted(c);
   if (!v) return c.r.null();
   if (!c.fits(bulk_bytes(v->size()))) return c.reply_too_large();
@@ -97,6 +98,7 @@ void cmd_set(exec_context& c) {
   }
   std::optional<std::string> old;
   if (want_get) {
+    if (wrong_type(c, c.argv[1], value_type::string)) return;
     auto v = c.st().get(c.argv[1], c.now);
     // The old value must fit the reply before anything changes (it would be lost).
     if (v && !c.fits(bulk_bytes(v->size()))) return c.reply_too_large();
@@ -172,6 +174,7 @@ void cmd_setnx(exec_context& c) {
 }
 
 void cmd_getset(exec_context& c) {
+  if (wrong_type(c, c.argv[1], value_type::string)) return;
   std::optional<std::string> old;
   if (auto v = c.st().get(c.argv[1], c.now)) {
     if (!c.fits(bulk_bytes(v->size()))) return c.reply_too_large();  // before the write
@@ -183,6 +186,7 @@ void cmd_getset(exec_context& c) {
 }
 
 void cmd_getdel(exec_context& c) {
+  if (wrong_type(c, c.argv[1], value_type::string)) return;
   auto v = get_counted(c);
   if (!v) return c.r.null();
   // A value the reply cannot carry stays where it is.
@@ -233,6 +237,7 @@ void cmd_msetnx(exec_context& c) {
 namespace {
 
 void incr_by(exec_context& c, std::int64_t delta) {
+  if (wrong_type(c, c.argv[1], value_type::string)) return;
   std::int64_t cur = 0;
   if (auto v = c.st().get(c.argv[1], c.now)) {
     if (!to_i64(*v, cur)) return c.r.error(err_int);
@@ -270,6 +275,7 @@ void cmd_decrby(exec_context& c) {
 }
 
 void cmd_append(exec_context& c) {
+  if (wrong_type(c, c.argv[1], value_type::string)) return;
   std::string s;
   if (auto v = c.st().get(c.argv[1], c.now)) s.assign(*v);
   s.append(c.argv[2]);
@@ -281,6 +287,7 @@ void cmd_append(exec_context& c) {
 }
 
 void cmd_strlen(exec_context& c) {
+  if (wrong_type(c, c.argv[1], value_type::string)) return;
   auto v = c.st().get(c.argv[1], c.now);
   c.r.integer(v ? static_cast<std::int64_t>(v->size()) : 0);
 }
@@ -288,6 +295,7 @@ void cmd_strlen(exec_context& c) {
 void cmd_getrange(exec_context& c) {
   std::int64_t start, end;
   if (!to_i64(c.argv[2], start) || !to_i64(c.argv[3], end)) return c.r.error(err_int);
+  if (wrong_type(c, c.argv[1], value_type::string)) return;
   auto v = c.st().get(c.argv[1], c.now);
   if (!v || v->empty()) return c.r.bulk("");
   auto n = static_cast<std::int64_t>(v->size());

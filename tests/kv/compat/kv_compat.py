@@ -115,7 +115,7 @@ class Compat(unittest.TestCase):
         self.assertEqual(r.exists("a", "b"), 1)
         self.assertEqual(r.type("a"), b"string")
         with self.assertRaises(redis.ResponseError) as e:
-            r.execute_command("LPUSH", "l", "x")
+            r.execute_command("XADD", "s", "*", "f", "x")  # streams are not supported
         self.assertIn("unknown command", str(e.exception))
         with self.assertRaises(redis.ResponseError):
             r.execute_command("GET")
@@ -129,7 +129,9 @@ class Compat(unittest.TestCase):
         self.assertEqual(r.dbsize(), 302)  # a, nonnum and scan:* ("b" expired)
         info = r.info()
         self.assertIn("keyspace_hits", info)
-        self.assertIn("one_sided_gets", info)
+        # One-sided GETs never reach the server's threads: INFO does not claim a
+        # count of them (the conveyor section counts the READs the device served).
+        self.assertNotIn("one_sided_gets", info)
         self.assertTrue(r.flushall())
         self.assertEqual(r.dbsize(), 0)
         self.assertEqual(r.client_id(), r.client_id())

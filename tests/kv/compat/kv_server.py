@@ -9,7 +9,9 @@ import time
 
 class KvServer:
     def __init__(self, binary, *args, preexec_fn=None):
-        cmd = [binary, "kv", "serve", "--port", "0", "--data-bytes", "64mb", *args]
+        sized = "--data-bytes" in args
+        cmd = [binary, "kv", "serve", "--port", "0", *([] if sized else ["--data-bytes", "64mb"]),
+               *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      text=True, preexec_fn=preexec_fn)
         self.stderr_lines = []
@@ -30,6 +32,12 @@ class KvServer:
             raise RuntimeError("server did not start: " + "".join(self.stderr_lines))
         self.drain = threading.Thread(target=self._drain, daemon=True)
         self.drain.start()
+
+    def sanitized(self):
+        """True when the server runs under ASan or TSan (their runtimes map shadow memory)."""
+        with open(f"/proc/{self.proc.pid}/maps") as f:
+            maps = f.read()
+        return "libasan" in maps or "libtsan" in maps
 
     def _drain(self):
         for line in self.proc.stderr:

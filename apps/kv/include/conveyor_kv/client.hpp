@@ -13,6 +13,15 @@
 // executed by the server. Expired keys read as absent (the item carries its
 // expiry; the comparison uses this host's clock).
 //
+// Hashes: hget, hmget and hgetall READ the hash's item the same way; while the
+// hash is small (the server's hash-max-listpack-entries/-value) the item
+// carries all its fields in a checksummed encoding, so they come from one
+// item published by one write, never a mix of two. A larger hash's item says
+// "served by the server" and the read becomes an RPC (client_stats::
+// hash_rpc_reads). A key of another type answers errc::rejected with Redis's
+// WRONGTYPE text (get of a hash, list, set or sorted set too; mget reads such
+// a key as nil, as Redis's MGET does).
+//
 // Thread safety: one client per thread (thread-compatible).
 #pragma once
 
@@ -26,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace conveyor::kv {
@@ -44,7 +54,9 @@ struct client_options {
 
 struct client_stats {
   std::uint64_t gets = 0, hits = 0, reads = 0;
-  std::uint64_t retries = 0;  // bucket or item re-read: torn, freed, moved, or too slow
+  std::uint64_t retries = 0;         // bucket or item re-read: torn, freed, moved, or too slow
+  std::uint64_t hash_one_sided = 0;  // hash reads answered from the item
+  std::uint64_t hash_rpc_reads = 0;  // hash reads sent to the server (a large hash)
 };
 
 class client {
@@ -69,6 +81,14 @@ class client {
   // Many keys, depth READs in flight at once.
   virtual result<std::vector<std::optional<std::string>>> mget(
       std::span<const std::string_view> keys) = 0;
+
+  // One-sided hash reads (see above). hget: nullopt when the field or the key
+  // does not exist; hmget: one entry per field; hgetall: empty for no key.
+  virtual result<std::optional<std::string>> hget(std::string_view key, std::string_view field) = 0;
+  virtual result<std::vector<std::optional<std::string>>> hmget(
+      std::string_view key, std::span<const std::string_view> fields) = 0;
+  virtual result<std::vector<std::pair<std::string, std::string>>> hgetall(
+      std::string_view key) = 0;
 
   // RPCs. command() sends argv and returns the raw RESP reply.
   virtual result<std::string> command(std::span<const std::string_view> argv) = 0;

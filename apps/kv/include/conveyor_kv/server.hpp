@@ -37,8 +37,11 @@ struct server_ready {
 struct server_options {
   // RESP on TCP
   std::string bind = "127.0.0.1";
-  std::uint16_t port = 7379;        // Redis's 6379 plus 1000, so both can run side by side; 0: any
-  std::string requirepass;          // empty: no AUTH on either front end; at most 200 bytes
+  std::uint16_t port = 7379;  // Redis's 6379 plus 1000, so both can run side by side; 0: any
+  std::string requirepass;    // empty: no AUTH on either front end; at most 200 bytes
+  // Redis's protected mode: with no requirepass, RESP clients from outside
+  // loopback are refused (-DENIED). kv serve's --protected-mode no turns it off.
+  bool protected_mode = true;
   std::size_t maxclients = 10000;   // fitted to the open-file limit at start (one line says so)
   unsigned timeout_s = 0;           // close RESP clients idle this long (0: never)
   unsigned partial_timeout_s = 10;  // close RESP clients whose command stays incomplete this long
@@ -57,6 +60,21 @@ struct server_options {
   std::size_t data_bytes = std::size_t{256} << 20;  // registered item memory; grows to maxmemory
   std::size_t maxmemory = 0;                        // 0: data_bytes is the only limit
   std::string maxmemory_policy = "noeviction";      // noeviction | allkeys-lru
+
+  // Scripts (EVAL): past this many ms a running script makes the server answer
+  // other clients -BUSY (SCRIPT KILL and SHUTDOWN NOSAVE still work; Redis's
+  // busy-reply-threshold, alias lua-time-limit); the Lua state's memory bound
+  // (a script past it fails "not enough memory").
+  std::uint64_t busy_reply_threshold_ms = 5000;
+  std::size_t lua_maxmemory = std::size_t{128} << 20;
+
+  // Collections: where Redis's compact encodings end (OBJECT ENCODING), and
+  // with them the publication of a hash for one-sided readers (docs/KV.md).
+  std::size_t hash_max_listpack_entries = 512;
+  std::size_t hash_max_listpack_value = 64;
+  std::size_t zset_max_listpack_entries = 128;
+  std::size_t zset_max_listpack_value = 64;
+  std::size_t set_max_intset_entries = 512;
 
   // The device the store's memory is registered with, and the RDMA front end
   std::string provider = "soft";  // soft, shm, verbs...
