@@ -143,7 +143,8 @@ TEST_F(kv_transactions, exec_logs_its_writes_between_multi_and_exec_and_reads_no
 
 TEST_F(kv_transactions, key_versions_change_with_every_write_deletion_and_expiry) {
   const auto now = kv::now_ms();
-  EXPECT_EQ(st->key_version("k", now), 0u);
+  const auto absent = kv::store::absent_version;
+  EXPECT_NE(st->key_version("k", now) & absent, 0u);
   run(*ex, s, {"SET", "k", "v"});
   const auto v1 = st->key_version("k", now);
   EXPECT_NE(v1, 0u);
@@ -155,10 +156,40 @@ TEST_F(kv_transactions, key_versions_change_with_every_write_deletion_and_expiry
   EXPECT_NE(v2, v1);
   run(*ex, s, {"PEXPIRE", "k", "50"});
   EXPECT_NE(st->key_version("k", now), v2);
-  EXPECT_EQ(st->key_version("k", kv::now_ms() + 100), 0u);  // expired: gone
+  EXPECT_NE(st->key_version("k", kv::now_ms() + 100) & absent, 0u);  // expired: gone
+  // An absent key created and deleted again: absent both times, yet not the same.
+  const auto before = st->key_version("d", now);
   run(*ex, s, {"SET", "d", "1"});
+  EXPECT_EQ(st->key_version("d", now) & absent, 0u);
   run(*ex, s, {"DEL", "d"});
-  EXPECT_EQ(st->key_version("d", now), 0u);
+  EXPECT_NE(st->key_version("d", now) & absent, 0u);
+  EXPECT_NE(st->key_version("d", now), before);
+}
+
+// Redis flags a watched key on every write, so EXEC aborts even when the key
+// ends where it started: absent.
+TEST_F(kv_transactions, watch_of_an_absent_key_is_broken_by_its_creation_and_deletion) {
+  kv::session other;
+  const std::vector<std::vector<std::string_view>> creations = {{"SET", "gone", "1"},
+                                                                 {"HSET", "gone", "f", "1"},
+                                                                 {"RPUSH", "gone", "m"},
+                                                                 {"SADD", "gone", "m"},
+                                                                 {"ZADD", "gone", "1", "m"}};
+  for (auto create : creations) {
+    SCOPED_TRACE(create[0]);
+    EXPECT_EQ(run(*ex, s, {"WATCH", "gone"}), "+OK\r\n");
+    std::string out;
+    ex->execute(other, create, out);
+    EXPECT_EQ(run(*ex, other, {"DEL", "gone"}), ":1\r\n");
+    run(*ex, s, {"MULTI"});
+    run(*ex, s, {"SET", "x", "1"});
+    EXPECT_EQ(run(*ex, s, {"EXEC"}), "*-1\r\n");
+  }
+  // Untouched, the absent key lets EXEC run.
+  run(*ex, s, {"WATCH", "gone"});
+  run(*ex, s, {"MULTI"});
+  run(*ex, s, {"SET", "x", "1"});
+  EXPECT_EQ(run(*ex, s, {"EXEC"}), "*1\r\n+OK\r\n");
 }
 
 TEST_F(kv_transactions, watch_sees_writes_from_any_session_and_queue_errors_abort) {

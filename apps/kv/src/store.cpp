@@ -6,6 +6,7 @@
 #include "store.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -107,7 +108,7 @@ class store_impl final : public store {
 
   std::uint64_t key_version(std::string_view key, time_ms now) override {
     auto f = find_live(key, now);
-    if (!f) return 0;
+    if (!f) return absent_version | written_[stripe(key)];
     // A new item (any write to a string, a TTL change, RENAME, a hash's
     // republished encoding) or a change to the key's collection (changed()).
     std::uint64_t v = f->item->version;
@@ -595,7 +596,9 @@ class store_impl final : public store {
     } else {
       ++keys_;
     }
-    store_slot(w, L::make_slot(*off, units, L::place(L::hash_key(key, seed_), buckets_).tag));
+    const auto hash = L::hash_key(key, seed_);
+    store_slot(w, L::make_slot(*off, units, L::place(hash, buckets_).tag));
+    written_[hash % written_.size()] = it->version;
     publish_check(where->first);
     // 3. The old item waits out the grace time.
     if (prev) retire(prev);
@@ -648,6 +651,15 @@ class store_impl final : public store {
   std::deque<retired_item> retired_;
   std::set<std::pair<time_ms, std::string>> expires_;
   std::uint64_t version_ = 0, keys_ = 0, live_units_ = 0, retired_units_ = 0;
+  // The version of the last item written for a key of each stripe (keys by
+  // hash): an absent key's version (key_version), so that a key created and
+  // deleted again between WATCH and EXEC is seen. A write to another key of the
+  // stripe changes it too: a transaction may then abort without need (safe;
+  // one chance in 4096 for each write in between), never the other way.
+  std::array<std::uint64_t, 4096> written_{};
+  std::size_t stripe(std::string_view key) const {
+    return L::hash_key(key, seed_) % written_.size();
+  }
   std::uint64_t evicted_ = 0, expired_ = 0;
   struct key_hash {
     using is_transparent = void;

@@ -92,8 +92,11 @@ class store {
   virtual bool contains(std::string_view key, time_ms now) = 0;
   // The key's version: it changes with every write to the key, of any type
   // (every new item gets the next store-wide number, and so does every change
-  // to a collection, changed()), and is 0 while the key does not exist
-  // (expired keys included). WATCH compares it at EXEC.
+  // to a collection, changed()). While the key does not exist (expired keys
+  // included) it has absent_version set and changes whenever the key is
+  // written, so a key created and deleted again between two calls is seen
+  // (other keys' writes may change it too). WATCH compares it at EXEC.
+  static constexpr std::uint64_t absent_version = std::uint64_t{1} << 63;
   virtual std::uint64_t key_version(std::string_view key, time_ms now) = 0;
   // nullopt: no such key; a value of -1: the key has no TTL; otherwise the absolute expiry.
   virtual std::optional<time_ms> expiry(std::string_view key, time_ms now) = 0;

@@ -7,7 +7,8 @@
 // rollback, as Redis). WATCH records each key's store version
 // (store::key_version); EXEC compares them and answers a null array if any
 // changed, whichever path changed it: another RESP client, an RDMA write RPC
-// (same executor), expiry or eviction (the key is gone: version 0).
+// (same executor), expiry or eviction (the key is gone), and a key created and
+// deleted again in between (an absent key's version changes when it is written).
 //
 // The AOF gets the transaction's records between MULTI and EXEC records, so a
 // replay of a file cut inside them applies none of it (aof.cpp's loader).
