@@ -15,6 +15,7 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include "common/caps.hpp"
 #include "common/pair.hpp"
 
 namespace cvt {
@@ -69,17 +70,22 @@ std::string canary_damage(std::span<const std::byte> b) {
 
 class local_memory : public pair_test {
  protected:
-  // Skips the test (the caller returns when IsSkipped()). Name check: on verbs,
-  // deregistering memory that an outstanding work request
-  // uses is the application's error (the verbs contract); the kernel's
-  // providers answer it each their own way (rxe: local QP operation error;
-  // siw: general error, the sender told success, and a READ's response still
-  // lands in the pages the registration had pinned), so there is no one
-  // behaviour to hold them to. soft and shm promise it: these cases check them.
-  void skip_on_verbs() {
-    if (param().provider == "verbs")
-      GTEST_SKIP() << "verbs: deregistering memory an outstanding request uses is the "
-                      "application's error; kernel providers differ in how they report it";
+  // Skips the test (the caller returns when IsSkipped() or on the failure) unless the device
+  // says it handles memory deregistered under an outstanding request
+  // (device_attr::deregister_stops_outstanding: soft and shm promise it, and
+  // these cases hold them to it). Elsewhere it is the application's error
+  // (the verbs contract) and the kernel's providers answer it each their own
+  // way (rxe: local QP operation error; siw: general error, the sender told
+  // success, and a READ's response still lands in the pages the registration
+  // had pinned), so there is no one behaviour to hold them to.
+  void skip_unless_deregister_is_handled() {
+    if (!device_attr_of(param().provider).deregister_stops_outstanding) {
+      if (conveyor_peer(param().provider))
+        FAIL() << "Conveyor's providers promise deregister_stops_outstanding";
+      GTEST_SKIP() << "the device does not handle deregistering memory an outstanding request "
+                      "uses (device_attr::deregister_stops_outstanding): the application's "
+                      "error there";
+    }
   }
 
   // After the failure: a new connection with new regions READs and SENDs as usual.
@@ -105,8 +111,8 @@ class local_memory : public pair_test {
 };
 
 TEST_P(local_memory, receive_into_deregistered_region_writes_nothing_and_is_loc_prot_err) {
-  skip_on_verbs();
-  if (IsSkipped()) return;
+  skip_unless_deregister_is_handled();
+  if (IsSkipped() || HasFatalFailure()) return;
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   guarded_sink s;
   ASSERT_TRUE(make_guarded(tgt.pd, 3000, s));
@@ -133,8 +139,8 @@ TEST_P(local_memory, read_sink_deregistered_while_outstanding_gets_no_more_bytes
   // Large enough that the response is still streaming when the sink goes
   // (with manual progress nothing of it has been placed yet).
   constexpr std::size_t len = 64 * MiB;
-  skip_on_verbs();
-  if (IsSkipped()) return;
+  skip_unless_deregister_is_handled();
+  if (IsSkipped() || HasFatalFailure()) return;
   pair_options o;
   o.tgt_region_size = len;
   ASSERT_NO_FATAL_FAILURE(connect_pair(o));
@@ -166,8 +172,8 @@ TEST_P(local_memory, write_source_deregistered_while_outstanding_sends_none_of_i
   // the peer (shm over cross-memory attach) when its source goes.
   constexpr std::size_t len = 64 * MiB;
   constexpr std::byte before{0x5A}, after{0xB7};
-  skip_on_verbs();
-  if (IsSkipped()) return;
+  skip_unless_deregister_is_handled();
+  if (IsSkipped() || HasFatalFailure()) return;
   pair_options o;
   o.tgt_region_size = len;
   ASSERT_NO_FATAL_FAILURE(connect_pair(o));
@@ -212,10 +218,14 @@ class local_inline : public local_memory {
  protected:
   // Inline data from `s` (no live region covers it): refused, nothing sent.
   void expect_inline_refused(const sge& s) {
-    // Name check: verbs devices copy inline data without looking at the lkey
-    // (the verbs contract), so there is no refusal to observe there.
-    if (param().provider == "verbs")
-      GTEST_SKIP() << "verbs devices do not check the lkey of inline data";
+    // Devices that copy inline data without looking at the lkey (the verbs
+    // contract) have no refusal to observe; the others promise one.
+    if (!init.dev.attr().inline_checks_lkeys) {
+      if (conveyor_peer(param().provider))
+        FAIL() << "Conveyor's providers promise inline_checks_lkeys";
+      GTEST_SKIP() << "the device does not check the lkey of inline data "
+                      "(device_attr::inline_checks_lkeys)";
+    }
     const std::vector<std::byte> main_before(tgt_main.bytes().begin(), tgt_main.bytes().end());
     CVT_ASSERT_POST_OK(
         init.qp.post_send(send_wr{.wr_id = 0x71,
