@@ -8,6 +8,8 @@
 // sink here is a registered sub-range of a larger buffer the test keeps alive,
 // so a stray write shows as changed bytes (inside or around the old region)
 // instead of a crash.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -264,6 +266,36 @@ TEST_P(local_inline, inline_data_from_unregistered_memory_is_loc_prot_err) {
   std::memset(plain.data(), 0x3c, plain.size());
   // The address is real memory; the key names no region (0 is never a key).
   expect_inline_refused(sge{reinterpret_cast<std::uint64_t>(plain.data()), 64, 0});
+}
+
+// device_attr::registration_pins_pages false: the device reaches registered
+// memory through its owner's mapping at each access, so pages given back with
+// madvise(MADV_DONTNEED) and written again are what a peer's READ returns (the
+// kv store releases its data pages on the strength of it). A device that pins
+// the pages at registration keeps seeing the old ones: nothing to hold it to.
+TEST_P(local_memory, pages_released_and_written_again_are_what_a_read_returns_unless_pinned) {
+  if (device_attr_of(param().provider).registration_pins_pages)
+    GTEST_SKIP() << "the device pins registered pages (device_attr::registration_pins_pages)";
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  constexpr std::size_t len = 4 * 4096;
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  struct unmap_at_end {
+    void* p;
+    ~unmap_at_end() { ::munmap(p, len); }
+  } unmap{p};  // declared before the region: the region goes first
+  const std::span<std::byte> mem(static_cast<std::byte*>(p), len);
+  std::memset(p, 0x11, len);
+  auto mr = tgt.pd.register_memory(mem, access::local_write | access::remote_read);
+  CVT_ASSERT_OK(mr);
+  ASSERT_EQ(::madvise(p, len, MADV_DONTNEED), 0);
+  std::memset(p, 0x22, len);
+  auto sink = make_region(init.pd, len, access::local_write, 0x5a00);
+  CVT_ASSERT_OK(sink);
+  CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(0, len), mr->remote(), 0x5a));
+  ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(len)));
+  EXPECT_TRUE(ok(check_equal(sink->bytes(), mem)))
+      << "a READ after the pages were released and written again";
 }
 
 INSTANTIATE_TEST_SUITE_P(providers, local_memory, testing::ValuesIn(all_params()), param_name);
