@@ -242,7 +242,7 @@ struct endpoint {
   explicit endpoint(const options& o) {
     cvy::device_options d;
     d.progress = o.progress;
-    d.request_crc = o.crc;
+    d.software.request_crc = o.crc;
     manual = o.progress == cvy::progress_mode::manual;
     dev = check(cvy::device::open("soft", d), "open device soft");
     pd = check(dev.alloc_pd(), "alloc_pd");

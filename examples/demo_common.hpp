@@ -156,7 +156,7 @@ inline cvy::work_completion wait_wc(cvy::completion_queue& cq, std::string_view 
 
 inline cvy::device_options device_opts(bool crc) {
   cvy::device_options o;
-  o.request_crc = crc;
+  o.software.request_crc = crc;
   return o;
 }
 

@@ -99,17 +99,17 @@ struct initiator {
                      "decode slot key");
         if (region.length != region_size || slot.length != 8)
           fail("the target published unexpected region sizes");
-        const bool soft = dev.attr().provider == "soft";
-        // soft negotiates RFC 7306 (atomics, immediate data) and CRC with its peer
-        // and reports both; a NIC's capabilities are the device's own.
-        if (soft && !info->attr.extensions)
+        // Where Conveyor runs MPA (soft) it negotiates RFC 7306 (atomics,
+        // immediate data) and CRC with its peer and reports both; a NIC's
+        // capabilities are the device's own.
+        if (dev.attr().runs_mpa && !info->attr.extensions)
           fail("the connection did not negotiate RFC 7306 extensions (atomics, immediate data)");
         const auto& a = info->attr;
         if (a.iwarp && a.iwarp->crc != crc)  // MPA CRC is negotiated: on if either side asks
           fail(std::string("asked for CRC ") + (crc ? "on" : "off") +
                " but the connection has it " + (a.iwarp->crc ? "on" : "off"));
-        atomics_ok = dev.attr().atomics && (!soft || a.extensions);
-        immediate_ok = dev.attr().immediate_data && (!soft || a.extensions);
+        atomics_ok = dev.attr().atomics && (!dev.attr().runs_mpa || a.extensions);
+        immediate_ok = dev.attr().immediate_data && (!dev.attr().runs_mpa || a.extensions);
         // What the connection negotiated: the common facts and the transport's own.
         const std::string ird_ord =
             "IRD/ORD " + std::to_string(a.ird) + "/" + std::to_string(a.ord);

@@ -49,7 +49,7 @@ def serve(provider, address):
     cq = dev.create_cq(64)
     mr = pd.allocate_memory(REGION, conveyor.ALL_ACCESS)
     msg = pd.allocate_memory(64, conveyor.Access.local_write)
-    lis = conveyor.Listener.bind(dev, address)
+    lis = conveyor.Listener.bind(dev, address or None)  # "": an ephemeral address
     print(lis.address, flush=True)
     qp = pd.create_qp(cq)
     qp.post_recv(msg, 1)
@@ -167,8 +167,8 @@ def call_costs(conveyor, qp, cq, local, peer, reps=2000):
 def python_run(provider, duration):
     import conveyor
 
-    address = "@cvy-pybench-%d" % os.getpid() if provider == "shm" else "127.0.0.1:0"
-    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", provider, address],
+    # The target listens at an ephemeral address in its provider's syntax and prints it.
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", provider, ""],
                              stdout=subprocess.PIPE, text=True, env=os.environ.copy())
     try:
         addr = child.stdout.readline().strip()
@@ -195,7 +195,9 @@ def python_run(provider, duration):
 
 
 def cxx_run(tool, provider, duration):
-    address = "@cvy-cxxbench-%d" % os.getpid() if provider == "shm" else "127.0.0.1:18600"
+    # conveyor perf --server needs an address the client knows beforehand, in
+    # the provider's syntax: one per provider this script runs.
+    address = {"soft": "127.0.0.1:18600", "shm": "@cvy-cxxbench-%d" % os.getpid()}[provider]
     server = subprocess.Popen([tool, "perf", "--server", address, "--persistent", "-p", provider, "--quiet"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

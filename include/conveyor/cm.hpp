@@ -2,6 +2,7 @@
 //
 // Target (passive side):
 //   auto lis = conveyor::listener::bind(dev, "0.0.0.0:7471").value();
+//   (or listener::bind(dev): an ephemeral address; lis.address() says where)
 //   auto req = lis.accept(5s).value();            // peer's private data: req.private_data()
 //   req.accept(qp, mr.remote().encode()).value(); // qp is now RTS
 // Initiator (active side):
@@ -84,8 +85,18 @@ class CONVEYOR_API listener {
   listener& operator=(listener&&) noexcept;
   ~listener();
 
-  // "ip:port" (port 0 picks a free one; see address()).
+  // Listens at `address` in the provider's syntax: "ip:port" (soft, verbs;
+  // port 0 picks a free one), "@name" (an abstract Unix socket) or a socket
+  // path (shm). See address() for where it ended up.
   static result<listener> bind(const device& dev, std::string_view address, int backlog = 64);
+  // Listens at an ephemeral address the provider picks, for a peer to reach
+  // through address(): soft "127.0.0.1:<free port>" (loopback: this host
+  // only); shm a fresh abstract socket name the kernel makes unique
+  // ("@" and five hex digits; abstract names are visible to every process of
+  // the network namespace, so the name is no secret); verbs "<ip>:<free
+  // port>" with the device's first IPv4 address (errc::address_error when it
+  // has none). Errors as the other bind.
+  static result<listener> bind(const device& dev, int backlog = 64);
   std::string address() const;
   std::uint16_t port() const noexcept;
 
@@ -94,7 +105,7 @@ class CONVEYOR_API listener {
   // at once, so a silent or slow peer delays no other. accept() hands out
   // complete requests only; a connection that sends something else, closes,
   // or misses device_options::handshake_timeout_ms is closed by the listener
-  // (logged at info), and at most device_options::max_pending_handshakes are
+  // (logged at info), and at most device_options::software.max_pending_handshakes are
   // half-open at a time (the oldest goes first). At most `backlog` complete
   // requests wait for accept(); more are refused with "listener busy".
   result<connect_request> accept(std::chrono::milliseconds timeout);

@@ -71,10 +71,21 @@ struct device_event {
                             // its number and limit
 };
 
-struct device_options {
-  progress_mode progress = progress_mode::thread;
-  bool request_crc = true;     // ask peers for MPA CRC32c (the peer may ask too)
-  std::uint32_t spin_us = 20;  // completion_queue::wait busy-polls this long before sleeping
+// The options of a device are common fields plus one part per provider
+// family, as qp_connection_attr is: a part applies to its family only and the
+// others ignore it (set it anyway; a program need not know which provider it
+// will get).
+//
+//   conveyor::device_options o;
+//   o.progress = conveyor::progress_mode::manual;
+//   o.software.request_crc = false;          // soft
+//   o.verbs.fail_qps_on_port_down = false;   // verbs
+//   auto dev = conveyor::device::open(name, o).value();
+
+// soft and shm: the library's own devices (their engine, listener and
+// handshakes). verbs ignores them.
+struct software_device_options {
+  bool request_crc = true;  // soft: ask peers for MPA CRC32c (the peer may ask too)
   // The engine thread busy-polls this long after activity before sleeping in
   // epoll_wait: long enough to catch the next request of a request/response
   // exchange without a thread wake-up (tens of microseconds on a VM), short
@@ -84,23 +95,21 @@ struct device_options {
   // the engine itself), the engine thread parks instead of waking for every
   // arrival; it resumes when polling stops for 1 ms or the poller sleeps.
   bool engine_park = true;
-  // soft, shm: a READ may scatter into at most this many SGEs
-  // (device_attr::max_sge_rd; 0 keeps the device's limit, max_sge). 1 makes the
-  // device behave as Linux siw does, to see how an application fares on one.
+  // A READ may scatter into at most this many SGEs (device_attr::max_sge_rd;
+  // 0 keeps the device's limit, max_sge). 1 makes the device behave as Linux
+  // siw does, to see how an application fares on one.
   std::uint32_t max_sge_rd = 0;
-  std::uint32_t handshake_timeout_ms = 5000;  // MPA request/reply wait
-  // soft, shm: a listener drives every handshake at once, on its own thread;
-  // this many half-open ones (accepted, request not yet complete) at most.
-  // When one more connection arrives the oldest is closed. Each holds a socket
-  // until it completes or handshake_timeout_ms passes; keep this below the
-  // process's descriptor limit (RLIMIT_NOFILE).
+  // A listener drives every handshake at once, on its own thread; this many
+  // half-open ones (accepted, request not yet complete) at most. When one
+  // more connection arrives the oldest is closed. Each holds a socket until it
+  // completes or device_options::handshake_timeout_ms passes; keep this below
+  // the process's descriptor limit (RLIMIT_NOFILE).
   std::uint32_t max_pending_handshakes = 256;
-  // Called for each device_event, on the device's event thread, in the order
-  // the device reported them (every event is also logged). Keep it short: the
-  // next event waits. It must not destroy the device or its objects. Empty:
-  // events are only logged.
-  std::function<void(const device_event&)> on_event;
-  // verbs: when a port goes down (port_down) and stays down longer than
+};
+
+// verbs: rdma-core devices. soft and shm ignore them.
+struct verbs_device_options {
+  // When a port goes down (port_down) and stays down longer than
   // port_down_grace, move every connected QP on it to ERROR, so each
   // outstanding request completes (wr_flush_err) and
   // new posts return qp_in_error, with one qp_error event per QP naming its
@@ -109,10 +118,10 @@ struct device_options {
   // route but leaves the responder's QP in RTS with its receives outstanding
   // for ever, and a NIC fails a QP only after its transport retries: false
   // leaves it to the device (a link that comes back soon enough then keeps
-  // the connections). soft and shm ignore it.
+  // the connections).
   bool fail_qps_on_port_down = true;
-  // verbs, with fail_qps_on_port_down: how long a port may stay down before
-  // its connected QPs are failed as above. A link that comes back sooner keeps
+  // With fail_qps_on_port_down: how long a port may stay down before its
+  // connected QPs are failed as above. A link that comes back sooner keeps
   // them (requests in flight meanwhile may still fail by the device's doing:
   // rxe fails a requester whose packets no longer route, and the user then
   // gets a qp_error event for that QP when the port comes back). Unset: each
@@ -122,6 +131,23 @@ struct device_options {
   // parameters (iWARP: the kernel's TCP retransmits) or that waits for ever
   // (timeout 0). 0 ms: at once, when the port_down event arrives.
   std::optional<std::chrono::milliseconds> port_down_grace{};
+};
+
+struct device_options {
+  progress_mode progress = progress_mode::thread;  // soft, shm (verbs has no engine)
+  std::uint32_t spin_us = 20;  // completion_queue::wait busy-polls this long before sleeping
+  // How long the passive side waits for a peer's step: soft and shm, a
+  // listener for a connection's request and, after connect_request::accept,
+  // the device for the initiator's RTR (soft); verbs, accept for the
+  // connection to be established.
+  std::uint32_t handshake_timeout_ms = 5000;
+  // Called for each device_event, on the device's event thread, in the order
+  // the device reported them (every event is also logged). Keep it short: the
+  // next event waits. It must not destroy the device or its objects. Empty:
+  // events are only logged.
+  std::function<void(const device_event&)> on_event;
+  software_device_options software{};  // soft, shm
+  verbs_device_options verbs{};        // verbs
 };
 
 // One port of a device: where it is reachable and whether its link is up.
@@ -137,7 +163,9 @@ enum class atomic_scope : std::uint8_t { none, rdma, global };
 
 struct device_attr {
   std::string name;
-  std::string provider;  // "soft", "verbs", "shm"
+  // "soft", "verbs", "shm": for messages and logs. Code that needs to know
+  // what a device does reads the facts below (and transport_type), not this.
+  std::string provider;
   transport transport_type = transport::iwarp;
   std::uint32_t max_qp = 0;
   std::uint32_t max_cqe = 0;
@@ -162,6 +190,29 @@ struct device_attr {
   // invalid_argument (soft, shm). false: the device finds out only when a
   // message arrives for that receive (verbs: it completes with loc_prot_err).
   bool post_recv_checks_lkeys = false;
+  // post_send with send_flags::inline_data checks each SGE as a non-inline
+  // one: a stale lkey or a range outside its region completes with
+  // loc_prot_err and sends nothing (soft, shm). false: the device copies the
+  // bytes without looking at the lkey, as the verbs contract allows (verbs).
+  bool inline_checks_lkeys = false;
+  // Deregistering memory that an outstanding work request uses is handled: the
+  // request touches no more of it and fails (a receive with loc_prot_err, a
+  // READ's sink gets no more bytes), and the QP goes to ERROR (soft, shm).
+  // false: it is the application's error, as in verbs, and each device
+  // answers it its own way.
+  bool deregister_stops_outstanding = false;
+  // register_memory pins the pages as they are when registered and the device
+  // reaches them by DMA (verbs): memory given back to the kernel
+  // (madvise(MADV_DONTNEED)) while registered is no longer what the device
+  // sees. false: the device reaches registered memory through this process's
+  // mapping at each access (soft, shm), so released pages may fault in again.
+  bool registration_pins_pages = false;
+  // The library itself runs MPA (RFC 5044/6581) for this device's
+  // connections: software_device_options::software.request_crc applies and
+  // qp_connection_attr::iwarp reports what was negotiated (soft). false on
+  // shm (no MPA) and on rdma-core's iWARP devices, where the kernel or the
+  // NIC runs it and tells nothing of it.
+  bool runs_mpa = false;
   bool atomics = false;  // between two peers that both support them
   // What a remote atomic is atomic against (verbs' atomic_cap): only other
   // RDMA atomics through this device (`rdma`, IBV_ATOMIC_HCA: a CPU store to

@@ -114,7 +114,7 @@ struct verbs_transport_params {
   // resent (retry_count times): 1..31 (14 = 67 ms, 17 = 537 ms, 19 = 2.1 s), or
   // 0 to wait for ever. Unset: what rdma_cm derives from the path (19 on
   // Linux 6.1 over RoCE). It also sets how long a port may stay
-  // down before the QP is failed (device_options::port_down_grace).
+  // down before the QP is failed (device_options::verbs.port_down_grace).
   std::optional<std::uint8_t> timeout{};
   // Largest payload of one packet, in bytes: 256, 512, 1024, 2048 or 4096. The
   // connection uses the smaller of this and the path's MTU

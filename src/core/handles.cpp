@@ -369,6 +369,12 @@ result<listener> listener::bind(const device& dev, std::string_view address, int
   if (!r) return std::unexpected(r.error());
   return listener(std::move(*r));
 }
+result<listener> listener::bind(const device& dev, int backlog) {
+  if (!dev) return make_error(errc::invalid_state, "listener::bind: empty device handle");
+  auto r = detail::handle_access::shared(dev)->bind_ephemeral_listener(backlog);
+  if (!r) return std::unexpected(r.error());
+  return listener(std::move(*r));
+}
 std::string listener::address() const {
   return impl_ ? impl_->address() : "";
 }

@@ -33,6 +33,8 @@ class device_impl : public std::enable_shared_from_this<device_impl> {
   virtual result<std::shared_ptr<cq_impl>> create_cq(const cq_options& opts) = 0;
   virtual result<std::unique_ptr<listener_impl>> bind_listener(std::string_view address,
                                                                int backlog) = 0;
+  // listener::bind(dev): an ephemeral address in the provider's own syntax.
+  virtual result<std::unique_ptr<listener_impl>> bind_ephemeral_listener(int backlog) = 0;
 
  protected:
   device_attr attr_;

@@ -9,12 +9,6 @@
 
 namespace cvt {
 
-bool runs_mpa(const conveyor::device_attr& a) {
-  // Name check: rdma-core's iWARP devices run MPA in the kernel or the NIC and
-  // expose none of it; no attribute tells the two kinds of iWARP device apart.
-  return a.transport_type == conveyor::transport::iwarp && a.provider != "verbs";
-}
-
 const conveyor::device_attr& device_attr_of(const std::string& provider) {
   static std::mutex mu;
   static std::map<std::string, conveyor::device_attr> cache;

@@ -11,11 +11,11 @@ namespace cvt {
 
 // The device's connections run MPA (RFC 5044/6581) in Conveyor itself, so raw
 // TCP peers can script the handshake and the connection reports its MPA
-// facts (qp_connection_attr::iwarp: revision, CRC, MSS, RTR). No device
-// attribute says who runs MPA: an iWARP device of rdma-core (provider
-// "verbs") runs it in the kernel or the NIC; every other iWARP device is
-// Conveyor's own. connection_test checks this against qp.connection().
-bool runs_mpa(const conveyor::device_attr& a);
+// facts (qp_connection_attr::iwarp: revision, CRC, MSS, RTR):
+// device_attr::runs_mpa. connection_test checks it against qp.connection().
+inline bool runs_mpa(const conveyor::device_attr& a) {
+  return a.runs_mpa;
+}
 
 // The connection negotiated MPA in Conveyor (its iwarp part is there).
 inline bool has_mpa(const conveyor::qp_connection_attr& c) {

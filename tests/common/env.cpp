@@ -93,7 +93,8 @@ milliseconds scaled(milliseconds base) {
 
 std::string device_name(const std::string& provider, const std::string& role) {
   static std::atomic<unsigned> counter{0};
-  // Name check: soft and shm open a fresh instance per name ("soft:<label>").
+  // Name check: device::open's name syntax (soft and shm open a fresh
+  // instance per "<provider>:<label>"; "verbs:<x>" names an rdma-core device).
   if (provider == "soft" || provider == "shm") {
     return provider + ":" + role + "-" + std::to_string(::getpid()) + "-" +
            std::to_string(counter.fetch_add(1));
@@ -101,34 +102,18 @@ std::string device_name(const std::string& provider, const std::string& role) {
   return provider;
 }
 
-std::string listen_address(const std::string& provider) {
-  static std::atomic<unsigned> counter{0};
-  if (provider == "shm") {  // name check: address syntax ("@name")
-    return "@cvt-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  }
-  if (provider == "verbs") {  // name check: the environment (the RDMA netdev's address)
-    const char* e = std::getenv("CONVEYOR_TEST_VERBS_ADDR");
-    return std::string(e != nullptr && *e != '\0' ? e : "10.11.0.1") + ":0";
-  }
-  return "127.0.0.1:0";
-}
-
-std::string listen_host(const std::string& provider) {
-  std::string a = listen_address(provider);
-  return a.substr(0, a.rfind(':'));
-}
-
 conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc,
                                       std::uint32_t max_sge_rd) {
   conveyor::device_options o;
   o.progress = mode;
-  o.request_crc = request_crc;
-  o.max_sge_rd = max_sge_rd;
+  o.software.request_crc = request_crc;
+  o.software.max_sge_rd = max_sge_rd;
   return o;
 }
 
 bool conveyor_peer(const std::string& provider) {
-  // Name check: who implements both ends (Conveyor promises RFC 7306 between its own).
+  // Name check: a promise of Conveyor's own providers (RFC 7306 between two of
+  // them); a device fact here would make the tests check themselves.
   return provider == "soft" || provider == "shm";
 }
 

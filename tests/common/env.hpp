@@ -52,16 +52,6 @@ std::string device_name(const std::string& provider, const std::string& role);
 conveyor::device_options make_options(conveyor::progress_mode mode, bool request_crc = true,
                                       std::uint32_t max_sge_rd = 0);
 
-// Where the suites bind a listener of this provider: soft "127.0.0.1:0"; shm a
-// fresh abstract Unix name "@cvt-<pid>-<n>"; verbs "$CONVEYOR_TEST_VERBS_ADDR:0"
-// (default 10.11.0.1, the address the VM harness gives its RDMA netdev).
-// Connect to listener::address() of the bound listener.
-std::string listen_address(const std::string& provider);
-
-// The host part of listen_address(provider) ("127.0.0.1", or the verbs netdev's
-// address): where tests that build an "ip:port" themselves must point.
-std::string listen_host(const std::string& provider);
-
 // Both ends are Conveyor's own providers: RFC 7306 extensions must be negotiated.
 bool conveyor_peer(const std::string& provider);
 

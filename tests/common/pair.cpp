@@ -1,5 +1,7 @@
 #include "common/pair.hpp"
 
+#include "common/caps.hpp"
+
 #include <iostream>
 #include <thread>
 
@@ -118,11 +120,12 @@ void pair_test::prepare_pair(const pair_options& o) {
 void pair_test::connect_pair(const pair_options& o) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair(o));
 
-  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
+  // An ephemeral address in the provider's own syntax (cm.hpp).
+  auto lis = conveyor::listener::bind(tgt.dev);
   CVT_ASSERT_OK(lis);
   listen_address_ = lis->address();
   ASSERT_FALSE(listen_address_.empty());
-  if (param().provider != "shm") {  // name check: address syntax (shm listens on "@name")
+  if (has_wire(tgt.dev.attr())) {  // "ip:port": the port it reports is the one it holds
     ASSERT_NE(lis->port(), 0) << "listener bound to port 0: " << listen_address_;
   }
 

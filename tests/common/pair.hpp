@@ -47,7 +47,7 @@ struct endpoint {
 };
 
 struct pair_options {
-  bool init_crc = true;  // device_options.request_crc of each side
+  bool init_crc = true;  // device_options.software.request_crc of each side
   bool tgt_crc = true;
   std::uint32_t init_send_cq_depth = 1024;
   std::uint32_t init_recv_cq_depth = 1024;
@@ -61,7 +61,8 @@ struct pair_options {
   std::uint32_t tgt_max_dest_rd_atomic = 16;
   std::size_t tgt_region_size = MiB;  // the region published in the private data
   std::uint64_t tgt_region_seed = 0x7a11;
-  std::uint32_t max_sge_rd = 0;  // device_options.max_sge_rd of each side (0: the device's)
+  // device_options.software.max_sge_rd of each side (0: the device's)
+  std::uint32_t max_sge_rd = 0;
 };
 
 class pair_test : public testing::TestWithParam<provider_param> {

@@ -332,9 +332,9 @@ int run_two_party_target(const child_args& a) {
     return fail("post_recv: " + name(st), 2);
   }
 
-  std::string bind_addr = get(a, "addr");
-  if (bind_addr.empty()) bind_addr = listen_address(s.provider);
-  auto lis = conveyor::listener::bind(*dev, bind_addr);
+  const std::string bind_addr = get(a, "addr");
+  auto lis = bind_addr.empty() ? conveyor::listener::bind(*dev)
+                               : conveyor::listener::bind(*dev, bind_addr);
   if (!lis) return fail("listener::bind: " + lis.error().to_string(), 2);
   // "port N address A": soft's A is "ip:port", shm's an abstract Unix name.
   report("port " + std::to_string(lis->port()) + " address " + lis->address());

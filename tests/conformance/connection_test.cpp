@@ -157,7 +157,7 @@ TEST_P(connection, private_data_of_max_size_passes_both_ways) {
       init.dev.attr().transport_type == conveyor::transport::roce)
     GTEST_SKIP() << "IB/RoCE connection requests carry at most 55 bytes of private data (IB CM "
                     "REQ), not 251";
-  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
+  auto lis = conveyor::listener::bind(tgt.dev);
   CVT_ASSERT_OK(lis);
   const std::string addr = lis->address();
   const auto to_tgt = make_pattern(conveyor::max_private_data, 0x51);
@@ -183,9 +183,57 @@ TEST_P(connection, private_data_of_max_size_passes_both_ways) {
   EXPECT_EQ(check_equal(info->private_data, to_init), "");
 }
 
+// listener::bind(dev) with no address: the provider picks an ephemeral one in
+// its own syntax, and a peer reaches it at the address the listener reports.
+TEST_P(connection, listener_bound_without_an_address_is_reached_at_the_address_it_reports) {
+  ASSERT_NO_FATAL_FAILURE(prepare_pair());
+  auto lis = conveyor::listener::bind(tgt.dev);
+  CVT_ASSERT_OK(lis);
+  const std::string addr = lis->address();
+  ASSERT_FALSE(addr.empty());
+  if (has_wire(tgt.dev.attr())) {
+    EXPECT_NE(lis->port(), 0) << addr;
+    EXPECT_TRUE(addr.ends_with(":" + std::to_string(lis->port()))) << addr;
+  } else {
+    EXPECT_EQ(addr[0], '@') << "an abstract name (nothing in the filesystem): " << addr;
+  }
+  {
+    auto second = conveyor::listener::bind(tgt.dev);
+    CVT_ASSERT_OK(second);
+    EXPECT_NE(second->address(), addr) << "two live listeners got one address";
+  }
+  std::string err;
+  std::thread acceptor([&] {
+    auto req = lis->accept(scaled(milliseconds(10000)));
+    if (!req) {
+      err = "accept: " + req.error().to_string();
+      return;
+    }
+    auto r = req->accept(tgt.qp);
+    if (!r) err = "accept: " + r.error().to_string();
+  });
+  auto info = conveyor::connect(init.qp, addr, {.timeout = scaled(milliseconds(10000))});
+  acceptor.join();
+  CVT_ASSERT_OK(info);
+  ASSERT_EQ(err, "");
+  EXPECT_EQ(info->attr.peer_address, addr);
+
+  auto sink = make_region(tgt.pd, 64, conveyor::access::local_write, 0x6100);
+  CVT_ASSERT_OK(sink);
+  auto src = make_region(init.pd, 64, conveyor::access::local_write, 0x6200);
+  CVT_ASSERT_OK(src);
+  CVT_ASSERT_POST_OK(tgt.qp.post_recv(sink->sge(0, 64), 0x61));
+  CVT_ASSERT_POST_OK(init.qp.post_send_msg(src->sge(0, 64), 0x62));
+  std::vector<conveyor::work_completion> tw;
+  ASSERT_TRUE(wait_ok(tgt.recv_reader(), 1, op_timeout(64), &tw));
+  EXPECT_EQ(tw[0].wr_id, 0x61u);
+  ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(64)));
+  EXPECT_TRUE(ok(check_equal(sink->bytes(), src->bytes()))) << "the message's bytes";
+}
+
 TEST_P(connection, listener_reject_reason_reaches_the_connector_as_rejected) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
-  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
+  auto lis = conveyor::listener::bind(tgt.dev);
   CVT_ASSERT_OK(lis);
   const std::string addr = lis->address();
   const std::string reason = "no room at the inn (cvt-reason-42)";
@@ -216,13 +264,13 @@ TEST_P(connection, listener_reject_reason_reaches_the_connector_as_rejected) {
 TEST_P(connection, connect_to_port_without_listener_is_connection_refused) {
   ASSERT_NO_FATAL_FAILURE(prepare_pair());
   std::string addr;
-  if (param().provider == "shm") {  // name check: address syntax (shm listens on "@name")
-    addr = listen_address("shm");   // a fresh abstract name nobody binds
-  } else {
-    const std::uint16_t port = unused_port();
-    ASSERT_NE(port, 0);
-    // The host the provider's listeners use (verbs: an address on the RDMA netdev).
-    addr = listen_host(param().provider) + ":" + std::to_string(port);
+  {
+    // Where a listener of this provider just was, in its own syntax (a free
+    // port of the host its listeners use, a fresh abstract name), and nothing
+    // listens any more.
+    auto lis = conveyor::listener::bind(tgt.dev);
+    CVT_ASSERT_OK(lis);
+    addr = lis->address();
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto info = conveyor::connect(init.qp, addr, {.timeout = milliseconds(5000)});

@@ -8,6 +8,8 @@
 // sink here is a registered sub-range of a larger buffer the test keeps alive,
 // so a stray write shows as changed bytes (inside or around the old region)
 // instead of a crash.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include "common/caps.hpp"
 #include "common/pair.hpp"
 
 namespace cvt {
@@ -69,17 +72,22 @@ std::string canary_damage(std::span<const std::byte> b) {
 
 class local_memory : public pair_test {
  protected:
-  // Skips the test (the caller returns when IsSkipped()). Name check: on verbs,
-  // deregistering memory that an outstanding work request
-  // uses is the application's error (the verbs contract); the kernel's
-  // providers answer it each their own way (rxe: local QP operation error;
-  // siw: general error, the sender told success, and a READ's response still
-  // lands in the pages the registration had pinned), so there is no one
-  // behaviour to hold them to. soft and shm promise it: these cases check them.
-  void skip_on_verbs() {
-    if (param().provider == "verbs")
-      GTEST_SKIP() << "verbs: deregistering memory an outstanding request uses is the "
-                      "application's error; kernel providers differ in how they report it";
+  // Skips the test (the caller returns when IsSkipped() or on the failure) unless the device
+  // says it handles memory deregistered under an outstanding request
+  // (device_attr::deregister_stops_outstanding: soft and shm promise it, and
+  // these cases hold them to it). Elsewhere it is the application's error
+  // (the verbs contract) and the kernel's providers answer it each their own
+  // way (rxe: local QP operation error; siw: general error, the sender told
+  // success, and a READ's response still lands in the pages the registration
+  // had pinned), so there is no one behaviour to hold them to.
+  void skip_unless_deregister_is_handled() {
+    if (!device_attr_of(param().provider).deregister_stops_outstanding) {
+      if (conveyor_peer(param().provider))
+        FAIL() << "Conveyor's providers promise deregister_stops_outstanding";
+      GTEST_SKIP() << "the device does not handle deregistering memory an outstanding request "
+                      "uses (device_attr::deregister_stops_outstanding): the application's "
+                      "error there";
+    }
   }
 
   // After the failure: a new connection with new regions READs and SENDs as usual.
@@ -105,8 +113,8 @@ class local_memory : public pair_test {
 };
 
 TEST_P(local_memory, receive_into_deregistered_region_writes_nothing_and_is_loc_prot_err) {
-  skip_on_verbs();
-  if (IsSkipped()) return;
+  skip_unless_deregister_is_handled();
+  if (IsSkipped() || HasFatalFailure()) return;
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   guarded_sink s;
   ASSERT_TRUE(make_guarded(tgt.pd, 3000, s));
@@ -133,8 +141,8 @@ TEST_P(local_memory, read_sink_deregistered_while_outstanding_gets_no_more_bytes
   // Large enough that the response is still streaming when the sink goes
   // (with manual progress nothing of it has been placed yet).
   constexpr std::size_t len = 64 * MiB;
-  skip_on_verbs();
-  if (IsSkipped()) return;
+  skip_unless_deregister_is_handled();
+  if (IsSkipped() || HasFatalFailure()) return;
   pair_options o;
   o.tgt_region_size = len;
   ASSERT_NO_FATAL_FAILURE(connect_pair(o));
@@ -166,8 +174,8 @@ TEST_P(local_memory, write_source_deregistered_while_outstanding_sends_none_of_i
   // the peer (shm over cross-memory attach) when its source goes.
   constexpr std::size_t len = 64 * MiB;
   constexpr std::byte before{0x5A}, after{0xB7};
-  skip_on_verbs();
-  if (IsSkipped()) return;
+  skip_unless_deregister_is_handled();
+  if (IsSkipped() || HasFatalFailure()) return;
   pair_options o;
   o.tgt_region_size = len;
   ASSERT_NO_FATAL_FAILURE(connect_pair(o));
@@ -212,10 +220,14 @@ class local_inline : public local_memory {
  protected:
   // Inline data from `s` (no live region covers it): refused, nothing sent.
   void expect_inline_refused(const sge& s) {
-    // Name check: verbs devices copy inline data without looking at the lkey
-    // (the verbs contract), so there is no refusal to observe there.
-    if (param().provider == "verbs")
-      GTEST_SKIP() << "verbs devices do not check the lkey of inline data";
+    // Devices that copy inline data without looking at the lkey (the verbs
+    // contract) have no refusal to observe; the others promise one.
+    if (!init.dev.attr().inline_checks_lkeys) {
+      if (conveyor_peer(param().provider))
+        FAIL() << "Conveyor's providers promise inline_checks_lkeys";
+      GTEST_SKIP() << "the device does not check the lkey of inline data "
+                      "(device_attr::inline_checks_lkeys)";
+    }
     const std::vector<std::byte> main_before(tgt_main.bytes().begin(), tgt_main.bytes().end());
     CVT_ASSERT_POST_OK(
         init.qp.post_send(send_wr{.wr_id = 0x71,
@@ -254,6 +266,36 @@ TEST_P(local_inline, inline_data_from_unregistered_memory_is_loc_prot_err) {
   std::memset(plain.data(), 0x3c, plain.size());
   // The address is real memory; the key names no region (0 is never a key).
   expect_inline_refused(sge{reinterpret_cast<std::uint64_t>(plain.data()), 64, 0});
+}
+
+// device_attr::registration_pins_pages false: the device reaches registered
+// memory through its owner's mapping at each access, so pages given back with
+// madvise(MADV_DONTNEED) and written again are what a peer's READ returns (the
+// kv store releases its data pages on the strength of it). A device that pins
+// the pages at registration keeps seeing the old ones: nothing to hold it to.
+TEST_P(local_memory, pages_released_and_written_again_are_what_a_read_returns_unless_pinned) {
+  if (device_attr_of(param().provider).registration_pins_pages)
+    GTEST_SKIP() << "the device pins registered pages (device_attr::registration_pins_pages)";
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  constexpr std::size_t len = 4 * 4096;
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  struct unmap_at_end {
+    void* p;
+    ~unmap_at_end() { ::munmap(p, len); }
+  } unmap{p};  // declared before the region: the region goes first
+  const std::span<std::byte> mem(static_cast<std::byte*>(p), len);
+  std::memset(p, 0x11, len);
+  auto mr = tgt.pd.register_memory(mem, access::local_write | access::remote_read);
+  CVT_ASSERT_OK(mr);
+  ASSERT_EQ(::madvise(p, len, MADV_DONTNEED), 0);
+  std::memset(p, 0x22, len);
+  auto sink = make_region(init.pd, len, access::local_write, 0x5a00);
+  CVT_ASSERT_OK(sink);
+  CVT_ASSERT_POST_OK(init.qp.post_read(sink->sge(0, len), mr->remote(), 0x5a));
+  ASSERT_TRUE(wait_ok(init.send_reader(), 1, op_timeout(len)));
+  EXPECT_TRUE(ok(check_equal(sink->bytes(), mem)))
+      << "a READ after the pages were released and written again";
 }
 
 INSTANTIATE_TEST_SUITE_P(providers, local_memory, testing::ValuesIn(all_params()), param_name);

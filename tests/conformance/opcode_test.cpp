@@ -220,7 +220,7 @@ TEST_P(opcodes, send_with_inv_of_a_key_not_registered_invalidatable_is_refused_a
 
   // A second connection to the same protection domain READs the region with
   // the same rkey.
-  auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
+  auto lis = conveyor::listener::bind(tgt.dev);
   CVT_ASSERT_OK(lis);
   auto tqp2 = tgt.pd.create_qp({.send_cq = &tgt.scq, .recv_cq = &tgt.scq});
   CVT_ASSERT_OK(tqp2);

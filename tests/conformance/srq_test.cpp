@@ -149,7 +149,7 @@ class srq : public testing::TestWithParam<provider_param> {
     CVT_ASSERT_OK(r);
     src = std::move(*r);
 
-    auto lis = conveyor::listener::bind(tdev, listen_address(GetParam().provider));
+    auto lis = conveyor::listener::bind(tdev);
     CVT_ASSERT_OK(lis);
     const std::string addr = lis->address();
     const auto timeout = scaled(milliseconds(10000));

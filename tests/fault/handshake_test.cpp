@@ -76,9 +76,9 @@ TEST_P(handshake, connect_after_the_listener_closed_is_connection_refused) {
     GTEST_SKIP() << "a TCP port refusing connections: shared memory has no wire (no host:port)";
   std::string addr;
   {
-    auto lis = conveyor::listener::bind(tgt.dev, listen_address(param().provider));
+    auto lis = conveyor::listener::bind(tgt.dev);
     CVT_ASSERT_OK(lis);
-    addr = listen_host(param().provider) + ":" + std::to_string(lis->port());
+    addr = lis->address();
   }
   const auto t0 = steady_clock::now();
   auto info = conveyor::connect(init.qp, addr, {.timeout = milliseconds(5000)});

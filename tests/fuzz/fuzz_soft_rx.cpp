@@ -83,7 +83,7 @@ struct world {
 
   world() {
     device_options o;
-    o.request_crc = false;
+    o.software.request_crc = false;
     o.handshake_timeout_ms = 2000;
     dev = device::open("soft", o).value();
     pd_a = dev.alloc_pd().value();

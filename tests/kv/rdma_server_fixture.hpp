@@ -86,16 +86,13 @@ struct server {
   std::thread thread;
   std::atomic<std::uint64_t> handled{0};
 
-  // provider: soft or shm (shm listens on a fresh "@name"; soft on any free port
+  // provider: soft or shm (an ephemeral address in the provider's syntax
   // unless ro.address says otherwise).
   explicit server(const std::string& provider, kv::store_options so = small_store(),
                   kv::rdma_server_options ro = {}, rpcs handler = rpcs::mini) {
     using namespace std::chrono_literals;
-    static std::atomic<int> n{0};
-    if (provider == "shm")  // name check: address syntax (shm listens on "@name")
-      ro.address = "@cvkv-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-    conveyor::device_options dopts;  // MPA CRC requested (the default), as kv serve
-    dopts.engine_park = false;       // as kv serve: the loop polls, then sleeps in epoll
+    conveyor::device_options dopts;      // MPA CRC requested (the default), as kv serve
+    dopts.software.engine_park = false;  // as kv serve: the loop polls, then sleeps in epoll
     dev = must(conveyor::device::open(provider + ":kvs", dopts));
     pd = must(dev.alloc_pd());
     st = must(kv::store::create(pd, so));

@@ -41,7 +41,7 @@ struct target {
 
   explicit target(bool request_crc = true) {
     device_options o;
-    o.request_crc = request_crc;
+    o.software.request_crc = request_crc;
     dev = device::open("soft", o).value();
     pd = dev.alloc_pd().value();
     cq = dev.create_cq({.depth = 256}).value();

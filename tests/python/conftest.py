@@ -6,8 +6,6 @@ The target registers `target_buf` with every right and sends its key as the
 accept's private data.
 """
 
-import itertools
-import os
 import threading
 import types
 
@@ -16,25 +14,17 @@ import pytest
 import conveyor
 
 PROVIDERS = ["soft", "shm"]
-_names = itertools.count()
 
 
 def runs_mpa(attr):
     """The device's connections run MPA in Conveyor itself, so they report it
-    (ConnectionAttr.iwarp). Name check: no attribute says who runs MPA, and
-    rdma-core's iWARP devices (provider "verbs") run it in the kernel or NIC."""
-    return attr.transport == conveyor.Transport.iwarp and attr.provider != "verbs"
+    (ConnectionAttr.iwarp): DeviceAttr.runs_mpa."""
+    return attr.runs_mpa
 
 
 def has_wire(attr):
     """The peers talk over a network (not shared memory)."""
     return attr.transport != conveyor.Transport.shm
-
-
-def listen_address(provider):
-    if provider == "shm":  # name check: address syntax (shm listens on "@name")
-        return "@cvy-py-%d-%d" % (os.getpid(), next(_names))
-    return "127.0.0.1:0"
 
 
 def make_pair(provider, size=1 << 16, target_buf=None, target_progress=conveyor.ProgressMode.thread, **qp_kwargs):
@@ -44,7 +34,7 @@ def make_pair(provider, size=1 << 16, target_buf=None, target_progress=conveyor.
     t.cq = t.dev.create_cq(256)
     t.buf = target_buf if target_buf is not None else bytearray(size)
     t.mr = t.pd.register_memory(t.buf, conveyor.ALL_ACCESS)
-    t.lis = conveyor.Listener.bind(t.dev, listen_address(provider))
+    t.lis = conveyor.Listener.bind(t.dev)  # an ephemeral address in the provider's syntax
     t.qp = t.pd.create_qp(t.cq, **qp_kwargs)
 
     i = types.SimpleNamespace()

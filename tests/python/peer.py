@@ -3,6 +3,8 @@ right, listens, prints its address, serves one initiator, then checks what the
 initiator wrote and says so over a SEND.
 
     python3 peer.py <provider> <address> <size> <seed>
+
+<address> "" listens at an ephemeral address the provider picks.
 """
 
 import random
@@ -24,7 +26,7 @@ def main():
     mr = pd.register_memory(shelf, conveyor.ALL_ACCESS)
     msg = bytearray(64)
     msg_mr = pd.register_memory(msg, conveyor.Access.local_write)
-    lis = conveyor.Listener.bind(dev, address)
+    lis = conveyor.Listener.bind(dev, address or None)
     print(lis.address, flush=True)
     qp = pd.create_qp(cq)
     qp.post_recv(msg_mr, 1)

@@ -34,7 +34,7 @@ def test_device_open_and_attr(provider):
 
 def test_device_open_options():
     dev = conveyor.Device.open("soft", progress=conveyor.ProgressMode.manual, spin_us=5, request_crc=False)
-    assert dev.name == "soft"
+    assert dev.name == "soft"  # name check: open("soft") with options still names what it opened
 
 
 def test_device_open_unknown_is_not_found():

@@ -9,7 +9,6 @@ import pytest
 
 import conveyor
 from conveyor import Access
-from conftest import listen_address
 
 CLIENTS = 16
 ROUNDS = 10
@@ -80,7 +79,7 @@ def test_echo_server_many_clients(provider):
     async def main():
         sdev = conveyor.Device.open(provider)
         cdev = conveyor.Device.open(provider)
-        lis = conveyor.Listener.bind(sdev, listen_address(provider))
+        lis = conveyor.Listener.bind(sdev)
         tasks = []
         srv = asyncio.ensure_future(server(sdev, lis, CLIENTS, tasks))
         results = await asyncio.gather(*(client(cdev, lis.address, k) for k in range(CLIENTS)))

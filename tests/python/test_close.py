@@ -13,7 +13,7 @@ import time
 import pytest
 
 import conveyor
-from conftest import listen_address, make_pair
+from conftest import make_pair
 
 
 def engine_threads(provider):
@@ -69,7 +69,7 @@ def test_close_is_idempotent(provider):
     dev = conveyor.Device.open(provider)
     pd = dev.alloc_pd()
     cq = dev.create_cq(16)
-    lis = conveyor.Listener.bind(dev, listen_address(provider))
+    lis = conveyor.Listener.bind(dev)
     for obj in (lis, cq, pd, dev):
         obj.close()
         obj.close()
@@ -83,7 +83,7 @@ def test_using_a_closed_object_raises_invalid_state_naming_it(provider):
     dev = conveyor.Device.open(provider)
     pd = dev.alloc_pd()
     cq = dev.create_cq(16)
-    lis = conveyor.Listener.bind(dev, listen_address(provider))
+    lis = conveyor.Listener.bind(dev)
     lis.close()
     cq.close()
     pd.close()
@@ -93,7 +93,7 @@ def test_using_a_closed_object_raises_invalid_state_naming_it(provider):
         ("Device", lambda: dev.create_cq(4)),
         ("Device", lambda: dev.name),
         ("Device", lambda: dev.attr),
-        ("Device", lambda: conveyor.Listener.bind(dev, listen_address(provider))),
+        ("Device", lambda: conveyor.Listener.bind(dev)),
         ("ProtectionDomain", lambda: pd.allocate_memory(64, conveyor.Access.local_write)),
         ("ProtectionDomain", lambda: pd.register_memory(bytearray(64), conveyor.Access.local_write)),
         ("ProtectionDomain", lambda: pd.create_srq()),
@@ -143,7 +143,7 @@ def test_an_open_qp_keeps_working_after_its_device_pd_and_cqs_are_closed(provide
 def test_a_cq_or_listener_in_use_by_another_thread_refuses_to_close(provider):
     dev = conveyor.Device.open(provider)
     cq = dev.create_cq(16)
-    lis = conveyor.Listener.bind(dev, listen_address(provider))
+    lis = conveyor.Listener.bind(dev)
     started = threading.Event()
 
     def block():

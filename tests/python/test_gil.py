@@ -8,7 +8,7 @@ import time
 
 import conveyor
 from conveyor import Access
-from conftest import listen_address, make_pair
+from conftest import make_pair
 
 
 def ticks_during(blocking_call):
@@ -74,7 +74,7 @@ def test_cq_wait_releases_the_gil(provider):
 
 
 def test_listener_accept_releases_the_gil(provider):
-    lis = conveyor.Listener.bind(conveyor.Device.open(provider), listen_address(provider))
+    lis = conveyor.Listener.bind(conveyor.Device.open(provider))
     n, _ = ticks_during(expect_timeout(lambda: lis.accept(0.3)))
     assert n >= MIN_TURNS, "only %d ticks while accept blocked" % n
 
@@ -82,7 +82,7 @@ def test_listener_accept_releases_the_gil(provider):
 def test_connect_releases_the_gil(provider):
     # A listener that never accepts: connect blocks until its timeout.
     dev = conveyor.Device.open(provider)
-    lis = conveyor.Listener.bind(dev, listen_address(provider))
+    lis = conveyor.Listener.bind(dev)
     qp = dev.alloc_pd().create_qp(dev.create_cq(16))
 
     def call():

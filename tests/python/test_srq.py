@@ -8,7 +8,7 @@ import pytest
 
 import conveyor
 from conveyor import Access, WcOpcode
-from conftest import listen_address, wait_for
+from conftest import wait_for
 
 
 def test_two_qps_share_one_srq(provider):
@@ -33,7 +33,7 @@ def test_two_qps_share_one_srq(provider):
     idev = conveyor.Device.open(provider)
     ipd = idev.alloc_pd()
     icq = idev.create_cq(256)
-    lis = conveyor.Listener.bind(tdev, listen_address(provider))
+    lis = conveyor.Listener.bind(tdev)
     tqps, iqps = [], []
     for _ in range(2):
         tq = tpd.create_qp(tcq, srq=srq)

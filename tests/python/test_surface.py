@@ -33,7 +33,7 @@ def test_device_attr_and_ports(provider):
 def test_connection_attr_caps_counters_and_request(provider):
     p = make_pair(provider)
     assert isinstance(p.t.lis, conveyor.Listener)
-    if provider == "soft":  # name check: address syntax (soft listens on a TCP port)
+    if has_wire(p.t.dev.attr):  # "ip:port": the listener holds a port
         assert p.t.lis.port > 0 and p.t.lis.address.endswith(":%d" % p.t.lis.port)
     assert isinstance(p.i.info, conveyor.ConnectionInfo) and isinstance(p.i.qp, conveyor.QueuePair)
     assert isinstance(p.i.pd, conveyor.ProtectionDomain) and isinstance(p.i.cq, conveyor.CompletionQueue)
@@ -92,9 +92,8 @@ def test_connection_attr_caps_counters_and_request(provider):
 def test_request_peer_address_and_disconnect(provider):
     dev = conveyor.Device.open(provider)
     pd, cq = dev.alloc_pd(), dev.create_cq(16)
-    from conftest import listen_address
     import threading
-    lis = conveyor.Listener.bind(dev, listen_address(provider))
+    lis = conveyor.Listener.bind(dev)
     tq = pd.create_qp(cq)
     seen = {}
 
@@ -109,7 +108,7 @@ def test_request_peer_address_and_disconnect(provider):
     qp = pd.create_qp(cq)
     conveyor.connect(qp, lis.address)
     th.join()
-    if provider == "soft":  # name check: address syntax (shm names a peer by "pid P")
+    if has_wire(dev.attr):  # "ip:port" both ways (shm names a peer by "pid P")
         assert seen["peer"] == qp.connection().local_address
     else:
         assert isinstance(seen["peer"], str)
@@ -163,3 +162,24 @@ def test_every_public_name_is_used_by_a_test():
             unused += ["%s.%s" % (name, m) for m in dir(obj)
                        if not m.startswith("_") and not re.search(r"(\.%s\b|\"%s\")" % (m, m), text)]
     assert not unused, "no test uses: %s" % unused
+
+
+def test_listener_bound_without_an_address_gets_one_in_the_providers_syntax(provider):
+    # make_pair connects through such a listener; here its address itself.
+    dev = conveyor.Device.open(provider)
+    a = conveyor.Listener.bind(dev)
+    b = conveyor.Listener.bind(dev, backlog=8)
+    assert a.address and a.address != b.address, "two live listeners got one address"
+    if has_wire(dev.attr):
+        assert a.port > 0 and a.address.endswith(":%d" % a.port)
+    else:
+        assert a.address.startswith("@") and a.port == 0
+
+
+def test_device_facts(provider):
+    a = conveyor.Device.open(provider).attr
+    for fact in ("post_recv_checks_lkeys", "inline_checks_lkeys", "deregister_stops_outstanding",
+                 "registration_pins_pages", "runs_mpa"):
+        assert isinstance(getattr(a, fact), bool), fact
+    # connection attributes report MPA exactly where runs_mpa says (see
+    # test_connection_attr_caps_counters_and_request)

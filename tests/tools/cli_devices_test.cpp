@@ -34,6 +34,9 @@ TEST(cli, devices_json_lists_the_soft_device_with_its_capabilities) {
     EXPECT_GT(a.at("max_qp").get<unsigned>(), 0u);
     EXPECT_GT(a.at("max_qp_rd_atom").get<unsigned>(), 0u);
     EXPECT_TRUE(a.at("atomics").is_boolean());
+    for (const char* fact : {"post_recv_checks_lkeys", "inline_checks_lkeys",
+                             "deregister_stops_outstanding", "registration_pins_pages", "runs_mpa"})
+      EXPECT_TRUE(a.at(fact).is_boolean()) << fact;
     EXPECT_FALSE(a.at("ports").empty());
     if (d.at("provider") == "soft") {
       soft = true;

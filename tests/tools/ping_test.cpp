@@ -23,8 +23,9 @@ using namespace cvt_cli;
 
 TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
   for (const std::string provider : {"soft", "shm"}) {
-    // Name check: address syntax (shm listens on "@name").
-    const std::string bind = provider == "shm" ? unique_shm_name() : "127.0.0.1:0";
+    // The server is another process: a free port where there is a wire, else a fresh "@name".
+    const std::string bind =
+        cvt::has_wire(cvt::device_attr_of(provider)) ? "127.0.0.1:0" : unique_shm_name();
     server_process srv(
         server_process::raw_args{{"ping", "--server", bind, "-p", provider, "--once"}});
     ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
@@ -52,7 +53,8 @@ TEST(ping, verifies_send_write_and_read_and_prints_what_was_negotiated) {
 // median and max (rping -C, ibv_rc_pingpong -n); -n is the same option.
 TEST(ping, count_repeats_each_step_and_prints_min_median_max_per_step) {
   for (const std::string provider : {"soft", "shm"}) {
-    const std::string bind = provider == "shm" ? unique_shm_name() : "127.0.0.1:0";
+    const std::string bind =
+        cvt::has_wire(cvt::device_attr_of(provider)) ? "127.0.0.1:0" : unique_shm_name();
     server_process srv(server_process::raw_args{{"ping", "--server", bind, "-p", provider}});
     ASSERT_FALSE(srv.address().empty()) << srv.drain_log();
     for (const char* flag : {"-C", "-n"}) {

@@ -47,7 +47,8 @@ TEST(env, a_device_opened_with_a_malformed_spin_override_warns_once_and_works) {
   for (const char* provider : {"soft", "shm", "soft"}) {
     auto dev = conveyor::device::open(provider);
     ASSERT_TRUE(dev) << dev.error().to_string();
-    EXPECT_EQ(dev->options().engine_spin_us, conveyor::device_options{}.engine_spin_us);
+    EXPECT_EQ(dev->options().software.engine_spin_us,
+              conveyor::device_options{}.software.engine_spin_us);
   }
   const std::string err = testing::internal::GetCapturedStderr();
   ::unsetenv("CONVEYOR_ENGINE_SPIN_US");

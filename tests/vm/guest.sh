@@ -24,7 +24,7 @@ step() {  # step <name> <cmd...>: runs with a timeout, records PASS/FAIL and tim
 gtests() {  # gtests <device label>: the conformance (incl. negative) and fault suites
   local dev=$1
   for s in conformance fault; do
-    step "$s-$dev" env CONVEYOR_TEST_PROVIDERS=verbs CONVEYOR_TEST_VERBS_ADDR=10.11.0.1 \
+    step "$s-$dev" env CONVEYOR_TEST_PROVIDERS=verbs \
       CONVEYOR_TEST_TIMEOUT_SCALE=4 "$BUILD/tests/$s/conveyor_${s}_tests" \
       --gtest_filter="$FILTER" --gtest_brief=1
   done

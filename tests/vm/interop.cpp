@@ -72,7 +72,7 @@ std::uint64_t sum(std::span<const std::byte> b) {
 
 cvy::device_options opts(const std::string& dev, bool crc) {
   cvy::device_options o;
-  o.request_crc = dev.rfind("soft", 0) == 0 ? crc : true;
+  o.software.request_crc = dev.rfind("soft", 0) == 0 ? crc : true;
   return o;
 }
 

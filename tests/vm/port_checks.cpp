@@ -95,8 +95,8 @@ void port_down_once(const std::string& dev_name, const std::string& netdev, cons
   event_log ev;
   cvy::device_options o;
   o.on_event = [&](const cvy::device_event& e) { ev.add(e); };
-  o.fail_qps_on_port_down = how != cut::port_down_kernel_alone;
-  o.port_down_grace = 0ms;  // at once: the grace period has its own check (--port-flap)
+  o.verbs.fail_qps_on_port_down = how != cut::port_down_kernel_alone;
+  o.verbs.port_down_grace = 0ms;  // at once: the grace period has its own check (--port-flap)
   auto d = cvy::device::open(dev_name, o);
   if (!d) {
     std::printf("interop: FAIL open %s: %s\n", dev_name.c_str(), d.error().to_string().c_str());

@@ -37,6 +37,11 @@ nlohmann::json attr_json(const device_attr& a) {
                                                                         : "none"},
           {"immediate_data", a.immediate_data},
           {"send_with_invalidate", a.send_with_invalidate},
+          {"post_recv_checks_lkeys", a.post_recv_checks_lkeys},
+          {"inline_checks_lkeys", a.inline_checks_lkeys},
+          {"deregister_stops_outstanding", a.deregister_stops_outstanding},
+          {"registration_pins_pages", a.registration_pins_pages},
+          {"runs_mpa", a.runs_mpa},
           {"ports", ports}};
 }
 
@@ -101,6 +106,17 @@ int run_devices(const devices_options& o) {
                                                            : "no");
     std::printf("    immediate data:    %s\n", a.immediate_data ? "yes" : "no");
     std::printf("    send with inval.:  %s\n", a.send_with_invalidate ? "yes" : "no");
+    // What the device does (device_attr's facts; docs/CONFIGURATION.md).
+    auto yn = [](bool b) { return b ? "yes" : "no"; };
+    std::printf("    checks lkeys:      post_recv %s, inline data %s\n",
+                yn(a.post_recv_checks_lkeys), yn(a.inline_checks_lkeys));
+    std::printf("    dereg in use:      %s\n", a.deregister_stops_outstanding
+                                                   ? "stops the requests that use it"
+                                                   : "the application's error");
+    std::printf("    registration:      %s\n", a.registration_pins_pages
+                                                   ? "pins the pages"
+                                                   : "reaches memory through the mapping");
+    std::printf("    runs MPA:          %s\n", yn(a.runs_mpa));
   }
   if (o.json)
     std::cout << nlohmann::json{{"schema", "conveyor-devices/1"}, {"devices", out}}.dump(2)

@@ -252,11 +252,16 @@ void add_perf_options(CLI::App& app, perf_options& o) {
   });
 }
 
+bool names_shm(std::string_view provider_or_device) {
+  // Name check: the command line names a provider before any device opens.
+  return provider_or_device == "shm" || provider_or_device.starts_with("shm:");
+}
+
 std::string resolve_address(const perf_options& o, std::string_view address, std::string& why) {
   std::string a(address);
   // shm: abstract names and socket paths; never a host.
-  if (o.provider == "shm" || o.device.starts_with("shm") || a.starts_with('@') ||
-      a.starts_with('/') || a.starts_with('.'))
+  if (names_shm(o.provider) || names_shm(o.device) || a.starts_with('@') || a.starts_with('/') ||
+      a.starts_with('.'))
     return a;
   const std::string port = std::to_string(o.default_port);
   std::string host, service;
@@ -363,7 +368,7 @@ std::string validate_perf_options(perf_options& o) {
     return "'" + o.address +
            "' is a number, not an address (HOST, HOST:PORT, [IPv6]:PORT or @shm-name)";
   if (o.server) {
-    if (o.address.empty()) o.address = o.provider == "shm" ? "@conveyor-perf" : "0.0.0.0:18515";
+    if (o.address.empty()) o.address = names_shm(o.provider) ? "@conveyor-perf" : "0.0.0.0:18515";
     return {};
   }
   if (o.address.empty())

@@ -86,6 +86,11 @@ std::string validate_perf_options(perf_options& o);
 // `why` when it cannot be resolved.
 std::string resolve_address(const perf_options& o, std::string_view address, std::string& why);
 
+// The command line's provider or device name ("shm", "shm:<label>") is shm,
+// whose addresses are socket names, not hosts: for defaults and hints decided
+// before any device is open (after, read the device's transport_type).
+bool names_shm(std::string_view provider_or_device);
+
 // When `conveyor perf`'s arguments look like perftest's (where its short
 // letters mean something else: -s size, -p port, -t tx depth, -m MTU, -S SL),
 // a sentence that points to the right flag or to `conveyor write_bw` & co.; "" otherwise.

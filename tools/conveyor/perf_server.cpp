@@ -448,7 +448,7 @@ int run_perf_server(const perf_options& o) {
     if (!lis) fail(lis.error().to_string());
     // Ctrl-C / SIGTERM: a shm socket path must not outlive the server (it
     // would refuse the next one's bind). Set before "listening" is printed.
-    const bool path = dev.attr().provider == "shm" && !o.address.starts_with('@');
+    const bool path = dev.attr().transport_type == transport::shm && !o.address.starts_with('@');
     on_interrupt([path, address = o.address](int sig) {
       if (path) ::unlink(address.c_str());
       std::fprintf(stderr, "conveyor perf server: interrupted by %s%s\n",

@@ -240,7 +240,7 @@ std::string device_to_open(const perf_options& o) {
 device_options device_options_for(const perf_options& o) {
   device_options d;
   d.progress = o.progress;
-  d.request_crc = o.crc;
+  d.software.request_crc = o.crc;
   d.handshake_timeout_ms = static_cast<std::uint32_t>(o.timeout * 1000);
   return d;
 }

@@ -117,9 +117,9 @@ std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode m
   o.mode = mode;
   // -d: a Conveyor device name, or an rdma-core one (then the verbs provider's).
   if (!a.device.empty()) {
-    const bool conveyor_name = a.device == "soft" || a.device == "shm" || a.device == "verbs" ||
-                               a.device.starts_with("soft:") || a.device.starts_with("shm:") ||
-                               a.device.starts_with("verbs:");
+    const std::string provider = a.device.substr(0, a.device.find(':'));
+    // Name check: -d's syntax ("<provider>[:<label>]" is Conveyor's), before any device opens.
+    const bool conveyor_name = provider == "soft" || provider == "shm" || provider == "verbs";
     o.device = conveyor_name ? a.device : "verbs:" + a.device;
     o.provider = o.device.substr(0, o.device.find(':'));
   }
@@ -127,7 +127,7 @@ std::string perftest_to_perf(const perftest_args& a, perf_test test, perf_mode m
   o.default_port = a.port;
   o.server = a.host.empty();
   const std::string port = std::to_string(a.port);
-  if (o.provider == "shm")
+  if (names_shm(o.provider))
     o.address = "@conveyor-perf-" + port;  // one host: the port names the socket
   else if (o.server)
     o.address = "0.0.0.0:" + port;
@@ -188,6 +188,7 @@ int run_perftest(const std::vector<perftest_command>& cmds, const perftest_args&
       return 2;
     }
     if (args.gid_index) {
+      // Name check: -x is an option of the verbs provider, chosen by name before any device opens.
       if (o.provider == "verbs")
         ::setenv("CONVEYOR_VERBS_GID_INDEX", std::to_string(*args.gid_index).c_str(), 1);
       else

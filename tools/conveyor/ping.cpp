@@ -185,7 +185,7 @@ constexpr std::size_t max_ping_clients = 16;
 int serve(const ping_options& o) {
   device dev = open_device(o);
   auto lis = check(listener::bind(dev, o.address), "listen on " + o.address);
-  const bool path = dev.attr().provider == "shm" && !o.address.starts_with('@');
+  const bool path = dev.attr().transport_type == transport::shm && !o.address.starts_with('@');
   on_interrupt([path, address = o.address](int) {
     if (path) ::unlink(address.c_str());
   });
@@ -252,7 +252,7 @@ std::string connect_hint(const error& e, const ping_options& o) {
   switch (e.code) {
     case errc::connection_refused:
       return "nothing is listening at " + o.address + ": start `conveyor ping --server` there" +
-             (o.provider == "shm" ? "" : " (or check the port)");
+             (names_shm(o.provider) ? "" : " (or check the port)");
     case errc::rejected:
       return "the peer at " + o.address + " rejected the connection: " + e.context +
              " (is it a `conveyor ping --server`?)";
@@ -378,7 +378,7 @@ int run_ping(const ping_options& given) {
           stderr, "conveyor ping: the server's address is missing (e.g. conveyor ping 10.0.0.2)\n");
       return 2;
     }
-    o.address = o.provider == "shm" ? "@conveyor-ping" : "0.0.0.0:18515";
+    o.address = names_shm(o.provider) ? "@conveyor-ping" : "0.0.0.0:18515";
   }
   std::string why;
   const std::string address = resolve_address(p, o.address, why);

@@ -49,11 +49,11 @@ Device::Device(const attr& a) : forced_(forced_from_env(a.device)) {
   }
   conveyor::device_options opts;
   opts.handshake_timeout_ms = 30000;
-  opts.max_pending_handshakes = max_half_open;
+  opts.software.max_pending_handshakes = max_half_open;
   // The pair's progress thread sleeps in cq.wait between bursts; a parked
   // engine thread would then resume only after its 1 ms grace period, which
   // put a millisecond on every small message.
-  opts.engine_park = false;
+  opts.software.engine_park = false;
   // cq.wait busy-polls this long before sleeping (CONVEYOR_GLOO_SPIN_US).
   if (const char* sp = std::getenv("CONVEYOR_GLOO_SPIN_US"))
     opts.spin_us = std::uint32_t(std::atoi(sp));
@@ -67,7 +67,7 @@ Device::Device(const attr& a) : forced_(forced_from_env(a.device)) {
   // soft: MPA CRC32c on top of TCP's checksum, as Gloo's TCP transport has
   // none; CONVEYOR_GLOO_CRC=1 asks for it.
   const char* crc = std::getenv("CONVEYOR_GLOO_CRC");
-  opts.request_crc = crc != nullptr && std::string(crc) == "1";
+  opts.software.request_crc = crc != nullptr && std::string(crc) == "1";
   auto open = [&](const std::string& kind, const std::string& name, bool required) {
     auto d = conveyor::device::open(name, opts);
     if (!d) {

@@ -360,7 +360,7 @@ result<std::unique_ptr<rdma_server>> rdma_server::start(device& dev, protection_
     return make_error(errc::invalid_argument,
                       "kv rdma: requirepass longer than a client hello carries (" +
                           std::to_string(layout::max_password) + " bytes)");
-  auto lis = listener::bind(dev, opts.address);
+  auto lis = opts.address.empty() ? listener::bind(dev) : listener::bind(dev, opts.address);
   if (!lis) return std::unexpected(lis.error());
   return std::unique_ptr<rdma_server>(
       new rdma_server_impl(dev, pd, st, loop, std::move(handler), opts, std::move(*lis)));

@@ -40,7 +40,9 @@ class store;
 class server_loop;
 
 struct rdma_server_options {
-  std::string address = "127.0.0.1:0";     // "ip:port" (port 0: any)
+  // In the provider's syntax ("ip:port", port 0: any; shm "@name"); empty: an
+  // ephemeral one the provider picks (listener::bind(dev): soft 127.0.0.1).
+  std::string address;
   std::string requirepass;                 // empty: anyone may connect
   std::uint32_t rpc_slots = 4;             // outstanding RPCs per connection
   std::uint32_t max_message = 256u << 10;  // largest request and reply, bytes

@@ -129,12 +129,14 @@ int serve(const server_options& so) {
   // The loop drains its CQs with poll() and sleeps in epoll: soft's engine must
   // not take those polls for a busy poller and park (shm's parks too; arm()
   // now wakes it, core/sw_cq.cpp).
-  dopts.engine_park = false;
+  dopts.software.engine_park = false;
   auto dev = device::open(so.provider, dopts);
   if (!dev) return fail("opening device " + so.provider + ": " + dev.error().to_string());
   auto pd = dev->alloc_pd();
   if (!pd) return fail("allocating a protection domain: " + pd.error().to_string());
-  sto.release_data_pages = dev->attr().provider != "verbs";
+  // Released pages fault in again where the device reads memory through our
+  // mapping; a pinned registration would keep the old pages.
+  sto.release_data_pages = !dev->attr().registration_pins_pages;
   auto st = store::create(*pd, sto);
   if (!st) return fail("creating the store: " + st.error().to_string());
   store& data = **st;

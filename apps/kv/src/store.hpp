@@ -44,8 +44,9 @@ struct store_options {
   std::uint32_t reclaim_grace_ms = 500;
   std::uint64_t seed = 0;  // hash seed; 0: random
   // Give the data region's pages back after allocation (resident only as items
-  // use them). Only for providers that reach the memory through this process's
-  // mapping (soft, shm): a NIC's registration pins the pages it was given.
+  // use them). Only for devices that reach the memory through this process's
+  // mapping (soft, shm; !device_attr::registration_pins_pages): a NIC's
+  // registration pins the pages it was given.
   bool release_data_pages = false;
   // When a collection stops being "small" (Redis's encodings; a hash is
   // published for one-sided readers only while small).

@@ -165,6 +165,10 @@ class DeviceAttr:
     max_srq_wr: int
     max_srq_sge: int
     post_recv_checks_lkeys: bool
+    inline_checks_lkeys: bool
+    deregister_stops_outstanding: bool
+    registration_pins_pages: bool
+    runs_mpa: bool
     atomics: bool
     atomic_cap: str
     immediate_data: bool
@@ -457,7 +461,7 @@ class ConnectRequest:
 
 class Listener:
     @staticmethod
-    def bind(device: Device, address: str, backlog: int = 64) -> Listener: ...
+    def bind(device: Device, address: Optional[str] = None, backlog: int = 64) -> Listener: ...
     @property
     def address(self) -> str: ...
     @property

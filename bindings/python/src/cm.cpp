@@ -112,17 +112,21 @@ void bind_cm(py::module_& m) {
                           "Listens for connection requests (soft: 'ip:port'; shm: '@name').")
       .def_static(
           "bind",
-          [](py::object device, const std::string& address, int backlog) {
+          [](py::object device, const py::object& address, int backlog) {
             auto& d = device.cast<py_device&>();
-            auto l = listener::bind(d.get(), address, backlog);
+            auto l = address.is_none()
+                         ? listener::bind(d.get(), backlog)
+                         : listener::bind(d.get(), address.cast<std::string>(), backlog);
             if (!l) raise_error(l.error());
             auto p = std::make_unique<py_listener>();
             p->lis = std::move(*l);
             p->device = std::move(device);
             return p;
           },
-          py::arg("device"), py::arg("address"), py::arg("backlog") = 64,
-          "Binds a listener; port 0 picks a free port (see address).")
+          py::arg("device"), py::arg("address") = py::none(), py::arg("backlog") = 64,
+          "Binds a listener at an address in the provider's syntax (port 0 picks a free "
+          "port), or, with none, at an ephemeral one the provider picks (soft: 127.0.0.1 and "
+          "a free port; shm: a fresh abstract name); see address.")
       .def_property_readonly("address", [](py_listener& l) { return l.get().address(); })
       .def_property_readonly("port", [](py_listener& l) { return l.get().port(); })
       .def(

@@ -506,6 +506,10 @@ void init_module(py::module_& m) {
       .def_readonly("max_srq_wr", &device_attr::max_srq_wr)
       .def_readonly("max_srq_sge", &device_attr::max_srq_sge)
       .def_readonly("post_recv_checks_lkeys", &device_attr::post_recv_checks_lkeys)
+      .def_readonly("inline_checks_lkeys", &device_attr::inline_checks_lkeys)
+      .def_readonly("deregister_stops_outstanding", &device_attr::deregister_stops_outstanding)
+      .def_readonly("registration_pins_pages", &device_attr::registration_pins_pages)
+      .def_readonly("runs_mpa", &device_attr::runs_mpa)
       .def_readonly("atomics", &device_attr::atomics)
       .def_property_readonly(
           "atomic_cap",
@@ -530,12 +534,13 @@ void init_module(py::module_& m) {
              std::uint32_t handshake_timeout_ms, std::uint32_t max_pending_handshakes) {
             device_options o;
             o.progress = progress;
-            o.request_crc = request_crc;
             o.spin_us = spin_us;
-            o.engine_spin_us = engine_spin_us;
-            o.engine_park = engine_park;
             o.handshake_timeout_ms = handshake_timeout_ms;
-            o.max_pending_handshakes = max_pending_handshakes;
+            // Python keeps flat keywords; the soft/shm ones fill the software part.
+            o.software.request_crc = request_crc;
+            o.software.engine_spin_us = engine_spin_us;
+            o.software.engine_park = engine_park;
+            o.software.max_pending_handshakes = max_pending_handshakes;
             auto d = device::open(name, o);
             if (!d) raise_error(d.error());
             auto p = std::make_unique<py_device>();

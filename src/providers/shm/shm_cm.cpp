@@ -359,7 +359,7 @@ shm_listener::shm_listener(std::shared_ptr<shm_device> dev, fd_holder fd, std::s
                            int backlog)
     : dev_(std::move(dev)), fd_(std::move(fd)), addr_(std::move(addr)) {
   detail::handshake_limits l;
-  l.max_pending = std::max<std::uint32_t>(1, dev_->options().max_pending_handshakes);
+  l.max_pending = std::max<std::uint32_t>(1, dev_->options().software.max_pending_handshakes);
   l.deadline = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
   l.max_ready = static_cast<std::size_t>(std::max(1, backlog));
   pump_ = std::make_unique<detail::handshake_pump>(
@@ -523,17 +523,42 @@ result<std::unique_ptr<detail::listener_impl>> shm_device::bind_listener(std::st
   socklen_t len = 0;
   auto sa = parse_address(address, &len);
   if (!sa) return std::unexpected(sa.error());
+  return listen_at(&*sa, len, std::string(address), backlog);
+}
+
+result<std::unique_ptr<detail::listener_impl>> shm_device::bind_ephemeral_listener(int backlog) {
+  // A name only the family: the kernel binds a fresh abstract name of its own
+  // choosing (five hex digits), unique while the socket lives (unix(7),
+  // "Autobind feature").
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  return listen_at(&sa, sizeof(sa_family_t), {}, backlog);
+}
+
+result<std::unique_ptr<detail::listener_impl>> shm_device::listen_at(const sockaddr_un* sa,
+                                                                     socklen_t len,
+                                                                     std::string address,
+                                                                     int backlog) {
+  const std::string where = address.empty() ? "an ephemeral name" : address;
   fd_holder fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd)
-    return make_error(errc::resource_exhausted, "listen on " + std::string(address) + ": socket",
-                      errno);
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*sa), len) != 0)
-    return make_error(errc::address_error, "listen on " + std::string(address) + ": bind", errno);
+  if (!fd) return make_error(errc::resource_exhausted, "listen on " + where + ": socket", errno);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(sa), len) != 0)
+    return make_error(errc::address_error, "listen on " + where + ": bind", errno);
+  if (address.empty()) {  // the name the kernel chose, in shm's syntax ("@name")
+    sockaddr_un got{};
+    socklen_t got_len = sizeof got;
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&got), &got_len) != 0)
+      return make_error(errc::address_error, "listen on " + where + ": getsockname", errno);
+    const std::size_t n = got_len - offsetof(sockaddr_un, sun_path);
+    if (n < 2 || got.sun_path[0] != '\0')
+      return make_error(errc::address_error, "listen on " + where + ": the kernel bound no name");
+    address = "@" + std::string(got.sun_path + 1, n - 1);
+  }
   if (::listen(fd.get(), detail::kernel_accept_queue) != 0)
-    return make_error(errc::address_error, "listen on " + std::string(address) + ": listen", errno);
+    return make_error(errc::address_error, "listen on " + address + ": listen", errno);
   auto self = std::static_pointer_cast<shm_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(
-      new shm_listener(std::move(self), std::move(fd), std::string(address), backlog));
+      new shm_listener(std::move(self), std::move(fd), std::move(address), backlog));
 }
 
 result<connection_info> shm_qp::connect(std::string_view address, const connect_options& opts) {

@@ -325,8 +325,9 @@ shm_device::shm_device(std::string name, const device_options& opts, bool cma, b
   // socket paths; there is no network address to list.
   attr_.ports.push_back(
       {.num = 1, .state = "active", .link_layer = "unix", .mtu = 0, .addresses = {}});
-  engine_owned_ = std::make_unique<shm::engine>(opts.progress == progress_mode::thread,
-                                                opts.engine_spin_us, opts.engine_park);
+  engine_owned_ =
+      std::make_unique<shm::engine>(opts.progress == progress_mode::thread,
+                                    opts.software.engine_spin_us, opts.software.engine_park);
   engine_ = engine_owned_.get();
 }
 
@@ -490,8 +491,8 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
                          ", cross-memory attach " + (cma ? "allowed" : "off (CONVEYOR_SHM_CMA)") +
                          ", direct mapping " + (direct ? "allowed" : "off (CONVEYOR_SHM_DIRECT)") +
                          ", wait spin " + std::to_string(o.spin_us) + " us, engine spin " +
-                         std::to_string(o.engine_spin_us) + " us, engine park " +
-                         (o.engine_park ? "on" : "off") + ")");
+                         std::to_string(o.software.engine_spin_us) + " us, engine park " +
+                         (o.software.engine_park ? "on" : "off") + ")");
   return std::shared_ptr<detail::device_impl>(std::move(dev));
 }
 

@@ -17,6 +17,9 @@
 #include "providers/swnic/sw_device.hpp"
 #include "providers/swnic/sw_engine.hpp"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -106,6 +109,11 @@ class shm_device final : public swnic::sw_device {
   result<std::shared_ptr<detail::pd_impl>> alloc_pd() override;
   result<std::unique_ptr<detail::listener_impl>> bind_listener(std::string_view address,
                                                                int backlog) override;
+  result<std::unique_ptr<detail::listener_impl>> bind_ephemeral_listener(int backlog) override;
+  // Binds a listening socket at `sa` (`address` in shm's syntax; empty: the
+  // kernel's autobind name, read back).
+  result<std::unique_ptr<detail::listener_impl>> listen_at(const sockaddr_un* sa, socklen_t len,
+                                                           std::string address, int backlog);
 
   shm::engine& eng() noexcept { return *engine_owned_; }
   // Cross-memory attach allowed by configuration (CONVEYOR_SHM_CMA=off forces staging).

@@ -10,13 +10,15 @@ namespace conveyor::soft {
 soft_device::soft_device(std::string name, const device_options& opts)
     : sw_device(std::move(name), "soft", transport::iwarp, opts) {
   // One "port": TCP on every interface of the host.
+  attr_.runs_mpa = true;  // soft_cm.cpp: MPA request, reply and RTR are ours
   attr_.ports.push_back({.num = 1,
                          .state = "active",
                          .link_layer = "tcp",
                          .mtu = 0,
                          .addresses = net::interface_addresses()});
-  engine_owned_ = std::make_unique<soft::engine>(opts.progress == progress_mode::thread,
-                                                 opts.engine_spin_us, opts.engine_park);
+  engine_owned_ =
+      std::make_unique<soft::engine>(opts.progress == progress_mode::thread,
+                                     opts.software.engine_spin_us, opts.software.engine_park);
   engine_ = engine_owned_.get();
 }
 
@@ -41,13 +43,14 @@ result<std::shared_ptr<detail::device_impl>> open_device(std::string_view name,
     return make_error(errc::resource_exhausted,
                       "open " + std::string(name) + ": epoll/eventfd failed");
   if (detail::log_enabled(detail::log_level::info))
-    detail::log_line(
-        detail::log_level::info,
-        "opened device " + std::string(name) + " (provider soft, iWARP over TCP, progress " +
-            (o.progress == progress_mode::thread ? "thread" : "manual") + ", crc " +
-            (o.request_crc ? "requested" : "not requested") + ", wait spin " +
-            std::to_string(o.spin_us) + " us, engine spin " + std::to_string(o.engine_spin_us) +
-            " us, engine park " + (o.engine_park ? "on" : "off") + ")");
+    detail::log_line(detail::log_level::info,
+                     "opened device " + std::string(name) +
+                         " (provider soft, iWARP over TCP, progress " +
+                         (o.progress == progress_mode::thread ? "thread" : "manual") + ", crc " +
+                         (o.software.request_crc ? "requested" : "not requested") + ", wait spin " +
+                         std::to_string(o.spin_us) + " us, engine spin " +
+                         std::to_string(o.software.engine_spin_us) + " us, engine park " +
+                         (o.software.engine_park ? "on" : "off") + ")");
   return std::shared_ptr<detail::device_impl>(std::move(dev));
 }
 

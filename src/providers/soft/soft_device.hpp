@@ -17,11 +17,15 @@ class soft_device final : public swnic::sw_device {
   result<std::shared_ptr<detail::pd_impl>> alloc_pd() override;
   result<std::unique_ptr<detail::listener_impl>> bind_listener(std::string_view address,
                                                                int backlog) override;
+  // Loopback and a free port: "127.0.0.1:<port>".
+  result<std::unique_ptr<detail::listener_impl>> bind_ephemeral_listener(int backlog) override {
+    return bind_listener("127.0.0.1:0", backlog);
+  }
   soft::engine& eng() noexcept { return *engine_owned_; }
   // Reads the last step of every accepted connection of this device (the
   // initiator's RTR, soft_cm.cpp), so accept() never waits for a peer; its
   // thread starts with the first such accept. Bounded as a listener's
-  // handshakes are: device_options::max_pending_handshakes at a time, each
+  // handshakes are: device_options::software.max_pending_handshakes at a time, each
   // within handshake_timeout_ms.
   result<detail::handshake_pump*> rtr_pump();
   ~soft_device() override;

@@ -13,8 +13,8 @@ namespace conveyor::swnic {
 device_options with_env_overrides(device_options o) {
   // A malformed value is ignored with one warning naming the variable.
   if (auto v = detail::env_u32("CONVEYOR_SPIN_US")) o.spin_us = *v;
-  if (auto v = detail::env_u32("CONVEYOR_ENGINE_SPIN_US")) o.engine_spin_us = *v;
-  if (auto v = detail::env_u32("CONVEYOR_ENGINE_PARK")) o.engine_park = *v != 0;
+  if (auto v = detail::env_u32("CONVEYOR_ENGINE_SPIN_US")) o.software.engine_spin_us = *v;
+  if (auto v = detail::env_u32("CONVEYOR_ENGINE_PARK")) o.software.engine_park = *v != 0;
   return o;
 }
 
@@ -29,7 +29,9 @@ sw_device::sw_device(std::string name, std::string_view provider, transport t,
   attr_.max_cqe = 1u << 22;
   attr_.max_qp_wr = max_wr;
   attr_.max_sge = max_sge;
-  attr_.max_sge_rd = opts.max_sge_rd >= 1 && opts.max_sge_rd < max_sge ? opts.max_sge_rd : max_sge;
+  attr_.max_sge_rd = opts.software.max_sge_rd >= 1 && opts.software.max_sge_rd < max_sge
+                         ? opts.software.max_sge_rd
+                         : max_sge;
   attr_.max_inline_data = max_inline;
   attr_.max_mr = detail::key_table::capacity;
   attr_.max_mr_size = 1ull << 46;
@@ -43,6 +45,9 @@ sw_device::sw_device(std::string name, std::string_view provider, transport t,
   attr_.max_srq_wr = max_wr;
   attr_.max_srq_sge = max_sge;
   attr_.post_recv_checks_lkeys = true;
+  attr_.inline_checks_lkeys = true;           // sw_qp checks every SGE, inline or not
+  attr_.deregister_stops_outstanding = true;  // the engine looks each region up as it uses it
+  attr_.registration_pins_pages = false;      // the engine reaches memory through the mapping
 }
 
 std::uint32_t sw_device::add_srq() noexcept {

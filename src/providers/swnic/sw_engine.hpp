@@ -32,7 +32,7 @@ class sw_engine : public detail::progress_source {
 
  protected:
   // spin_us: how long the thread busy-polls after activity; park: whether it
-  // parks while an application polls (device_options::engine_park).
+  // parks while an application polls (device_options::software.engine_park).
   sw_engine(std::uint32_t spin_us, bool park);
   // Starts run() on a thread named `name`; call at the end of the derived
   // constructor. stop_thread() joins it; call first in the derived destructor.

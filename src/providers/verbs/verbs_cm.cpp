@@ -5,11 +5,14 @@
 #include "providers/verbs/verbs_objects.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <utility>
 
@@ -157,8 +160,8 @@ void verbs_qp::finish(rdma_cm_id* id, rdma_event_channel* ch, std::uint32_t ird,
     qa.timeout = transport_.timeout.value_or(0);
     qa.retry_cnt = transport_.retry_count;
   }
-  port_down_grace_ =
-      verbs::port_down_grace(pd_->dev().options().port_down_grace, timed, qa.timeout, qa.retry_cnt);
+  port_down_grace_ = verbs::port_down_grace(pd_->dev().options().verbs.port_down_grace, timed,
+                                            qa.timeout, qa.retry_cnt);
   if (timed)
     log(detail::log_level::info, where() + ": RTS timeout " + std::to_string(qa.timeout) +
                                      ", retry_cnt " + std::to_string(qa.retry_cnt) +
@@ -526,6 +529,69 @@ result<std::unique_ptr<detail::listener_impl>> verbs_device::bind_listener(std::
   auto self = std::static_pointer_cast<verbs_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(
       std::make_unique<verbs_listener>(std::move(self), id, ch));
+}
+
+namespace {
+
+// The first IPv4 address of the network devices under an RDMA device, as
+// sysfs names them: the one it was made on (rxe, siw: "parent") and those its
+// GID table refers to (ports/*/gid_attrs/ndevs/*).
+std::string netdev_ipv4(const std::string& ibdev) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> netdevs;
+  auto read_name = [&](const fs::path& p) {
+    std::ifstream in(p);
+    std::string n;
+    if (in >> n && std::find(netdevs.begin(), netdevs.end(), n) == netdevs.end())
+      netdevs.push_back(n);
+  };
+  const fs::path base = fs::path("/sys/class/infiniband") / ibdev;
+  std::error_code ec;
+  read_name(base / "parent");
+  for (const auto& port : fs::directory_iterator(base / "ports", ec)) {
+    std::error_code ec2;
+    for (const auto& nd : fs::directory_iterator(port.path() / "gid_attrs" / "ndevs", ec2))
+      read_name(nd.path());
+  }
+  ifaddrs* all = nullptr;
+  if (netdevs.empty() || ::getifaddrs(&all) != 0) return {};
+  std::string out;
+  for (const auto& want : netdevs) {
+    for (ifaddrs* i = all; i != nullptr && out.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || want != i->ifa_name)
+        continue;
+      char text[INET_ADDRSTRLEN] = {};
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+      if (::inet_ntop(AF_INET, &sin->sin_addr, text, sizeof text) != nullptr) out = text;
+    }
+    if (!out.empty()) break;
+  }
+  ::freeifaddrs(all);
+  return out;
+}
+
+}  // namespace
+
+result<std::unique_ptr<detail::listener_impl>> verbs_device::bind_ephemeral_listener(int backlog) {
+  // An IPv4-mapped GID (RoCE v2) names the address directly; else the
+  // device's network device's (iWARP, RoCE v1).
+  std::string ip;
+  for (const auto& p : attr().ports) {
+    for (const auto& gid : p.addresses) {
+      if (gid.starts_with("::ffff:") && gid.find('.') != std::string::npos) {
+        ip = gid.substr(7);
+        break;
+      }
+    }
+    if (!ip.empty()) break;
+  }
+  if (ip.empty()) ip = netdev_ipv4(ibdev_);
+  if (ip.empty())
+    return make_error(errc::address_error,
+                      "listen on an ephemeral address (" + where() +
+                          "): the device has no IPv4 address (no IPv4-mapped GID, no network "
+                          "device with one); give listener::bind an address");
+  return bind_listener(ip + ":0", backlog);
 }
 
 }  // namespace conveyor::verbs

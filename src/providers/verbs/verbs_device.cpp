@@ -68,6 +68,9 @@ verbs_device::verbs_device(ibv_context* ctx, const device_options& opts) : ctx_(
   // Remote invalidation applies to memory windows and fast-registered MRs;
   // register_memory makes plain MRs, which rxe refuses to invalidate.
   attr_.send_with_invalidate = false;
+  attr_.registration_pins_pages = true;  // the NIC (or rxe/siw) keeps the pages it was given
+  // post_recv_checks_lkeys, inline_checks_lkeys, deregister_stops_outstanding,
+  // runs_mpa: false, the kernel's or the NIC's business.
   for (std::uint8_t p = 1; p <= dattr_.phys_port_cnt; ++p) attr_.ports.push_back(describe_port(p));
   if (auto g = detail::env_u32("CONVEYOR_VERBS_GID_INDEX")) gid_override_ = static_cast<int>(*g);
   dev_path_ = ctx_->device->dev_path;
@@ -341,7 +344,7 @@ void verbs_device::async_loop() {
           }
           break;
         case async_effect::port_down:
-          if (options().fail_qps_on_port_down)
+          if (options().verbs.fail_qps_on_port_down)
             failed = port_went_down(f.event_port, clock_type::now(), pending, soonest);
           break;
         case async_effect::device_fatal:

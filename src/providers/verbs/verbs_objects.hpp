@@ -57,6 +57,8 @@ class verbs_device final : public detail::device_impl {
   result<std::shared_ptr<detail::cq_impl>> create_cq(const cq_options& opts) override;
   result<std::unique_ptr<detail::listener_impl>> bind_listener(std::string_view address,
                                                                int backlog) override;
+  // The device's first IPv4 address and a free port.
+  result<std::unique_ptr<detail::listener_impl>> bind_ephemeral_listener(int backlog) override;
 
   ibv_context* ctx() const noexcept { return ctx_; }
   const ibv_device_attr& dattr() const noexcept { return dattr_; }
@@ -94,7 +96,7 @@ class verbs_device final : public detail::device_impl {
 
  private:
   void async_loop();
-  // The port-down grace period (device_options::port_down_grace): the port's
+  // The port-down grace period (device_options::verbs.port_down_grace): the port's
   // down time starts; QPs whose grace is 0 fail at once (their events are
   // returned); `pending`/`soonest` say how many wait and the smallest grace.
   std::vector<device_event> port_went_down(std::uint8_t port, clock_type::time_point now,

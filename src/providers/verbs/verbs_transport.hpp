@@ -2,7 +2,7 @@
 // rdma-core types), so that tests/unit checks them without an RDMA device:
 // which verbs_transport_params create_qp accepts, how they change what the
 // connection manager proposes for RTR/RTS, and how long a port may stay down
-// before a QP on it is failed (device_options::port_down_grace), with the
+// before a QP on it is failed (device_options::verbs.port_down_grace), with the
 // clock the device's event thread keeps of its ports.
 #pragma once
 
@@ -42,7 +42,7 @@ std::optional<std::chrono::milliseconds> retry_span(std::uint8_t timeout, std::u
 inline constexpr std::chrono::milliseconds max_port_down_grace{60'000};
 inline constexpr std::chrono::milliseconds untimed_port_down_grace{5'000};
 
-// The grace period of one QP (device_options::port_down_grace): the option
+// The grace period of one QP (device_options::verbs.port_down_grace): the option
 // when set; else what the QP's retries ride out (retry_span, at most
 // max_port_down_grace) when it has transport timers (`timed`: IB/RoCE), else
 // untimed_port_down_grace (iWARP, or timeout 0).

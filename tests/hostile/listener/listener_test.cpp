@@ -60,7 +60,7 @@ struct target {
                   const std::string& address = "127.0.0.1:0") {
     device_options o;
     o.handshake_timeout_ms = static_cast<std::uint32_t>(handshake.count());
-    o.max_pending_handshakes = max_pending;
+    o.software.max_pending_handshakes = max_pending;
     dev = device::open(provider, o).value();
     pd = dev.alloc_pd().value();
     cq = dev.create_cq({.depth = 1024}).value();

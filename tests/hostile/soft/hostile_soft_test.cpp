@@ -69,7 +69,7 @@ struct target {
 
   explicit target(std::string_view provider = "soft", std::uint32_t max_dest_rd_atomic = 16) {
     device_options o;
-    o.request_crc = false;
+    o.software.request_crc = false;
     dev = device::open(provider, o).value();
     pd_a = dev.alloc_pd().value();
     pd_b = dev.alloc_pd().value();
@@ -88,13 +88,8 @@ struct target {
     b = pd_b.register_memory(b_buf, all | conveyor::access::remote_invalidate).value();
     inv = pd_a.register_memory(inv_buf, all | conveyor::access::remote_invalidate).value();
     recv = pd_a.register_memory(recv_buf, conveyor::access::local_write).value();
-    static int serial = 0;
-    // Name check: address syntax (shm listens on "@name", soft on a TCP port).
-    const std::string where = provider == "shm" ? "@cvt-hostile-" + std::to_string(::getpid()) +
-                                                      "-" + std::to_string(++serial)
-                                                : std::string("127.0.0.1:0");
-    lis = listener::bind(dev, where).value();
-    addr = provider == "shm" ? where : "127.0.0.1:" + std::to_string(lis.port());
+    lis = listener::bind(dev).value();  // an ephemeral address in the provider's syntax
+    addr = lis.address();
   }
   std::string addr;
   std::future<result<connection_info>> accept_async(queue_pair& q) {

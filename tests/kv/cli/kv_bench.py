@@ -47,8 +47,8 @@ def start(cmd, port):
 
 def kv_serve(provider):
     port = free_port()
-    # name check: address syntax (shm listens on "@name")
-    addr = f"@kv-bench-{os.getpid()}-{provider}" if provider == "shm" else f"127.0.0.1:{free_port()}"
+    # The server is another process: an address in its provider's syntax.
+    addr = {"soft": f"127.0.0.1:{free_port()}", "shm": f"@kv-bench-{os.getpid()}-{provider}"}[provider]
     p = start([conveyor, "kv", "serve", "--quiet", "--port", str(port), "--provider", provider,
                "--rdma-listen", addr], port)
     return p, port, addr

@@ -48,8 +48,13 @@ def wait_up(proc, port):
 def case(provider, password):
     port = free_port()
     rport = free_port()
-    # name check: address syntax (shm listens on "@name")
-    addr = f"@kv-cli-{os.getpid()}-{provider}" if provider == "shm" else f"127.0.0.1:{rport}"
+    # The server is another process: its address, in the provider's syntax,
+    # and the client's redis-cli letters for it (the provider comes from the
+    # address form: "@name" is shm), one case per provider.
+    addr, where = {
+        "soft": (f"127.0.0.1:{rport}", ["-h", "127.0.0.1", "-p", str(rport)]),
+        "shm": (f"@kv-cli-{os.getpid()}-{provider}", ["-h", f"@kv-cli-{os.getpid()}-{provider}"]),
+    }[provider]
     cmd = [conveyor, "kv", "serve", "--quiet", "--port", str(port), "--provider", provider,
            "--rdma-listen", addr]
     if password:
@@ -58,8 +63,6 @@ def case(provider, password):
     try:
         wait_up(srv, port)
         auth = ["-a", password] if password else []
-        # redis-cli's letters; the provider comes from the address form ("@name": shm)
-        where = ["-h", addr] if provider == "shm" else ["-h", "127.0.0.1", "-p", str(rport)]
         common = [*where, *auth]
         assert kv("set", "greeting", "hello world", *common).stdout == "OK\n"
         assert kv("get", "greeting", *common).stdout == "hello world\n"

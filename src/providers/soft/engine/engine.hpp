@@ -1,6 +1,6 @@
 // The soft provider's progress engine: one epoll set per device holding every
 // connected QP's socket. In thread mode a dedicated thread runs it: it polls the
-// sockets without sleeping for device_options::engine_spin_us after activity,
+// sockets without sleeping for device_options::software.engine_spin_us after activity,
 // then blocks in epoll_wait, so an idle engine costs no CPU; while an
 // application thread keeps polling a CQ it parks instead (engine_park). In
 // manual mode CQ poll/wait calls progress().

@@ -287,7 +287,7 @@ class soft_listener final : public detail::listener_impl {
  private:
   static detail::handshake_limits limits(const soft_device& d, int backlog) {
     detail::handshake_limits l;
-    l.max_pending = std::max<std::uint32_t>(1, d.options().max_pending_handshakes);
+    l.max_pending = std::max<std::uint32_t>(1, d.options().software.max_pending_handshakes);
     l.deadline = std::chrono::milliseconds(d.options().handshake_timeout_ms);
     l.max_ready = static_cast<std::size_t>(std::max(1, backlog));
     return l;
@@ -320,7 +320,7 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
   const auto hs = std::chrono::milliseconds(dev_->options().handshake_timeout_ms);
   const auto deadline = clk::now() + hs;
   mpa_frame rep = reply_base();
-  const bool crc = req_.crc() || dev_->options().request_crc;
+  const bool crc = req_.crc() || dev_->options().software.request_crc;
   rep.flags = crc ? mpa_flag::crc : 0;
   const bool ext = (req_.flags & mpa_flag::ext_offer) != 0;
   if (ext) rep.flags |= mpa_flag::ext_ack;  // never ext_offer: an echo proves nothing
@@ -413,7 +413,7 @@ result<detail::handshake_pump*> soft_device::rtr_pump() {
   std::lock_guard lk(rtr_mu_);
   if (!rtr_pump_) {
     detail::handshake_limits l;
-    l.max_pending = std::max<std::uint32_t>(1, options().max_pending_handshakes);
+    l.max_pending = std::max<std::uint32_t>(1, options().software.max_pending_handshakes);
     l.deadline = std::chrono::milliseconds(options().handshake_timeout_ms);
     l.max_ready = 1;  // nothing is handed out
     rtr_pump_ = std::make_unique<detail::handshake_pump>(
@@ -436,8 +436,8 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
   mpa_frame req;
   req.reply = false;
   req.revision = 2;
-  req.flags =
-      static_cast<std::uint8_t>((dopts.request_crc ? mpa_flag::crc : 0) | mpa_flag::ext_offer);
+  req.flags = static_cast<std::uint8_t>((dopts.software.request_crc ? mpa_flag::crc : 0) |
+                                        mpa_flag::ext_offer);
   mpa_v2_words w;
   w.ird = static_cast<std::uint16_t>(want_ird_);
   w.ord = static_cast<std::uint16_t>(want_ord_);
@@ -457,7 +457,7 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
                                           (why.empty() ? std::string("(no reason given)") : why));
   }
   conn_params cp;
-  cp.crc = dopts.request_crc || rep->crc();
+  cp.crc = dopts.software.request_crc || rep->crc();
   // Confirmed only by the ack bit *without* the offer bit: an echo of our flags
   // (what Linux siw sends back) has the offer bit and no ack.
   cp.ext = (rep->flags & mpa_flag::ext_ack) && !(rep->flags & mpa_flag::ext_offer);
