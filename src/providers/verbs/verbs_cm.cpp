@@ -7,14 +7,17 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <netpacket/packet.h>
 #include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace conveyor::verbs {
 
@@ -534,9 +537,11 @@ result<std::unique_ptr<detail::listener_impl>> verbs_device::bind_listener(std::
 namespace {
 
 // The first IPv4 address of the network devices under an RDMA device, as
-// sysfs names them: the one it was made on (rxe, siw: "parent") and those its
-// GID table refers to (ports/*/gid_attrs/ndevs/*).
-std::string netdev_ipv4(const std::string& ibdev) {
+// sysfs names them: the one it was made on (rxe: "parent") and those its GID
+// table refers to (ports/*/gid_attrs/ndevs/*); and, for iWARP devices, whose
+// GID is their network device's MAC address followed by zeros (siw has neither
+// sysfs entry), the network device with that MAC.
+std::string netdev_ipv4(const std::string& ibdev, const std::vector<std::string>& gids) {
   namespace fs = std::filesystem;
   std::vector<std::string> netdevs;
   auto read_name = [&](const fs::path& p) {
@@ -554,7 +559,20 @@ std::string netdev_ipv4(const std::string& ibdev) {
       read_name(nd.path());
   }
   ifaddrs* all = nullptr;
-  if (netdevs.empty() || ::getifaddrs(&all) != 0) return {};
+  if (::getifaddrs(&all) != 0) return {};
+  for (const auto& text : gids) {
+    unsigned char raw[16] = {};
+    if (::inet_pton(AF_INET6, text.c_str(), raw) != 1 ||
+        !std::all_of(raw + 6, raw + 16, [](unsigned char b) { return b == 0; }))
+      continue;
+    for (ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_PACKET) continue;
+      const auto* ll = reinterpret_cast<const sockaddr_ll*>(i->ifa_addr);
+      if (ll->sll_halen == 6 && std::memcmp(ll->sll_addr, raw, 6) == 0 &&
+          std::find(netdevs.begin(), netdevs.end(), i->ifa_name) == netdevs.end())
+        netdevs.emplace_back(i->ifa_name);
+    }
+  }
   std::string out;
   for (const auto& want : netdevs) {
     for (ifaddrs* i = all; i != nullptr && out.empty(); i = i->ifa_next) {
@@ -576,7 +594,9 @@ result<std::unique_ptr<detail::listener_impl>> verbs_device::bind_ephemeral_list
   // An IPv4-mapped GID (RoCE v2) names the address directly; else the
   // device's network device's (iWARP, RoCE v1).
   std::string ip;
+  std::vector<std::string> gids;
   for (const auto& p : attr().ports) {
+    gids.insert(gids.end(), p.addresses.begin(), p.addresses.end());
     for (const auto& gid : p.addresses) {
       if (gid.starts_with("::ffff:") && gid.find('.') != std::string::npos) {
         ip = gid.substr(7);
@@ -585,7 +605,7 @@ result<std::unique_ptr<detail::listener_impl>> verbs_device::bind_ephemeral_list
     }
     if (!ip.empty()) break;
   }
-  if (ip.empty()) ip = netdev_ipv4(ibdev_);
+  if (ip.empty()) ip = netdev_ipv4(ibdev_, gids);
   if (ip.empty())
     return make_error(errc::address_error,
                       "listen on an ephemeral address (" + where() +
