@@ -171,10 +171,10 @@ TEST_F(kv_transactions, key_versions_change_with_every_write_deletion_and_expiry
 TEST_F(kv_transactions, watch_of_an_absent_key_is_broken_by_its_creation_and_deletion) {
   kv::session other;
   const std::vector<std::vector<std::string_view>> creations = {{"SET", "gone", "1"},
-                                                                 {"HSET", "gone", "f", "1"},
-                                                                 {"RPUSH", "gone", "m"},
-                                                                 {"SADD", "gone", "m"},
-                                                                 {"ZADD", "gone", "1", "m"}};
+                                                                {"HSET", "gone", "f", "1"},
+                                                                {"RPUSH", "gone", "m"},
+                                                                {"SADD", "gone", "m"},
+                                                                {"ZADD", "gone", "1", "m"}};
   for (auto create : creations) {
     SCOPED_TRACE(create[0]);
     EXPECT_EQ(run(*ex, s, {"WATCH", "gone"}), "+OK\r\n");
