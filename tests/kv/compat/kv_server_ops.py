@@ -622,6 +622,68 @@ class Operations(SideBySide):
         self.assertTrue(rows[0][4].isdigit())  # requests: total_commands_processed
 
 
+class Migration(unittest.TestCase):
+    """Data moves between Redis and conveyor-kv as a stream of commands
+    (docs/KV.md, Snapshots): conveyor-kv's AOF into redis-server, and Redis's
+    rewritten AOF (without an RDB preamble) into conveyor-kv, by redis-cli --pipe."""
+
+    def fill(self, c):
+        c.hset("h", mapping={"a": "1", "b": "2"})
+        c.rpush("l", "x", "y", "z")
+        c.zadd("z", {"m": 1.5, "n": 2})
+        c.sadd("st", "p", "q")
+        c.set("s", "v", ex=1000)
+        c.set("bin", b"\x00\r\n\xff")
+
+    def check(self, c):
+        self.assertEqual(c.hgetall("h"), {b"a": b"1", b"b": b"2"})
+        self.assertEqual(c.lrange("l", 0, -1), [b"x", b"y", b"z"])
+        self.assertEqual(c.zrange("z", 0, -1, withscores=True), [(b"m", 1.5), (b"n", 2.0)])
+        self.assertEqual(c.smembers("st"), {b"p", b"q"})
+        self.assertTrue(900 < c.ttl("s") <= 1000)
+        self.assertEqual(c.get("bin"), b"\x00\r\n\xff")
+
+    def pipe(self, port, data):
+        out = subprocess.run(["/usr/bin/redis-cli", "-p", str(port), "--pipe"], input=data,
+                             capture_output=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn(b"errors: 0", out.stdout)
+
+    def test_conveyor_kv_aof_loads_into_redis(self):
+        d = tempfile.mkdtemp(prefix="conveyor-kv-migrate.")
+        kv, rs = Kv("--dir", d, "--appendonly", "yes"), Redis()
+        try:
+            self.fill(kv.client())
+            self.assertEqual(kv.stop(), 0)
+            with open(os.path.join(d, "appendonly.aof"), "rb") as f:
+                self.pipe(rs.port, f.read())
+            self.check(rs.client())
+        finally:
+            kv.stop()
+            rs.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_redis_rewritten_aof_loads_into_conveyor_kv(self):
+        rs, kv = Redis("--appendonly", "yes", "--aof-use-rdb-preamble", "no"), Kv()
+        try:
+            r = rs.client()
+            self.fill(r)
+            r.bgrewriteaof()
+            deadline = time.monotonic() + 20
+            while r.info("persistence")["aof_rewrite_in_progress"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            aofdir = os.path.join(rs.dir, "appendonlydir")
+            names = sorted(n for n in os.listdir(aofdir) if n.endswith(".aof"))
+            base = [n for n in names if ".base." in n] + [n for n in names if ".incr." in n]
+            self.assertTrue(base and ".base." in base[0], names)
+            data = b"".join(open(os.path.join(aofdir, n), "rb").read() for n in base)
+            self.pipe(kv.port, data)
+            self.check(kv.client())
+        finally:
+            self.assertEqual(kv.stop(), 0)
+            rs.stop()
+
+
 class Lifecycle(unittest.TestCase):
     def test_shutdown_from_redis_cli_flushes_and_exits_0(self):
         d = tempfile.mkdtemp(prefix="conveyor-kv-shut.")
