@@ -42,21 +42,6 @@ class Server(KvServer):
                     return int(line.split()[1])
         return 0
 
-    def alive(self):
-        return self.proc.poll() is None
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.drain.join(5)
-        self.proc.stderr.close()
-        return self.proc.returncode
-
 
 def raw(port, data, read_until_close=True, timeout=5.0):
     """Sends bytes on a fresh connection; returns what came back before the server closed."""

@@ -13,13 +13,12 @@ freed memory in quarantine) check the behaviour only.
 import os
 import resource
 import socket
-import subprocess
 import sys
 import threading
 import time
 import unittest
 
-from kv_server import KvServer
+from kv_server import KvServer, encode
 
 BIN = None
 
@@ -49,29 +48,6 @@ class Server(KvServer):
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
             s.sendall(encode(*argv))
             return read_reply(s)
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.drain.join(5)
-        self.proc.stderr.close()
-        return self.proc.returncode
-
-
-def encode(*argv):
-    out = b"*%d\r\n" % len(argv)
-    for a in argv:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out += b"$%d\r\n%s\r\n" % (len(a), a)
-    return out
 
 
 def read_reply(s):

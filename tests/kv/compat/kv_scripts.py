@@ -12,7 +12,6 @@ Usage: kv_scripts.py CONVEYOR_BINARY [unittest args...]
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -21,74 +20,14 @@ import unittest
 
 import redis
 
-from kv_server import KvServer
+from kv_server import KvServer, RedisServer, encode
 
 BIN = None
-REDIS_SERVER = "/usr/bin/redis-server"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A real redis-server, nothing persisted, on a free port."""
-
-    def __init__(self, *args):
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="kv-scripts-redis-")
-        self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("redis-server did not start")
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Kv(KvServer):
     def __init__(self, *args):
         super().__init__(BIN, *args)
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.drain.join(5)
-        self.proc.stderr.close()
-        return self.proc.returncode
-
-
-def encode(*argv):
-    out = b"*%d\r\n" % len(argv)
-    for a in argv:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out += b"$%d\r\n%s\r\n" % (len(a), a)
-    return out
 
 
 class Conn:

@@ -12,7 +12,6 @@ Usage: kv_server_ops.py CONVEYOR_BINARY [unittest args...]
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,17 +22,9 @@ import unittest
 
 import redis
 
-from kv_server import KvServer
+from kv_server import KvServer, RedisServer, encode
 
 BIN = None
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Kv(KvServer):
@@ -43,44 +34,10 @@ class Kv(KvServer):
     def client(self, **kw):
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, **kw)
 
-    def stop(self, sig=signal.SIGTERM):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.drain.join(5)
-        return self.proc.returncode
 
-
-class Redis:
-    """A redis-server on a free port, nothing persisted."""
-
-    def __init__(self, *args):
-        self.dir = tempfile.mkdtemp(prefix="conveyor-kv-redis.")
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            ["/usr/bin/redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
+class Redis(RedisServer):
     def client(self, **kw):
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, **kw)
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Resp:
@@ -91,11 +48,7 @@ class Resp:
         self.buf = b""
 
     def send(self, *args):
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-        self.s.sendall(b"".join(out))
+        self.s.sendall(encode(*args))
 
     def _line(self):
         while b"\r\n" not in self.buf:

@@ -12,69 +12,28 @@ Starts its own `conveyor kv serve --port 0` and a redis-server on a free port.
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kv_server import KvServer  # noqa: E402
+from kv_server import KvServer, RedisServer  # noqa: E402
 from resp_conn import Conn  # noqa: E402
 
 BIN = None
 REDIS = "/usr/bin/redis-server"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-class Redis:
-    """A redis-server 7 on a free port, nothing persisted."""
-
+class Redis(RedisServer):
     def __init__(self):
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--protected-mode", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                Conn(self.port).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        super().__init__("--protected-mode", "no")
 
 
 class Kv(KvServer):
     def __init__(self, *args):
         super().__init__(BIN, *args)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.drain.join(5)
-        return self.proc.returncode
 
 
 # ---- the random command sequences ---------------------------------------------
