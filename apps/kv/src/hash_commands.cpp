@@ -195,6 +195,23 @@ void cmd_hstrlen(exec_context& c) {
   c.r.integer(v ? static_cast<std::int64_t>(v->size()) : 0);
 }
 
+// HINCRBY, HINCRBYFLOAT: the field argv[2] of the hash argv[1] set to `value`
+// (the hash created if absent), logged as the HSET that redoes it; false when
+// WRONGTYPE or OOM was answered.
+namespace {
+bool store_field(exec_context& c, std::string_view value) {
+  bool failed;
+  auto* h = find_for_write<hash_object>(c, c.argv[1], value_type::hash,
+                                        c.argv[2].size() + value.size() + element_overhead, true,
+                                        &failed);
+  if (failed) return false;
+  hash_set(c, *h, c.argv[2], value);
+  c.st().changed(c.argv[1], c.now);
+  c.log({"HSET", c.argv[1], c.argv[2], value});
+  return true;
+}
+}  // namespace
+
 void cmd_hincrby(exec_context& c) {
   std::int64_t incr;
   if (!to_i64(c.argv[3], incr)) return c.r.error(err_int);
@@ -208,14 +225,7 @@ void cmd_hincrby(exec_context& c) {
   if (__builtin_add_overflow(v, incr, &next))
     return c.r.error("ERR increment or decrement would overflow");
   const std::string s = i64_str(next);
-  auto* h =
-      find_for_write<hash_object>(c, c.argv[1], value_type::hash,
-                                  c.argv[2].size() + s.size() + element_overhead, true, &failed);
-  if (failed) return;
-  hash_set(c, *h, c.argv[2], s);
-  c.st().changed(c.argv[1], c.now);
-  c.log({"HSET", c.argv[1], c.argv[2], s});
-  c.r.integer(next);
+  if (store_field(c, s)) c.r.integer(next);
 }
 
 void cmd_hincrbyfloat(exec_context& c) {
@@ -232,14 +242,7 @@ void cmd_hincrbyfloat(exec_context& c) {
   if (std::isnan(v) || std::isinf(v))
     return c.r.error("ERR increment would produce NaN or Infinity");
   const std::string s = ld_human(v);
-  auto* h =
-      find_for_write<hash_object>(c, c.argv[1], value_type::hash,
-                                  c.argv[2].size() + s.size() + element_overhead, true, &failed);
-  if (failed) return;
-  hash_set(c, *h, c.argv[2], s);
-  c.st().changed(c.argv[1], c.now);
-  c.log({"HSET", c.argv[1], c.argv[2], s});
-  c.r.bulk(s);
+  if (store_field(c, s)) c.r.bulk(s);
 }
 
 void cmd_hscan(exec_context& c) {

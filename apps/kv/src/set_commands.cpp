@@ -69,21 +69,12 @@ void cmd_sadd(exec_context& c) {
 }
 
 void cmd_srem(exec_context& c) {
-  bool failed;
-  auto* s = find_for_write<set_object>(c, c.argv[1], value_type::set, 0, false, &failed);
-  if (failed) return;
-  if (s == nullptr) return c.r.integer(0);
-  std::int64_t n = 0;
-  for (std::size_t i = 2; i < c.argv.size(); ++i) {
-    auto it = s->members.find(element_of(c.argv[i]));
-    if (it == s->members.end()) continue;
-    set_erase(*s, it);
-    ++n;
-  }
-  if (n == 0) return c.r.integer(0);
-  c.st().changed(c.argv[1], c.now);
-  c.log(c.argv);
-  c.r.integer(n);
+  remove_elements<set_object>(c, value_type::set, [](set_object& s, std::string_view m) {
+    auto it = s.members.find(element_of(m));
+    if (it == s.members.end()) return false;
+    set_erase(s, it);
+    return true;
+  });
 }
 
 void cmd_smembers(exec_context& c) {

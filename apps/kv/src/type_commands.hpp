@@ -65,6 +65,24 @@ T* find_for_write(exec_context& c, std::string_view key, value_type t, std::size
   return static_cast<T*>(o);
 }
 
+// SREM, ZREM: erase_one(obj, element) for each element of argv[2..] (true if
+// it was there); the key's change published and the command logged as sent
+// when any was; the count of those removed is the reply.
+template <class T, class EraseOne>
+void remove_elements(exec_context& c, value_type t, EraseOne&& erase_one) {
+  bool failed;
+  auto* o = find_for_write<T>(c, c.argv[1], t, 0, false, &failed);
+  if (failed) return;
+  if (o == nullptr) return c.r.integer(0);
+  std::int64_t n = 0;
+  for (std::size_t i = 2; i < c.argv.size(); ++i) n += erase_one(*o, c.argv[i]) ? 1 : 0;
+  if (n > 0) {
+    c.st().changed(c.argv[1], c.now);
+    c.log(c.argv);
+  }
+  c.r.integer(n);
+}
+
 // Replies WRONGTYPE if `key` holds a type other than `t`; true then.
 inline bool wrong_type(exec_context& c, std::string_view key, value_type t) {
   auto have = c.st().type_of(key, c.now);

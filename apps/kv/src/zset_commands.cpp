@@ -349,21 +349,12 @@ void cmd_zincrby(exec_context& c) {
 }
 
 void cmd_zrem(exec_context& c) {
-  bool failed;
-  auto* z = find_for_write<zset_object>(c, c.argv[1], value_type::zset, 0, false, &failed);
-  if (failed) return;
-  if (z == nullptr) return c.r.integer(0);
-  std::int64_t n = 0;
-  for (std::size_t i = 2; i < c.argv.size(); ++i) {
-    auto it = z->scores.find(element_of(c.argv[i]));
-    if (it == z->scores.end()) continue;
-    zset_erase(*z, it);
-    ++n;
-  }
-  if (n == 0) return c.r.integer(0);
-  c.st().changed(c.argv[1], c.now);
-  c.log(c.argv);
-  c.r.integer(n);
+  remove_elements<zset_object>(c, value_type::zset, [](zset_object& z, std::string_view m) {
+    auto it = z.scores.find(element_of(m));
+    if (it == z.scores.end()) return false;
+    zset_erase(z, it);
+    return true;
+  });
 }
 
 void cmd_zscore(exec_context& c) {
