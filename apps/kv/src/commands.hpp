@@ -122,6 +122,9 @@ struct server_stats {
   std::uint64_t net_input_bytes = 0, net_output_bytes = 0;
   std::function<std::uint64_t()> one_sided_gets;  // GETs served by one-sided READs
   std::function<std::uint64_t()> rdma_clients;    // connected RDMA clients
+  // CONFIG SET requirepass reaches the RDMA front end's handshake through this
+  // (empty: no RDMA front end); false: it refused the password (too long).
+  std::function<bool(std::string_view)> rdma_requirepass;
   std::function<void(std::string& info)>
       rdma_info;  // appends "key:value\r\n" lines to INFO's rdma section
   std::uint64_t watch_aborts = 0, exec_aborts = 0;  // EXEC: null (WATCH), EXECABORT

@@ -241,7 +241,13 @@ void cmd_config(exec_context& c) {
                          why);
       }
     }
-    // Every pair is valid: apply them.
+    // Every pair is valid: apply them (the RDMA front end's password first: the
+    // one that can refuse).
+    if (next.requirepass != cfg.requirepass && c.ex.stats().rdma_requirepass &&
+        !c.ex.stats().rdma_requirepass(next.requirepass))
+      return c.r.error(
+          "ERR CONFIG SET failed (possibly related to argument 'requirepass') - longer than "
+          "an RDMA client's connection request carries");
     if (next.maxmemory != cfg.maxmemory || next.maxmemory_policy != cfg.maxmemory_policy)
       c.st().set_limits(next.maxmemory, next.maxmemory_policy == "allkeys-lru"
                                             ? eviction_policy::allkeys_lru

@@ -97,6 +97,13 @@ class rdma_server_impl final : public rdma_server {
  private:
   void start_accepting() override { accepting_.store(true); }
 
+  bool set_requirepass(std::string_view pass) override {
+    if (pass.size() > layout::max_password) return false;
+    std::lock_guard g(pass_mu_);
+    opts_.requirepass = std::string(pass);
+    return true;
+  }
+
   void accept_loop() {
     while (!stop_.load()) {
       if (!accepting_.load()) {  // bound, not yet serving (the AOF replays first)
@@ -111,7 +118,12 @@ class rdma_server_impl final : public rdma_server {
         (void)req->reject("conveyor-kv: not a conveyor-kv client hello");
         continue;
       }
-      if (!opts_.requirepass.empty() && !password_equal(opts_.requirepass, *pass)) {
+      std::string want;
+      {
+        std::lock_guard g(pass_mu_);
+        want = opts_.requirepass;
+      }
+      if (!want.empty() && !password_equal(want, *pass)) {
         count_reject();
         (void)req->reject(pass->empty() ? "NOAUTH Authentication required."
                                         : "WRONGPASS invalid password");
@@ -343,6 +355,7 @@ class rdma_server_impl final : public rdma_server {
   bool in_handler_ =
       false;  // handler_ is running (requests served inside it use their own buffers)
   mutable std::mutex stats_mu_;
+  std::mutex pass_mu_;  // opts_.requirepass: CONFIG SET (loop thread) and the acceptor
   rdma_server_stats stats_;
 };
 

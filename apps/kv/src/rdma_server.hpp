@@ -81,6 +81,10 @@ class rdma_server {
   virtual std::string address() const = 0;
   virtual rdma_server_stats stats() const = 0;
   virtual void start_accepting() = 0;
+  // CONFIG SET requirepass: connection requests from now on must present this
+  // password (empty: none); connections already accepted stay, as in Redis.
+  // Any thread; at most layout::max_password bytes (longer: false, unchanged).
+  virtual bool set_requirepass(std::string_view pass) = 0;
   // Loop thread only.
   virtual rdma_served served() const = 0;
 };

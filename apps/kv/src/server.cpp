@@ -219,6 +219,9 @@ int serve(const server_options& so) {
     }
     rdma = std::move(*r);
     exec.stats().rdma_clients = [&rdma] { return rdma->stats().connections_current; };
+    exec.stats().rdma_requirepass = [&rdma](std::string_view p) {
+      return rdma->set_requirepass(p);
+    };
     exec.stats().rdma_info = [&rdma, provider = so.provider](std::string& t) {
       const auto rs = rdma->stats();
       const auto sv = rdma->served();

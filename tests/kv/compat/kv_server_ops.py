@@ -575,6 +575,50 @@ class Operations(SideBySide):
         self.assertTrue(rows[0][4].isdigit())  # requests: total_commands_processed
 
 
+class RdmaPassword(unittest.TestCase):
+    """CONFIG SET requirepass reaches the RDMA front end's handshake, as the
+    RESP port's AUTH: from then on an RDMA client must present it."""
+
+    def rdma_address(self, kv):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for line in list(kv.stderr_lines):
+                m = re.search(r"RDMA on (\S+)", line)
+                if m:
+                    return m.group(1)
+            time.sleep(0.05)
+        self.fail("no RDMA address in: " + "".join(kv.stderr_lines))
+
+    def get(self, addr, *extra):
+        return subprocess.run([BIN, "kv", "get", "--address", addr, *extra, "k"],
+                              capture_output=True, text=True, timeout=30)
+
+    def test_config_set_requirepass_is_asked_of_rdma_clients(self):
+        kv = Kv("--rdma-listen", "127.0.0.1:0")
+        try:
+            addr = self.rdma_address(kv)
+            r = kv.client()
+            r.set("k", "v")
+            got = self.get(addr)
+            self.assertEqual((got.returncode, got.stdout.strip()), (0, "v"), got.stderr)
+            self.assertTrue(r.config_set("requirepass", "s3cret"))
+            got = self.get(addr)
+            self.assertNotEqual(got.returncode, 0)
+            self.assertIn("NOAUTH", got.stderr)
+            got = self.get(addr, "-a", "wrong")
+            self.assertNotEqual(got.returncode, 0)
+            self.assertIn("WRONGPASS", got.stderr)
+            got = self.get(addr, "-a", "s3cret")
+            self.assertEqual((got.returncode, got.stdout.strip()), (0, "v"), got.stderr)
+            # Cleared again: no password needed on either path.
+            authed = kv.client(password="s3cret")
+            self.assertTrue(authed.config_set("requirepass", ""))
+            got = self.get(addr)
+            self.assertEqual((got.returncode, got.stdout.strip()), (0, "v"), got.stderr)
+        finally:
+            self.assertEqual(kv.stop(), 0)
+
+
 class Migration(unittest.TestCase):
     """Data moves between Redis and conveyor-kv as a stream of commands
     (docs/KV.md, Snapshots): conveyor-kv's AOF into redis-server, and Redis's
