@@ -44,10 +44,12 @@ int main(int argc, char** argv) {
   app.add_option("--provider", o.provider,
                  "rdma: device (soft, shm, verbs); default: shm for an @name address, else soft");
   app.add_option("-a,--pass,--password", o.password, "the server's requirepass (rdma)");
-  app.add_option("--progress", o.progress,
-                 "rdma: the client device's progress: thread (an engine thread) or manual (the "
-                 "calling thread drives the engine while it waits)")
-      ->check(CLI::IsMember({"thread", "manual"}));
+  app.add_option(
+         "--progress", o.progress,
+         "rdma: the client device's progress: thread (an engine thread) or manual (the "
+         "calling thread drives the engine while it waits: the default, a hand-off less per READ)")
+      ->check(CLI::IsMember({"thread", "manual"}))
+      ->capture_default_str();
   app.add_option("--keys", o.keys, "key space");
   app.add_option("--value-size", o.value_size, "bytes per value");
   app.add_option("--get-ratio", o.get_ratio, "fraction of operations that are GETs")
@@ -57,6 +59,12 @@ int main(int argc, char** argv) {
   app.add_option("--depth", o.depth, "GETs in flight: each GET step is an MGET of this many keys")
       ->check(CLI::Range(1, 128));
   app.add_option("--seconds", o.seconds, "measured time");
+  app.add_option("--location-cache", o.location_cache,
+                 "rdma: item locations each client remembers (0: every GET reads the buckets "
+                 "first)");
+  app.add_option("--warmup", o.warmup,
+                 "seconds of unmeasured GETs per client before the measured time (an RDMA "
+                 "client learns where the keys' items are)");
   app.add_option("--load", o.load,
                  "SET every key before measuring (true/false); --seconds 0: load only");
   app.add_flag("--json", o.json, "JSON output (schema conveyor-kv-bench/1)");

@@ -3,6 +3,7 @@
 // (kv_bench_conns.cpp) that the runner (kv_bench_run.cpp) drives.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -20,7 +21,7 @@ struct bench_options {
   std::string address;             // rdma: "host:port" or "@name", instead of -h/-p
   std::string provider;            // rdma: empty: from the address ("@name": shm; else soft)
   std::string password;
-  std::string progress = "thread";  // the client device's progress mode: thread | manual
+  std::string progress = "manual";  // the client device's progress mode: thread | manual
   // the load
   std::uint64_t keys = 100000;
   std::uint32_t value_size = 64;
@@ -28,6 +29,10 @@ struct bench_options {
   double zipf = 0;          // 0: uniform; 0.99: Zipf
   std::uint32_t depth = 1;  // GETs in flight (an MGET batch of this many keys)
   double seconds = 5;
+  // Seconds of unmeasured GETs per client first (every key once, then random).
+  double warmup = 0;
+  // rdma: item locations each client remembers (0: off).
+  std::size_t location_cache = std::size_t{1} << 20;
   bool load = true;  // SET every key first
   bool json = false;
   std::string protocol = "rdma";  // rdma | resp | memcached
@@ -46,6 +51,10 @@ inline std::string key_name(std::uint64_t i) {
 struct tally {
   std::vector<float> get_us, set_us;  // per step
   std::uint64_t gets = 0, sets = 0, misses = 0, errors = 0, retries = 0;
+  // RDMA: GETs by dependent READ rounds (1, 2, 3, 4+), and those answered by
+  // one READ of a remembered item (kv::client_stats).
+  std::array<std::uint64_t, 4> rounds{};
+  std::uint64_t one_read = 0;
   std::string first_error;
   void error(std::string what) {
     if (errors++ == 0) first_error = std::move(what);
@@ -59,7 +68,8 @@ class bench_conn {
   virtual ~bench_conn() = default;
   virtual bool gets(std::span<const std::string> keys, std::string_view value, tally& t) = 0;
   virtual bool sets(std::span<const std::string> keys, std::string_view value, tally& t) = 0;
-  virtual std::uint64_t retries() const { return 0; }
+  // Adds what the connection counted itself (RDMA: retries, READ rounds).
+  virtual void add_counts(tally&) const {}
 };
 
 // The RDMA provider the options name: --provider, else from the address.

@@ -35,7 +35,10 @@ std::string rdma_address(const bench_options& o) {
 result<std::unique_ptr<kv::client>> open_kv_client(const bench_options& o) {
   kv::client_options co;
   co.password = o.password;
-  co.depth = std::max<std::uint32_t>(o.depth, 1);
+  // READs in flight: a step's MGET of --depth keys, or the warm-up's MGETs of 16
+  // (a depth-1 GET uses one lane either way).
+  co.depth = std::max<std::uint32_t>(o.depth, o.warmup > 0 ? 16 : 1);
+  co.location_cache = o.location_cache;
   co.device.progress = o.progress == "manual" ? progress_mode::manual : progress_mode::thread;
   return kv::client::connect(rdma_provider(o), rdma_address(o), co);
 }
@@ -82,7 +85,12 @@ class rdma_conn final : public bench_conn {
       if (auto r = c_->set(k, value); !r) return t.error("SET: " + r.error().to_string()), false;
     return true;
   }
-  std::uint64_t retries() const override { return c_->stats().retries; }
+  void add_counts(tally& t) const override {
+    const auto st = c_->stats();
+    t.retries += st.retries;
+    for (std::size_t i = 0; i < t.rounds.size(); ++i) t.rounds[i] += st.rounds[i];
+    t.one_read += st.one_read;
+  }
 
  private:
   std::unique_ptr<kv::client> c_;

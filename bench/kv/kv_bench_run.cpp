@@ -158,10 +158,33 @@ void client_thread(shared_run& sh, unsigned index, tally& t) {
     c = open_conn(o, err);
     if (!c) t.error("connect: " + err);
   }
+  std::mt19937_64 rng(42 + index);
+  // --warmup: GETs before the measured time (and before the server's CPU is
+  // sampled), so an RDMA client has remembered where the keys it reads are.
+  tally before;
+  if (c && o.warmup > 0) {
+    const auto until = clk::now() + std::chrono::duration_cast<clk::duration>(
+                                        std::chrono::duration<double>(o.warmup));
+    tally w;
+    // Every key once (MGETs of 16), as an application that has read its keys
+    // before; then random GETs for the rest of the time.
+    std::vector<std::string> keys;
+    for (std::uint64_t i = 0; i < o.keys && clk::now() < until && w.errors == 0;) {
+      keys.clear();
+      for (; i < o.keys && keys.size() < 16; ++i) keys.push_back(key_name(i));
+      if (!c->gets(keys, *sh.value, w)) break;
+    }
+    keys.resize(o.depth);
+    while (clk::now() < until && w.errors == 0) {
+      for (auto& k : keys) k = key_name(sh.pick->operator()(rng));
+      if (!c->gets(keys, *sh.value, w)) break;
+    }
+    if (w.errors) t.error("warm-up: " + w.first_error);
+    c->add_counts(before);
+  }
   sh.ready->count_down();
   sh.go->wait();
-  if (!c) return;
-  std::mt19937_64 rng(42 + index);
+  if (!c || t.errors) return;
   // GET steps carry depth operations; SET steps depth on the sockets, one RPC over
   // RDMA. Draw step kinds so that the fraction of operations that are GETs is get_ratio.
   const double g = o.depth, s = o.protocol == "rdma" ? 1.0 : double(o.depth);
@@ -180,7 +203,10 @@ void client_thread(shared_run& sh, unsigned index, tally& t) {
     (is_get ? t.get_us : t.set_us).push_back(us);
     (is_get ? t.gets : t.sets) += keys.size();
   }
-  t.retries = c->retries();
+  c->add_counts(t);
+  t.retries -= before.retries;
+  t.one_read -= before.one_read;
+  for (std::size_t i = 0; i < t.rounds.size(); ++i) t.rounds[i] -= before.rounds[i];
 }
 
 }  // namespace
@@ -244,6 +270,8 @@ int run(const bench_options& o) {
     all.sets += t.sets;
     all.misses += t.misses;
     all.retries += t.retries;
+    for (std::size_t i = 0; i < all.rounds.size(); ++i) all.rounds[i] += t.rounds[i];
+    all.one_read += t.one_read;
     if (t.errors && all.errors == 0) all.first_error = t.first_error;
     all.errors += t.errors;
   }
@@ -258,6 +286,7 @@ int run(const bench_options& o) {
                       {"zipf", o.zipf},
                       {"depth", o.depth},
                       {"seconds", secs},
+                      {"warmup_s", o.warmup},
                       {"load_s", load_s},
                       {"ops_per_s", ops / secs},
                       {"gets_per_s", double(all.gets) / secs},
@@ -266,6 +295,12 @@ int run(const bench_options& o) {
                       {"misses", all.misses},
                       {"errors", all.errors},
                       {"retries", all.retries},
+                      {"get_rounds",
+                       {{"one", all.rounds[0]},
+                        {"two", all.rounds[1]},
+                        {"three", all.rounds[2]},
+                        {"more", all.rounds[3]}}},
+                      {"one_read_gets", all.one_read},
                       {"get_us",
                        {{"p50", pct(all.get_us, 0.5)},
                         {"p99", pct(all.get_us, 0.99)},
@@ -311,6 +346,15 @@ int run(const bench_options& o) {
     std::printf("  GET%s us: p50 %.1f p99 %.1f p999 %.1f\n", o.depth > 1 ? " batch" : "",
                 j["get_us"]["p50"].get<double>(), j["get_us"]["p99"].get<double>(),
                 j["get_us"]["p999"].get<double>());
+    if (o.protocol == "rdma")
+      std::printf(
+          "  GETs by READ rounds: one %llu (%llu by one READ of a remembered item), two "
+          "%llu, three %llu, more %llu\n",
+          static_cast<unsigned long long>(all.rounds[0]),
+          static_cast<unsigned long long>(all.one_read),
+          static_cast<unsigned long long>(all.rounds[1]),
+          static_cast<unsigned long long>(all.rounds[2]),
+          static_cast<unsigned long long>(all.rounds[3]));
     if (all.sets)
       std::printf("  SET%s us: p50 %.1f p99 %.1f p999 %.1f\n",
                   o.depth > 1 && o.protocol != "rdma" ? " batch" : "",

@@ -60,10 +60,12 @@ kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
                   "seconds the connection (the RDMA handshake) and each request may take")
         ->check(CLI::Range(0.001, 3600.0))
         ->capture_default_str();
-    a->add_option("--progress", o.progress,
-                  "the client device's progress: thread (an engine thread) or manual (the "
-                  "calling thread drives the engine while it waits)")
-        ->check(CLI::IsMember({"thread", "manual"}));
+    a->add_option(
+         "--progress", o.progress,
+         "the client device's progress: thread (an engine thread) or manual (the "
+         "calling thread drives the engine while it waits: the default, a hand-off less per READ)")
+        ->check(CLI::IsMember({"thread", "manual"}))
+        ->capture_default_str();
   };
   c.get = kv.add_subcommand("get", "GET a key by one-sided RDMA READs");
   c.get->add_option("key", o.key)->required();

@@ -16,7 +16,7 @@ struct kv_client_options {
   std::string address;             // "host:port" or "@name", instead of -h/-p
   std::string provider;            // empty: from the address ("@name": shm; else soft)
   std::string password;
-  std::string progress = "thread";  // the client device's progress mode: thread | manual
+  std::string progress = "manual";  // the client device's progress mode: thread | manual
   double timeout_s = 2;             // the connection and each request
   std::string key, value;
   std::string field;              // hget

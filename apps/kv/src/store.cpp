@@ -142,6 +142,7 @@ class store_impl final : public store {
       bool any = false;
       for (std::size_t i = 0; i < L::slots_per_bucket; ++i) {
         if (!load_slot(s[i])) continue;
+        unpublish(item_at(s[i]));
         retire(s[i]);
         store_slot(s[i], 0);
         any = true;
@@ -460,6 +461,15 @@ class store_impl final : public store {
     return f;
   }
 
+  // An item stops being its key's current value: its checksum word takes the
+  // retired form (~checksum) before the slot changes, so a reader that READs
+  // it at a remembered location (docs/KV.md, "One READ") falls back to the
+  // buckets, while a reader that came through the old slot still accepts it
+  // within the grace time. At most one item of a key is ever live.
+  static void unpublish(const L::item_header* it) {
+    std::atomic_ref<std::uint64_t> w(const_cast<L::item_header*>(it)->checksum);
+    w.store(~w.load(std::memory_order_relaxed), std::memory_order_release);
+  }
   void retire(std::uint64_t w) {
     const auto* it = item_at(w);
     const auto units = L::round_units(L::item_bytes(it->key_len, it->value_len));
@@ -475,6 +485,7 @@ class store_impl final : public store {
     forget_expiry(f.item);
     drop_object(f.item);
     live_units_ -= L::round_units(L::item_bytes(f.item->key_len, f.item->value_len));
+    unpublish(f.item);
     store_slot(w, 0);
     publish_check(f.bucket);
     retire(old);
@@ -585,10 +596,16 @@ class store_impl final : public store {
     it->value_len = static_cast<std::uint32_t>(value.size());
     std::memcpy(it + 1, key.data(), key.size());
     std::memcpy(reinterpret_cast<char*>(it + 1) + key.size(), value.data(), value.size());
-    it->checksum = L::item_checksum(reinterpret_cast<const std::byte*>(it), bytes, seed_);
-    // 2. Switch the slot (release: the item's bytes are visible first), then the check word.
+    // Retired form until it is published (step 2): a remembered location that
+    // reuses this memory never reads it as its key's current value early.
+    const auto sum = L::item_checksum(reinterpret_cast<const std::byte*>(it), bytes, seed_);
+    it->checksum = ~sum;
+    // 2. The old item retired first, then the slot switched (release: the
+    // item's bytes are visible first), then the new item live, then the check
+    // word.
     auto& w = slots(where->first)[where->second];
     const auto prev = load_slot(w);
+    if (prev) unpublish(item_at(prev));
     if (old) {
       forget_expiry(old->item);
       if (!keep_object) drop_object(old->item);
@@ -598,6 +615,7 @@ class store_impl final : public store {
     }
     const auto hash = L::hash_key(key, seed_);
     store_slot(w, L::make_slot(*off, units, L::place(hash, buckets_).tag));
+    std::atomic_ref<std::uint64_t>(it->checksum).store(sum, std::memory_order_release);
     written_[hash % written_.size()] = it->version;
     publish_check(where->first);
     // 3. The old item waits out the grace time.

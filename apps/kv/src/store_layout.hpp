@@ -12,7 +12,8 @@
 // 64-byte units (0xffff: at least that; read the header for the size), bits
 // 56..63 a tag from the key's hash (never 0). 0 is an empty slot.
 //
-// Data region: items at 64-byte aligned offsets, immutable once published:
+// Data region: items at 64-byte aligned offsets, immutable once written but
+// for the checksum word's form (live or retired, see item_header):
 //   item_header (32 bytes) | key | value     (checksum covers bytes 8..end)
 // Everything here is plain arithmetic on values; no pointers into peer memory.
 #pragma once
@@ -36,7 +37,9 @@ namespace conveyor::kv::layout {
 inline constexpr std::uint32_t index_magic = 0x43564b49;     // "CVKI"
 inline constexpr std::uint32_t describe_magic = 0x43564b44;  // "CVKD"
 // 2: items carry their key's type (item_header::type) and hashes an encoding.
-inline constexpr std::uint16_t format_version = 2;
+// 3: an item's checksum word is live (the checksum) only while the item is its
+//    key's current value, and ~checksum before and after (item_header).
+inline constexpr std::uint16_t format_version = 3;
 inline constexpr std::size_t unit = 64;  // allocation and bucket unit
 inline constexpr std::size_t slots_per_bucket = 7;
 inline constexpr std::size_t buckets_per_group = 2;
@@ -71,7 +74,10 @@ enum class value_type : std::uint8_t { string = 0, list = 1, hash = 2, set = 3, 
 inline constexpr std::size_t max_key_len = (std::size_t{1} << 24) - 1;
 
 struct item_header {
-  std::uint64_t checksum;  // hash of bytes [8, item_bytes) with the seed
+  // The hash of bytes [8, item_bytes) with the seed while the item is its key's
+  // current value (live); ~that hash while it is being published and after it
+  // was replaced or deleted (retired). Both forms verify the bytes.
+  std::uint64_t checksum;
   std::uint64_t version;   // store-wide write counter when the item was made
   std::int64_t expire_at;  // ms since the Unix epoch; 0: no TTL
   std::uint32_t key_len : 24;
@@ -313,6 +319,7 @@ struct item_check {
   std::int64_t expire_at = 0;
   value_type type = value_type::string;
   std::size_t value_offset = 0, value_len = 0;  // within buf
+  bool live = false;  // ok: the checksum word was in its live form (not retired)
 };
 inline item_check check_item(const std::byte* buf, std::size_t n, std::string_view key,
                              std::uint64_t seed) noexcept {
@@ -328,13 +335,15 @@ inline item_check check_item(const std::byte* buf, std::size_t n, std::string_vi
     }
     return c;
   }
-  if (item_checksum(buf, total, seed) != h.checksum) return c;
+  const std::uint64_t sum = item_checksum(buf, total, seed);
+  if (sum != h.checksum && ~sum != h.checksum) return c;
   if (std::string_view(reinterpret_cast<const char*>(buf) + sizeof h, h.key_len) != key) {
     c.result = item_result::other_key;
     return c;
   }
   if (h.type > static_cast<std::uint32_t>(value_type::zset)) return c;  // not a type we know
   c.result = item_result::ok;
+  c.live = sum == h.checksum;
   c.type = static_cast<value_type>(h.type);
   c.version = h.version;
   c.expire_at = h.expire_at;
