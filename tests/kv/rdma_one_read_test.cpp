@@ -55,8 +55,8 @@ std::optional<std::uint64_t> item_offset(server& s, std::string_view key) {
     L::match_group(idx + L::bucket_offset(g), g, p.tag, d.seed, cands);
     for (auto w : cands) {
       auto span = L::item_of(w, d.data.length);
-      if (span && L::check_item(data + span->offset, span->bytes, key, d.seed).result ==
-                      L::item_result::ok)
+      if (span &&
+          L::check_item(data + span->offset, span->bytes, key, d.seed).result == L::item_result::ok)
         return span->offset;
     }
   }
@@ -90,6 +90,7 @@ TEST_P(kv_rdma_one_read, a_remembered_key_is_one_read_and_mget_of_16_posts_16_re
   for (auto& v : vs) EXPECT_TRUE(v);
   EXPECT_EQ(c->stats().reads - again.reads, 16u);
   EXPECT_EQ(c->stats().one_read - again.one_read, 16u);
+  EXPECT_EQ(c->stats().doorbells - again.doorbells, 1u) << "the 16 READs in one post";
   // Without the cache every GET reads the buckets first.
   kv::client_options off{.location_cache = 0};
   auto plain = must(kv::client::connect(GetParam() + ":kvc", s.rdma->address(), off));

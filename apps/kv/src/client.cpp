@@ -107,6 +107,8 @@ class client_impl final : public client {
         opts_(std::move(o)),
         cache_(opts_.location_cache),
         lanes_(lanes) {
+    pending_wr_.reserve(2 * lanes + 2);
+    pending_sge_.reserve(2 * lanes + 2);
     for (std::uint32_t i = 0; i < lanes; ++i) {
       lanes_[i].groups = scratch_.data() + i * (2 * L::group_bytes + lane_item_bytes);
       lanes_[i].item = lanes_[i].groups + 2 * L::group_bytes;
@@ -392,6 +394,8 @@ class client_impl final : public client {
   template <class Sink>
   result<void> run_gets(std::span<const std::string_view> keys, Sink&& sink) {
     if (broken_) return make_error(errc::invalid_state, "kv client: the connection failed earlier");
+    pending_wr_.clear();  // nothing left over from a GET that failed
+    pending_sge_.clear();
     std::size_t next = 0, done = 0;
     std::vector<std::uint32_t> free_lanes;
     for (std::uint32_t i = 0; i < lanes_.size(); ++i)
@@ -424,6 +428,8 @@ class client_impl final : public client {
         }
         if (auto r = read_groups(l); !r) return r;
       }
+      if (auto r = flush(); !r) return r;
+      if (done == keys.size()) break;  // every GET answered without another READ
       std::array<work_completion, 32> wcs;
       auto n = cq_.wait(wcs, std::max(deadline - clock::now(), clock::duration::zero()));
       if (!n) return fail(n.error(), "kv client: GET" + unfinished(keys.size() - done, free_lanes));
@@ -565,6 +571,29 @@ class client_impl final : public client {
     return d_.reclaim_grace_ms == 0 || clock::now() - ln.start >= grace();
   }
 
+  // READs are collected while a round of lanes starts or a batch of
+  // completions is handled, then posted together: one doorbell for them all
+  // (an MGET of remembered keys is one post of all its READs).
+  result<void> post(std::span<send_wr> wrs) {
+    if (pending_wr_.size() + wrs.size() > pending_wr_.capacity())
+      if (auto r = flush(); !r) return r;
+    for (auto& w : wrs) {
+      pending_sge_.push_back(w.sg_list[0]);  // capacity reserved: no reallocation
+      w.sg_list = std::span(&pending_sge_.back(), 1);
+      pending_wr_.push_back(w);
+    }
+    return {};
+  }
+  result<void> flush() {
+    if (pending_wr_.empty()) return {};
+    ++stats_.doorbells;
+    const auto st = qp_.post_send(pending_wr_);
+    pending_wr_.clear();
+    pending_sge_.clear();
+    if (st != errc::ok) return fail(st, "kv client: post READ" + first_error());
+    return {};
+  }
+
   result<void> read_groups(std::uint32_t l) {
     auto& ln = lanes_[l];
     ln.start = clock::now();
@@ -584,9 +613,7 @@ class client_impl final : public client {
                       .rkey = d_.index.rkey};
     }
     stats_.reads += 2;
-    if (auto st = qp_.post_send(wr); st != errc::ok)
-      return fail(st, "kv client: post READ" + first_error());
-    return {};
+    return post(wr);
   }
 
   result<void> restart(std::uint32_t l) {
@@ -638,9 +665,7 @@ class client_impl final : public client {
                .remote_addr = d_.data.addr + off,
                .rkey = d_.data.rkey};
     ++stats_.reads;
-    if (auto st = qp_.post_send(wr); st != errc::ok)
-      return fail(st, "kv client: post READ" + first_error());
-    return {};
+    return post(std::span(&wr, 1));
   }
 
   device dev_;
@@ -652,6 +677,8 @@ class client_impl final : public client {
   client_options opts_;
   location_cache cache_;
   std::vector<lane> lanes_;
+  std::vector<send_wr> pending_wr_;  // READs not yet posted (post, flush)
+  std::vector<sge> pending_sge_;
   std::vector<std::byte> send_buf_, recv_buf_;
   memory_region send_mr_, recv_mr_;
   client_stats stats_;

@@ -181,6 +181,11 @@ class rdma_server_impl final : public rdma_server {
     qa.cap.max_recv_wr = slots;
     qa.cap.max_send_sge = 1;
     qa.cap.max_recv_sge = 1;
+    // READs a client may have in flight: 2 per GET lane (its bucket groups),
+    // 16 lanes, so an MGET of 16 remembered keys is one post (the device's
+    // limit where lower; soft's is 128).
+    const auto dev_ird = dev_.attr().max_qp_rd_atom;
+    qa.max_dest_rd_atomic = std::min<std::uint32_t>(32, dev_ird ? dev_ird : 16);
     auto qp = pd_.create_qp(qa);
     if (!qp) return std::unexpected(qp.error());
     c->qp = std::move(*qp);

@@ -79,6 +79,7 @@ struct client_stats {
   std::array<std::uint64_t, 4> rounds{};
   std::uint64_t one_read = 0;     // answered by the one READ of a remembered item
   std::uint64_t stale_cache = 0;  // a remembered item no longer the key's: buckets read
+  std::uint64_t doorbells = 0;    // posts of READs (each carries every READ ready then)
 };
 
 class client {
