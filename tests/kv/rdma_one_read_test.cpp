@@ -99,6 +99,27 @@ TEST_P(kv_rdma_one_read, a_remembered_key_is_one_read_and_mget_of_16_posts_16_re
   EXPECT_EQ(plain->stats().rounds[1], 2u);
 }
 
+// One cache per store in a process: what one client learnt, another uses at
+// its first GET; a client that asked for none keeps reading the buckets.
+TEST_P(kv_rdma_one_read, clients_of_one_store_in_a_process_share_what_they_remember) {
+  server s(GetParam(), small_store(), {}, rpcs::executor);
+  auto a = connect(s), b = connect(s);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->set("shared", "value"));
+  EXPECT_EQ(a->get("shared").value(), "value");
+  EXPECT_EQ(a->stats().one_read, 0u);
+  EXPECT_EQ(b->get("shared").value(), "value");
+  EXPECT_EQ(b->stats().one_read, 1u) << "b's first GET used what a remembered";
+  EXPECT_EQ(b->stats().reads, 1u);
+  // Another store (another server) is another cache.
+  server other(GetParam(), small_store(), {}, rpcs::executor);
+  auto c = connect(other);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->set("shared", "elsewhere"));
+  EXPECT_EQ(c->get("shared").value(), "elsewhere");
+  EXPECT_EQ(c->stats().one_read, 0u);
+}
+
 // The writes come from another client, so the reader's cache learns nothing
 // from them: only the item's own checksum word can tell it.
 void overwritten_deleted_reused(server& s, kv::client& reader, kv::client& writer) {

@@ -1,5 +1,6 @@
-// conveyor::kv::client — one-sided GETs (bucket groups, then the item, all
-// verified) with many READs in flight, and write RPCs (client.hpp).
+// conveyor::kv::client — one-sided GETs (one READ of a remembered item, else
+// the bucket groups, then the item, all verified) with many READs in flight,
+// and write RPCs (client.hpp).
 #include "conveyor_kv/client.hpp"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <optional>
 
+#include "location_cache.hpp"
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
@@ -50,50 +52,6 @@ struct lane {
   bool remembered = false;  // the item READ in flight is at a remembered location
 };
 
-// Where keys' items were last seen live: direct-mapped by the key's hash (the
-// item's own key, checksum and live form decide; an entry is only a guess).
-// Zeroed pages from calloc: memory is touched as entries are used.
-class location_cache {
- public:
-  explicit location_cache(std::size_t entries) {
-    if (entries == 0) return;
-    const std::size_t n = std::bit_floor(entries);
-    slots_.reset(static_cast<entry*>(std::calloc(n, sizeof(entry))));
-    if (slots_) mask_ = n - 1;
-  }
-  // The remembered (offset, bytes) of the key with this hash.
-  std::optional<std::pair<std::uint64_t, std::uint64_t>> find(std::uint64_t h) const {
-    if (!slots_) return std::nullopt;
-    const auto& e = slots_.get()[index(h)];
-    if (e.hash != tag(h) || e.loc == 0) return std::nullopt;
-    return std::pair{(e.loc & L::max_offset_units) * L::unit, (e.loc >> 40) * L::unit};
-  }
-  void remember(std::uint64_t h, std::uint64_t off, std::uint64_t bytes) {
-    const auto units = L::round_units(bytes);
-    if (!slots_ || off % L::unit || off / L::unit > L::max_offset_units || units == 0 ||
-        units >= (1u << 24))
-      return;
-    slots_.get()[index(h)] = {tag(h), (units << 40) | (off / L::unit)};
-  }
-  void forget(std::uint64_t h) {
-    if (!slots_) return;
-    auto& e = slots_.get()[index(h)];
-    if (e.hash == tag(h)) e = {};
-  }
-
- private:
-  struct entry {
-    std::uint64_t hash, loc;  // loc: offset in units (40 bits) | size in units (24 bits)
-  };
-  struct free_deleter {
-    void operator()(entry* p) const { std::free(p); }
-  };
-  std::size_t index(std::uint64_t h) const { return L::mix(h ^ 0x5bd1e995) & mask_; }
-  static std::uint64_t tag(std::uint64_t h) { return h | 1; }  // never 0 (empty)
-  std::unique_ptr<entry, free_deleter> slots_;
-  std::size_t mask_ = 0;
-};
-
 class client_impl final : public client {
  public:
   client_impl(device dev, protection_domain pd, completion_queue cq, queue_pair qp,
@@ -105,7 +63,7 @@ class client_impl final : public client {
         scratch_(std::move(scratch)),
         d_(d),
         opts_(std::move(o)),
-        cache_(opts_.location_cache),
+        cache_(shared_location_cache(d_, opts_.location_cache)),
         lanes_(lanes) {
     pending_wr_.reserve(2 * lanes + 2);
     pending_sge_.reserve(2 * lanes + 2);
@@ -419,7 +377,7 @@ class client_impl final : public client {
         ln.slow = 0;
         ln.rounds = 0;
         ++stats_.gets;
-        if (auto at = cache_.find(ln.hash);
+        if (auto at = cache_ ? cache_->find(ln.hash) : std::nullopt;
             at && at->second <= d_.data.length && at->first <= d_.data.length - at->second) {
           ln.remembered = true;
           ln.start = clock::now();
@@ -470,7 +428,7 @@ class client_impl final : public client {
           ln.remembered = false;
           if (c.result != L::item_result::ok || !c.live) {
             ++stats_.stale_cache;
-            cache_.forget(ln.hash);
+            cache_->forget(ln.hash);
             if (auto r = read_groups(l); !r) return r;
             continue;
           }
@@ -491,7 +449,7 @@ class client_impl final : public client {
         }
         switch (c.result) {
           case L::item_result::ok:
-            if (c.live) cache_.remember(ln.hash, ln.item_off, ln.item_len);
+            if (c.live && cache_) cache_->remember(ln.hash, ln.item_off, ln.item_len);
             if (c.expire_at && c.expire_at <= L::now_ms()) {
               finish(l);  // expired: absent, as the server would say
             } else {
@@ -675,7 +633,7 @@ class client_impl final : public client {
   memory_region scratch_;
   L::description d_;
   client_options opts_;
-  location_cache cache_;
+  std::shared_ptr<location_cache> cache_;  // shared with this process's other clients of the store
   std::vector<lane> lanes_;
   std::vector<send_wr> pending_wr_;  // READs not yet posted (post, flush)
   std::vector<sge> pending_sge_;

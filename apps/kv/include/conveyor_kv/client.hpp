@@ -55,7 +55,9 @@ struct client_options {
   std::uint32_t depth = 16;                 // READs in flight (capped by the connection's ORD)
   std::chrono::milliseconds timeout{5000};  // connect, each RPC, each GET batch
   // Remembered item locations (16 bytes each, direct-mapped by the key's
-  // hash; pages touched as used); 0: every GET reads the buckets first.
+  // hash; pages touched as used), one cache per store shared by every client
+  // of this process (the first client's size); 0: this client reads the
+  // buckets first every time.
   std::size_t location_cache = std::size_t{1} << 20;
   // For the device the client opens. A client is only ever an initiator (the
   // server never accesses its memory), so by default no engine thread: the
