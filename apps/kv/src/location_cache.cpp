@@ -39,8 +39,7 @@ std::size_t location_cache::index(std::uint64_t h) const {
   return L::mix(h ^ 0x5bd1e995) & mask_;
 }
 
-std::optional<std::pair<std::uint64_t, std::uint64_t>> location_cache::find(
-    std::uint64_t h) const {
+std::optional<std::pair<std::uint64_t, std::uint64_t>> location_cache::find(std::uint64_t h) const {
   if (!slots_) return std::nullopt;
   const auto& e = slots_.get()[index(h)];
   const auto loc = load(e.loc);
@@ -67,8 +66,7 @@ void location_cache::forget(std::uint64_t h) {
 std::shared_ptr<location_cache> shared_location_cache(const L::description& d,
                                                       std::size_t entries) {
   if (entries == 0) return nullptr;
-  using key = std::tuple<std::uint64_t, std::uint32_t, std::uint64_t, std::uint32_t,
-                         std::uint64_t>;
+  using key = std::tuple<std::uint64_t, std::uint32_t, std::uint64_t, std::uint32_t, std::uint64_t>;
   static std::mutex mu;
   static std::map<key, std::weak_ptr<location_cache>> caches;
   const key k{d.index.addr, d.index.rkey, d.data.addr, d.data.rkey, d.seed};
