@@ -30,7 +30,7 @@ def test_installed_package_works():
                        check=True, capture_output=True)
         site = os.path.join(prefix, DEST)
         files = sorted(os.listdir(os.path.join(site, "conveyor")))
-        for f in ("__init__.py", "__init__.pyi", "_async.py", "_errors.py", "py.typed"):
+        for f in ("__init__.py", "__init__.pyi", "_async.py", "_errors.py", "py.typed", "kv.py", "kv.pyi"):
             assert f in files, files
         assert any(f.startswith("_conveyor.") and f.endswith(".so") for f in files), files
         if os.path.isdir(os.path.join(BUILD, "python", "conveyor_gloo")):  # built with torch

@@ -226,5 +226,6 @@ void post_recv_from_python(Queue& q, const py::object& local, std::uint64_t wr_i
 void bind_queue(py::module_& m);
 void bind_srq(py::module_& m);
 void bind_cm(py::module_& m);
+void bind_kv(py::module_& m);  // conveyor.kv (kv.cpp)
 
 }  // namespace conveyor::python

@@ -596,6 +596,7 @@ void init_module(py::module_& m) {
       });
 
   bind_cm(m);
+  bind_kv(m);
 }
 
 }  // namespace conveyor::python
