@@ -24,25 +24,36 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(params=["soft", "shm"])
-def server(request, tmp_path):
-    provider = request.param
-    address = ("127.0.0.1:%d" % free_port()) if provider == "soft" else "@kv-py-%d" % os.getpid()
+def start_server(tmp_path, address, *args, provider="soft"):
+    """`conveyor kv serve` with its RDMA front end at `address`, once its RESP
+    port answers."""
     port = free_port()
     proc = subprocess.Popen([TOOL, "kv", "serve", "--quiet", "--port", str(port), "--provider",
-                             provider, "--rdma-listen", address, "--dir", str(tmp_path)])
+                             provider, "--rdma-listen", address, "--dir", str(tmp_path)] + list(args))
     deadline = time.time() + 20
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), 0.5).close()
-            break
+            return proc
         except OSError:
-            assert proc.poll() is None, "kv serve exited with %s" % proc.returncode
-            assert time.time() < deadline, "kv serve did not open its port"
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise AssertionError("kv serve did not start (exit %s)" % proc.poll())
             time.sleep(0.05)
-    yield address
+
+
+def stop(proc):
     proc.terminate()
     proc.wait(20)
+
+
+@pytest.fixture(params=["soft", "shm"])
+def server(request, tmp_path):
+    provider = request.param
+    address = ("127.0.0.1:%d" % free_port()) if provider == "soft" else "@kv-py-%d" % os.getpid()
+    proc = start_server(tmp_path, address, provider=provider)
+    yield address
+    stop(proc)
 
 
 def test_strings_by_one_sided_reads_and_the_second_read_is_one_read(server):
@@ -99,24 +110,13 @@ def test_errors_and_close(server):
 
 
 def test_a_wrong_password_is_refused(tmp_path):
-    port, rport = free_port(), free_port()
-    address = "127.0.0.1:%d" % rport
-    proc = subprocess.Popen([TOOL, "kv", "serve", "--quiet", "--port", str(port), "--rdma-listen",
-                             address, "--requirepass", "secret", "--dir", str(tmp_path)])
+    address = "127.0.0.1:%d" % free_port()
+    proc = start_server(tmp_path, address, "--requirepass", "secret")
     try:
-        deadline = time.time() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                assert time.time() < deadline
-                time.sleep(0.05)
         with pytest.raises(conveyor.Rejected):
             conveyor.kv.Client.connect(address, password="wrong")
         with conveyor.kv.Client.connect(address, password="secret") as c:
             c.set("k", "v")
             assert c.get("k") == b"v"
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc)
