@@ -182,9 +182,8 @@ void bind_kv(py::module_& top) {
           "Any command as an RPC; the raw RESP reply as bytes.")
       .def("stats",
            [](kv_client& self) {
-             auto r = call(self, [](kv::client& c) -> result<kv::client_stats> {
-               return c.stats();
-             });
+             auto r =
+                 call(self, [](kv::client& c) -> result<kv::client_stats> { return c.stats(); });
              const auto s = take(std::move(r));
              py::dict d;
              d["gets"] = s.gets;
