@@ -47,10 +47,17 @@ def stop(proc):
     proc.wait(20)
 
 
-@pytest.fixture(params=["soft", "shm"])
+# Each provider with an address in its own syntax (shm: a name on this host).
+ADDRESSES = {
+    "soft": lambda: "127.0.0.1:%d" % free_port(),
+    "shm": lambda: "@kv-py-%d" % os.getpid(),
+}
+
+
+@pytest.fixture(params=sorted(ADDRESSES))
 def server(request, tmp_path):
     provider = request.param
-    address = ("127.0.0.1:%d" % free_port()) if provider == "soft" else "@kv-py-%d" % os.getpid()
+    address = ADDRESSES[provider]()
     proc = start_server(tmp_path, address, provider=provider)
     yield address
     stop(proc)
