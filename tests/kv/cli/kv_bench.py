@@ -86,6 +86,16 @@ try:
         expect_clean(f"rdma {prov}", *rdma, "--load-port", str(port), "--get-ratio", "0.9",
                      "--server-pid", str(srv.pid))
         expect_clean(f"rdma {prov} depth 8", *rdma, "--load", "false", "--depth", "8")
+        # After the warm-up every key is remembered: GETs are one READ (issue 34),
+        # and without the location cache none is.
+        j = expect_clean(f"rdma {prov} warm", *rdma, "--load", "false", "--get-ratio", "1",
+                         "--warmup", "0.5")
+        rounds = j["get_rounds"]
+        assert j["one_read_gets"] > 0.9 * j["gets"], j
+        assert rounds["one"] + rounds["two"] + rounds["three"] + rounds["more"] == j["gets"], j
+        j = expect_clean(f"rdma {prov} buckets first", *rdma, "--load", "false", "--get-ratio", "1",
+                         "--location-cache", "0")
+        assert j["one_read_gets"] == 0 and j["get_rounds"]["two"] == j["gets"], j
         if prov == "soft":
             j = expect_clean("resp", "--protocol", "resp", "--port", str(port), "--load", "false",
                              "--depth", "4", "--get-ratio", "0.5", "--server-pid", str(srv.pid))
