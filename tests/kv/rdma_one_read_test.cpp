@@ -43,9 +43,16 @@ std::string run(kv::client& c, std::initializer_list<std::string_view> argv) {
   return r ? *r : std::string();
 }
 
-// Where the key's item is in the data region (read in this process: the test
-// shares the server's memory), or nullopt.
+// Where the key's item is in the data region, or nullopt: read in this
+// process (the test shares the server's memory), on the loop thread, the
+// store's writer, so the read is ordered after every write.
+std::optional<std::uint64_t> item_offset_now(server& s, std::string_view key);
 std::optional<std::uint64_t> item_offset(server& s, std::string_view key) {
+  std::optional<std::uint64_t> at;
+  s.on_loop([&] { at = item_offset_now(s, key); });
+  return at;
+}
+std::optional<std::uint64_t> item_offset_now(server& s, std::string_view key) {
   auto d = L::decode(s.st->describe()).value();
   const auto* idx = reinterpret_cast<const std::byte*>(d.index.addr);
   const auto* data = reinterpret_cast<const std::byte*>(d.data.addr);
