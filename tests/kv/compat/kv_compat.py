@@ -32,9 +32,6 @@ class Server(KvServer):
         self.dir = dir
         super().__init__(BIN, *args, *(["--dir", dir] if dir else []))
 
-    def client(self, **kw):
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, **kw)
-
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:

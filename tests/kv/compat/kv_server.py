@@ -32,6 +32,13 @@ class RedisServer:
     """A redis-server 7 on a free loopback port, in its own temporary directory
     (nothing persisted unless args say so), killed by stop()."""
 
+
+    def client(self, **kw):
+        """A redis-py client of this server (imported here: not every suite has
+        redis-py's needs)."""
+        import redis
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, **kw)
+
     def __init__(self, *args):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="conveyor-kv-redis.")
@@ -60,6 +67,13 @@ class RedisServer:
 
 
 class KvServer:
+
+    def client(self, **kw):
+        """A redis-py client of this server (imported here: not every suite has
+        redis-py's needs)."""
+        import redis
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, **kw)
+
     def __init__(self, binary, *args, preexec_fn=None):
         sized = "--data-bytes" in args
         cmd = [binary, "kv", "serve", "--port", "0", *([] if sized else ["--data-bytes", "64mb"]),
