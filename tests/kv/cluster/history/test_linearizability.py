@@ -135,6 +135,24 @@ def test_stale_read_is_flagged_with_the_overwriting_write():
     assert "overwritten" in v.message
 
 
+def test_stale_read_counts_a_write_over_once_its_value_was_read():
+    # "a" was written by the time its first read completed (5), before "b"
+    # was invoked (7, when a's write had not yet completed)
+    h = H()
+    wa = h.w("a", 1, 7)
+    r1 = h.r("a", 4, 5)
+    wb = h.w("b", 7, 10)
+    r2 = h.r("a", 11, 16)
+    assert only_violation(verdict(h.ops), "stale-read").ops == [wa, r1, wb, r2]
+    # the same for an unknown write, which is otherwise open for ever
+    h = H()
+    wb = h.w("b", 2, None, outcome=UNKNOWN)
+    r1 = h.r("b", 3, 4)
+    wc = h.w("c", 5, 6)
+    r2 = h.r("b", 7, 8)
+    assert only_violation(verdict(h.ops), "stale-read").ops == [wb, r1, wc, r2]
+
+
 def test_stale_read_of_the_initial_value_is_flagged():
     h = H()
     wa = h.w("a", 0, 1)
@@ -207,6 +225,32 @@ def test_non_monotonic_reads_are_flagged():
     h.r("b", 3, 6)
     h.r("a", 5, 7)
     assert verdict(h.ops).ok
+
+
+def test_read_after_a_read_that_saw_the_other_of_two_finished_writes_is_flagged():
+    # both writes were over before either read began: a read that saw "a"
+    # fixes the order b, a, and a later read of "b" is one write behind
+    h = H()
+    wa = h.w("a", 0, 10)
+    wb = h.w("b", 0, 10)
+    ra = h.r("a", 11, 12)
+    rb = h.r("b", 13, 14)
+    v = only_violation(verdict(h.ops), "non-monotonic")
+    assert v.ops == [wa, wb, ra, rb]
+    assert "before that read began" in v.message
+
+
+def test_non_monotonic_looks_past_earlier_reads_of_the_same_value():
+    # the read with the latest horizon saw "b" itself; the one that proves
+    # the violation is the read of "a" before it
+    h = H()
+    wa = h.w("a", 0, 10)
+    wb = h.w("b", 0, 10)
+    ra = h.r("a", 11, 13)
+    h.r("b", 12, 13)
+    rb = h.r("b", 14, 15)
+    v = only_violation(lz.check(h.ops), "non-monotonic")
+    assert v.ops == [wa, wb, ra, rb]
 
 
 def test_non_monotonic_back_to_the_initial_nil_is_flagged():
@@ -475,6 +519,11 @@ def test_concurrent_writes_either_may_win():
     h.w("b", 1, 6)
     assert lz.lost_writes(h.ops, {"k": "a"}) == []
     assert lz.lost_writes(h.ops, {"k": "b"}) == []
+    # touching is concurrent too: "a" did not complete before "c" was invoked
+    h = H()
+    h.w("a", 0, 5)
+    h.w("c", 5, 6)
+    assert lz.lost_writes(h.ops, {"k": "a"}) == []
 
 
 def test_final_value_from_an_unknown_write_keeps_earlier_writes():
