@@ -204,9 +204,12 @@ class etcd_test : public ::testing::Test {
     auto c = etcd_coord::open({.endpoints = {etcd_->endpoint()}});
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
     c_ = std::move(*c);
-    // Each case writes under its own prefix, so cases sharing an etcd never meet.
+    // Each case (and each repetition of it) writes under its own prefix, so
+    // cases sharing an etcd never meet.
+    static int run = 0;
     prefix_ = std::string("/cvy-test/") +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
+              ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/" +
+              std::to_string(run++) + "/";
   }
   std::string key(const std::string& k) const { return prefix_ + k; }
 
