@@ -66,6 +66,29 @@ std::string loopback(int port) {
   return "127.0.0.1:" + std::to_string(port);
 }
 
+// A loopback port where nothing listens, and nothing can while this holds it
+// (bound, never listening): connections to it are refused.
+class dead_port {
+ public:
+  dead_port() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port_ = ntohs(a.sin_port);
+  }
+  ~dead_port() { ::close(fd_); }
+  dead_port(const dead_port&) = delete;
+  dead_port& operator=(const dead_port&) = delete;
+  std::string endpoint() const { return loopback(port_); }
+
+ private:
+  int fd_ = -1, port_ = -1;
+};
+
 // ---------------------------------------------------------------- a real etcd
 
 class etcd_process {
@@ -161,18 +184,26 @@ class etcd_process {
         return "etcd exited (status " + std::to_string(status) + "): " + log_tail(log);
       }
       auto r = (*c)->get("/cvy-ready-probe");
-      if (r) return {};
-      last = r.error().to_string();
+      // An answer proves an etcd; its log naming the port proves it is ours (a
+      // port probed free can be taken by a test beside this one, and then this
+      // etcd exits while the other one answers).
+      if (r && read_all(log).find("serving insecure client requests on " + endpoint_) !=
+                   std::string::npos)
+        return {};
+      last = r ? "not in the log yet" : r.error().to_string();
       std::this_thread::sleep_for(50ms);
     }
     return "etcd did not answer within 15 s (" + last + "): " + log_tail(log);
   }
 
-  static std::string log_tail(const std::string& path) {
+  static std::string read_all(const std::string& path) {
     std::ifstream in(path);
     std::stringstream ss;
     ss << in.rdbuf();
-    auto s = ss.str();
+    return ss.str();
+  }
+  static std::string log_tail(const std::string& path) {
+    auto s = read_all(path);
     return s.size() > 2000 ? s.substr(s.size() - 2000) : s;
   }
 
@@ -541,8 +572,8 @@ TEST_F(etcd_test, a_quiet_watch_from_now_resumes_after_the_current_revision) {
 }
 
 TEST_F(etcd_test, a_dead_first_endpoint_is_skipped) {
-  const int dead = free_port();
-  auto c = etcd_coord::open({.endpoints = {loopback(dead), etcd_->endpoint()}});
+  dead_port dead;
+  auto c = etcd_coord::open({.endpoints = {dead.endpoint(), etcd_->endpoint()}});
   ASSERT_TRUE(c.has_value());
   for (int i = 0; i < 3; ++i) {
     auto p = (*c)->put(key("failover"), "v" + std::to_string(i));  // a write: nothing was sent
@@ -556,7 +587,8 @@ TEST_F(etcd_test, a_dead_first_endpoint_is_skipped) {
 // ---------------------------------------------------------------- bounded failure
 
 TEST(etcd_failure, no_etcd_is_an_error_within_the_timeout) {
-  auto c = etcd_coord::open({.endpoints = {loopback(free_port()), loopback(free_port())},
+  dead_port a, b;
+  auto c = etcd_coord::open({.endpoints = {a.endpoint(), b.endpoint()},
                              .connect_timeout = 200ms,
                              .request_timeout = 300ms});
   ASSERT_TRUE(c.has_value());

@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -94,12 +95,14 @@ int free_tcp_port() {
   return port;
 }
 
-int connect_to(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+// redis-server's Unix socket, whose path is ours alone (a TCP port probed free
+// can be taken by a test running beside this one before redis binds it).
+int connect_unix(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path) return -1;
+  path.copy(a.sun_path, path.size());
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(fd);
     return -1;
@@ -114,23 +117,26 @@ TEST(cluster_slots, a_thousand_keys_match_redis_cluster_keyslot) {
   ASSERT_EQ(::access(redis, X_OK), 0) << "no " << redis << ": run scripts/bootstrap (redis-server)";
   auto dir = std::filesystem::temp_directory_path() / ("cvy-keyslot-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
+  const std::string sock = (dir / "redis.sock").string();
   pid_t pid = -1;
-  int fd = -1, port = -1;
-  // A free port can be taken between our probe and redis's bind: try again.
+  int fd = -1;
+  // No TCP client port (--port 0); cluster mode still binds its bus port,
+  // which a test beside this one could take first: then redis exits, try again.
   for (int attempt = 0; attempt < 3 && fd < 0; ++attempt) {
-    port = free_tcp_port();
-    ASSERT_GT(port, 0);
+    const int bus = free_tcp_port();
+    ASSERT_GT(bus, 0);
     pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      std::string p = std::to_string(port), conf = (dir / "nodes.conf").string();
-      ::execl(redis, redis, "--port", p.c_str(), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-              "--cluster-config-file", conf.c_str(), "--dir", dir.c_str(), "--save", "",
-              "--appendonly", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
+      std::string b = std::to_string(bus), conf = (dir / "nodes.conf").string();
+      ::execl(redis, redis, "--port", "0", "--unixsocket", sock.c_str(), "--cluster-enabled", "yes",
+              "--cluster-port", b.c_str(), "--cluster-config-file", conf.c_str(), "--dir",
+              dir.c_str(), "--save", "", "--appendonly", "no", "--loglevel", "warning",
+              static_cast<char*>(nullptr));
       ::_exit(127);
     }
     for (int i = 0; i < 100 && fd < 0 && ::waitpid(pid, nullptr, WNOHANG) == 0; ++i) {
-      fd = connect_to(port);
+      fd = connect_unix(sock);
       if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (fd < 0) {
@@ -172,7 +178,7 @@ TEST(cluster_slots, a_thousand_keys_match_redis_cluster_keyslot) {
     ::waitpid(pid, nullptr, 0);
   }
   std::filesystem::remove_all(dir);
-  ASSERT_GE(fd, 0) << "redis-server did not listen on port " << port;
+  ASSERT_GE(fd, 0) << "redis-server did not listen on " << sock;
 
   std::size_t at = 0, checked = 0;
   for (const auto& k : keys) {
