@@ -33,7 +33,7 @@ checks=(
   "wire-capture:tshark tcpdump"
   "two-host-and-namespace-tests:ip sysctl"
   "package:cpack dpkg-shlibdeps dpkg-deb file unshare chroot apt-get"
-  "python-and-kv-tests:/usr/bin/python3 redis-server redis-cli redis-benchmark memcached"
+  "python-and-kv-tests:/usr/bin/python3 redis-server redis-cli redis-benchmark memcached /usr/bin/etcd"
   "bench:taskset fi_info"
   # Only bench/bootstrap installs these: where they are absent (CI) nothing runs them.
   "bench-peers:gnuplot mpirun ucx_perftest"
