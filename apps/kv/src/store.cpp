@@ -29,8 +29,9 @@ namespace {
 namespace L = layout;
 
 // Retirement times in microseconds of the monotonic clock: an item is freed
-// grace ms after it was unlinked, early by at most the 1 us of truncation, far
-// less than the bucket READ that precedes any reader's item READ (docs/KV.md).
+// grace ms after it was retired, which is right before its slot changes: early
+// by the few stores in between and at most the 1 us of truncation, far less
+// than the bucket READ that precedes any reader's item READ (docs/KV.md).
 std::int64_t steady_us() noexcept {
   using namespace std::chrono;
   return duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count();
@@ -134,7 +135,6 @@ void store_impl::clear() {
     bool any = false;
     for (std::size_t i = 0; i < L::slots_per_bucket; ++i) {
       if (!load_slot(s[i])) continue;
-      unpublish(item_at(s[i]));
       retire(s[i]);
       store_slot(s[i], 0);
       any = true;
@@ -243,21 +243,21 @@ std::optional<store_impl::found> store_impl::find_live(std::string_view key, tim
   return f;
 }
 
-// An item stops being its key's current value: its checksum word takes the
-// retired form (~checksum) before the slot changes, so a reader that READs
-// it at a remembered location (docs/KV.md, "One READ") falls back to the
-// buckets, while a reader that came through the old slot still accepts it
-// within the grace time. At most one item of a key is ever live.
-void store_impl::unpublish(const L::item_header* it) {
-  std::atomic_ref<std::uint64_t> w(const_cast<L::item_header*>(it)->checksum);
-  w.store(~w.load(std::memory_order_relaxed), std::memory_order_release);
-}
-
+// An item stops being its key's current value, the one way any does (its
+// slot is switched or cleared right after): it goes on the retired list with
+// the time, its memory reused only reclaim_grace_ms later, and its checksum
+// word takes the retired form (~checksum) before the slot changes, so a reader
+// that READs it at a remembered location (docs/KV.md, "One READ") falls back
+// to the buckets, while a reader that came through the old slot still accepts
+// it within the grace time. At most one item of a key is ever live. The list
+// entry comes first: if it cannot be allocated, nothing a reader sees changed.
 void store_impl::retire(std::uint64_t w) {
   const auto* it = item_at(w);
   const auto units = L::round_units(L::item_bytes(it->key_len, it->value_len));
   retired_.push_back({L::slot_offset_units(w), units, steady_us()});
   retired_units_ += units;
+  std::atomic_ref<std::uint64_t> sum(const_cast<L::item_header*>(it)->checksum);
+  sum.store(~sum.load(std::memory_order_relaxed), std::memory_order_release);
 }
 
 void store_impl::forget_expiry(const L::item_header* it) {
@@ -270,10 +270,9 @@ void store_impl::unlink(const found& f) {
   forget_expiry(f.item);
   drop_object(f.item);
   live_units_ -= L::round_units(L::item_bytes(f.item->key_len, f.item->value_len));
-  unpublish(f.item);
+  retire(old);
   store_slot(w, 0);
   publish_check(f.bucket);
-  retire(old);
   --keys_;
 }
 
@@ -349,12 +348,13 @@ put_status store_impl::write(std::string_view key, std::string_view value, value
   // reuses this memory never reads it as its key's current value early.
   const auto sum = L::item_checksum(reinterpret_cast<const std::byte*>(it), bytes, seed_);
   it->checksum = ~sum;
-  // 2. The old item retired first, then the slot switched (release: the
-  // item's bytes are visible first), then the new item live, then the check
-  // word.
+  // 2. The old item retired first (it waits out the grace time from here),
+  // then the slot switched (release: the item's bytes are visible first), then
+  // the new item live, then the check word. The server's own bookkeeping of
+  // the old item goes before: dropping a large collection takes time that
+  // would otherwise come out of the readers' grace.
   auto& w = slots(where->first)[where->second];
   const auto prev = load_slot(w);
-  if (prev) unpublish(item_at(prev));
   if (old) {
     forget_expiry(old->item);
     if (!keep_object) drop_object(old->item);
@@ -362,13 +362,12 @@ put_status store_impl::write(std::string_view key, std::string_view value, value
   } else {
     ++keys_;
   }
+  if (prev) retire(prev);
   const auto hash = L::hash_key(key, seed_);
   store_slot(w, L::make_slot(*off, units, L::place(hash, buckets_).tag));
   std::atomic_ref<std::uint64_t>(it->checksum).store(sum, std::memory_order_release);
   written_[hash % written_.size()] = it->version;
   publish_check(where->first);
-  // 3. The old item waits out the grace time.
-  if (prev) retire(prev);
   live_units_ += units;
   if (expire) expires_.emplace(expire, std::string(key));
   lru_[where->first * L::slots_per_bucket + where->second] = ++clock_;

@@ -108,7 +108,6 @@ class store_impl final : public store {
   void publish_check(std::uint64_t b);
   std::optional<found> find(std::string_view key) const;
   std::optional<found> find_live(std::string_view key, time_ms now);
-  static void unpublish(const layout::item_header* it);
   void retire(std::uint64_t w);
   void forget_expiry(const layout::item_header* it);
   void unlink(const found& f);
