@@ -1,5 +1,5 @@
 // conveyor::kv::unit_allocator — the store's allocator of item memory (64-byte
-// units), store.cpp's. Loop thread only.
+// units), store_impl's (store_impl.hpp). Loop thread only.
 #pragma once
 
 #include <cstdint>
