@@ -8,6 +8,8 @@
 #include <chrono>
 #include <thread>
 
+#include "kv_fixture.hpp"
+#include "resp_server.hpp"
 #include "server_loop.hpp"
 
 namespace kv = conveyor::kv;
@@ -79,4 +81,31 @@ TEST(server_loop, stop_from_another_thread_ends_an_idle_loop_promptly) {
   loop.stop();
   t.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);  // woken, not its 1 s wait
+}
+
+// The RESP front end hands the executor hooks that reach into it (pub/sub
+// delivery, CLIENT LIST/KILL, INFO's blocked_clients); once it is gone, none of
+// them may still point at it: INFO afterwards answers from the executor alone
+// (before, blocked_clients called into the freed front end: ASan saw it).
+TEST(resp_front_end, leaves_no_hook_behind_when_it_is_destroyed) {
+  kvtest::kv_env env;
+  auto st = env.make_store();
+  kv::server_config cfg;
+  kv::executor ex(*st, nullptr, cfg);
+  kv::server_loop loop;
+  {
+    kv::resp_server_options o;
+    o.port = 0;
+    kv::resp_server front(loop, ex, nullptr, o);
+    std::string why;
+    ASSERT_TRUE(front.listen(why)) << why;
+    ASSERT_TRUE(ex.hooks().blocked_clients);
+  }
+  EXPECT_FALSE(ex.hooks().deliver);
+  EXPECT_FALSE(ex.hooks().list_clients);
+  EXPECT_FALSE(ex.hooks().kill);
+  EXPECT_FALSE(ex.hooks().blocked_clients);
+  kv::session s;
+  std::string info = kvtest::run(ex, s, {"INFO", "clients"});
+  EXPECT_NE(info.find("blocked_clients:0"), std::string::npos) << info;
 }

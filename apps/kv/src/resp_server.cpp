@@ -252,6 +252,7 @@ resp_server::~resp_server() {
   h.deliver = nullptr;
   h.list_clients = nullptr;
   h.kill = nullptr;
+  h.blocked_clients = nullptr;
   std::vector<std::uint64_t> ids;
   for (auto& [id, c] : p_->clients) ids.push_back(id);
   for (auto id : ids) p_->close_client(id);
