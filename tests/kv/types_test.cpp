@@ -155,3 +155,24 @@ TEST(kv_blocking_registry, arrival_order_readiness_deadlines_and_the_bound) {
   b.remove(100);
   EXPECT_FALSE(b.full());
 }
+
+// RENAME copies the item; when memory refuses the copy, both keys stay as they
+// were (before, the destination was unlinked first and lost with the refusal).
+TEST_F(kv_types, a_rename_refused_for_memory_loses_neither_key) {
+  const std::string big(64 * 1024, 'x');
+  EXPECT_EQ(r({"SET", "to", "keep"}), "+OK\r\n");
+  EXPECT_EQ(r({"SET", "from", big}), "+OK\r\n");
+  const std::string info = r({"INFO", "memory"});
+  const auto at = info.find("used_memory:");
+  ASSERT_NE(at, std::string::npos) << info;
+  const auto used = std::stoull(info.substr(at + 12));
+  // Room for what is there and a little more: not for a second copy of `from`.
+  EXPECT_EQ(r({"CONFIG", "SET", "maxmemory", std::to_string(used + 1024)}), "+OK\r\n");
+  EXPECT_EQ(r({"RENAME", "from", "to"}).substr(0, 4), "-OOM");
+  EXPECT_EQ(r({"GET", "to"}), "$4\r\nkeep\r\n");
+  EXPECT_EQ(r({"STRLEN", "from"}), ":65536\r\n");
+  EXPECT_EQ(r({"CONFIG", "SET", "maxmemory", "0"}), "+OK\r\n");
+  EXPECT_EQ(r({"RENAME", "from", "to"}), "+OK\r\n");
+  EXPECT_EQ(r({"STRLEN", "to"}), ":65536\r\n");
+  EXPECT_EQ(r({"EXISTS", "from"}), ":0\r\n");
+}

@@ -143,10 +143,12 @@ bool store_impl::rename(std::string_view from, std::string_view to, time_ms now,
   auto restore = [&] {
     if (obj) objects_.insert_or_assign(std::string(from), std::move(obj));
   };
-  if (auto d = find_live(to, now)) unlink(*d);
+  // The copy replaces the destination's item (and drops its collection) in one
+  // write: refused for memory, it leaves both keys as they were.
+  const auto dest = find_live(to, now);
   const auto units = L::round_units(L::item_bytes(key.size(), value.size()));
   if (key.size() > opts_.max_key ||
-      write(key, value, type, expire, std::nullopt, units, now, true) != put_status::stored) {
+      write(key, value, type, expire, dest, units, now, false) != put_status::stored) {
     restore();
     *oom = true;
     return false;
