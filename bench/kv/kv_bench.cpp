@@ -63,8 +63,9 @@ int main(int argc, char** argv) {
                  "rdma: item locations each client remembers (0: every GET reads the buckets "
                  "first)");
   app.add_option("--warmup", o.warmup,
-                 "seconds of unmeasured GETs per client before the measured time (an RDMA "
-                 "client learns where the keys' items are)");
+                 "unmeasured GETs per client before the measured time: every key once, "
+                 "then random GETs until this many seconds have passed (an RDMA client "
+                 "learns where the keys' items are)");
   app.add_option("--load", o.load,
                  "SET every key before measuring (true/false); --seconds 0: load only");
   app.add_flag("--json", o.json, "JSON output (schema conveyor-kv-bench/1)");

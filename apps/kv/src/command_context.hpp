@@ -137,6 +137,7 @@ void cmd_info(exec_context& c);
 void cmd_dbsize(exec_context& c);
 void cmd_flushall(exec_context& c);
 void cmd_time(exec_context& c);
+void cmd_cluster(exec_context& c);  // CLUSTER, READONLY, READWRITE
 void cmd_bgrewriteaof(exec_context& c);
 
 // ---- string commands (string_commands.cpp) ------------------------------------

@@ -152,6 +152,12 @@ void cmd_flushall(exec_context& c) {
   c.r.simple("OK");
 }
 
+// A single server is not a cluster: Redis's answer without cluster-enabled,
+// which is what cluster clients probe for (INFO's cluster_enabled is 0 too).
+void cmd_cluster(exec_context& c) {
+  c.r.error("ERR This instance has cluster support disabled");
+}
+
 void cmd_time(exec_context& c) {
   auto ms = now_ms();
   c.r.array(2);
@@ -363,6 +369,11 @@ void cmd_info(exec_context& c) {
     }
     t += "\r\n";
   }
+  if (want("cluster")) {
+    t += "# Cluster\r\n";
+    num("cluster_enabled", 0);
+    t += "\r\n";
+  }
   if (want("conveyor") && s.rdma_info) {
     t += "# Conveyor\r\n";
     s.rdma_info(t);
@@ -375,6 +386,8 @@ void cmd_info(exec_context& c) {
                       ",avg_ttl=0");
     t += "\r\n";
   }
+  // Sections are separated by a blank line, and the last has none after it (Redis).
+  if (t.ends_with("\r\n\r\n")) t.resize(t.size() - 2);
   c.r.verbatim(t);
 }
 

@@ -538,6 +538,11 @@ class Operations(SideBySide):
         self.assertEqual(r.slowlog_len(), 0)
         self.both([("SLOWLOG", "GET", "x"), ("SLOWLOG", "FOO"), ("SLOWLOG", "GET", "-1")])
 
+    def test_a_single_server_says_it_is_not_a_cluster_as_redis_does(self):
+        # What cluster clients probe: the CLUSTER family's error and INFO's field.
+        self.both([("CLUSTER", "KEYSLOT", "foo"), ("CLUSTER", "INFO"), ("READONLY",),
+                   ("READWRITE",), ("CLUSTER",), ("INFO", "cluster")])
+
     def test_info_fields_for_redis_py_and_redis_cli_stat(self):
         r = self.kv.client()
         r.set("one", "1")
