@@ -61,12 +61,23 @@ result<std::string> base64_decode(std::string_view text) {
   if (text.size() % 4 != 0) return bad("length is not a multiple of 4");
   std::size_t pad = 0;
   if (!text.empty() && text.back() == '=') pad = text[text.size() - 2] == '=' ? 2 : 1;
-  for (std::size_t i = 0; i < text.size() - pad; ++i) {
-    unsigned char c = static_cast<unsigned char>(text[i]);
-    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '+' || c == '/';
-    if (!ok) return bad("a character outside the alphabet");
-  }
+  auto sextet = [](unsigned char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  for (std::size_t i = 0; i < text.size() - pad; ++i)
+    if (sextet(static_cast<unsigned char>(text[i])) < 0)
+      return bad("a character outside the alphabet");
+  // Before padding, the last character carries bits past the last byte (2 of
+  // them before "=", 4 before "=="): canonical base64 has them 0, and
+  // EVP_DecodeBlock would drop them silently, so "QR==" would read as "A".
+  if (pad != 0 && (sextet(static_cast<unsigned char>(text[text.size() - pad - 1])) &
+                   (pad == 1 ? 0x3 : 0xf)) != 0)
+    return bad("bits set past the last byte");
   // EVP_DecodeBlock takes an int length (so: chunks of whole quads) and counts
   // the padding as zero bytes (taken off at the end).
   constexpr std::size_t chunk = std::size_t{4} << 20;
