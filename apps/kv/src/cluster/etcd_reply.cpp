@@ -424,7 +424,12 @@ result<watch_result> watch_collector::finish(bool ran_out,
   watch_result out = out_;
   if (out.compact_revision > 0) return out;
   if (!out.events.empty()) {
-    out.next_revision = out.events.back().kv.mod_revision + 1;
+    // A peer can name any int64; the one past INT64_MAX does not exist.
+    const std::int64_t last = out.events.back().kv.mod_revision;
+    if (last == INT64_MAX)
+      return make_error(errc::protocol_error, "an event at revision " + std::to_string(last) +
+                                                  ", which no revision follows");
+    out.next_revision = last + 1;
     return out;
   }
   if (!created_ && ran_out)
@@ -435,7 +440,18 @@ result<watch_result> watch_collector::finish(bool ran_out,
   // No events before the timeout. From a given revision, etcd may still be
   // about to send past events (it sends "created" first and catches up after),
   // so resume there; from "now", resume after the revision the watch began at.
-  out.next_revision = from_revision_ > 0 ? from_revision_ : created_revision_ + 1;
+  if (from_revision_ > 0) {
+    out.next_revision = from_revision_;
+    return out;
+  }
+  // From "now", the header's revision is where the watch began: without a
+  // usable one the next call would start nowhere (at 0: from "now" again,
+  // losing what happened in between) or at an invalid revision.
+  if (created_revision_ <= 0 || created_revision_ == INT64_MAX)
+    return make_error(errc::protocol_error, "the watch began at revision " +
+                                                std::to_string(created_revision_) +
+                                                ", not one to resume after");
+  out.next_revision = created_revision_ + 1;
   return out;
 }
 

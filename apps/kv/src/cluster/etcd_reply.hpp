@@ -108,7 +108,9 @@ class watch_collector {
   // The call's result once the stream stopped (or, ran_out, reached its time
   // bound `timeout`): rejected for an error or a cancel, timed_out when etcd
   // never started the watch in time, protocol_error when the stream ended
-  // before it started; else the events (or none) and where to resume.
+  // before it started or left no revision to resume at (an event at INT64_MAX;
+  // from "now", a start revision that is not in 1..INT64_MAX-1); else the
+  // events (or none) and where to resume.
   result<watch_result> finish(bool ran_out, std::chrono::milliseconds timeout) const;
 
  private:
