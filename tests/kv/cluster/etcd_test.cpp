@@ -285,6 +285,18 @@ TEST(etcd_codec, base64_refuses_what_is_not_base64) {
   EXPECT_EQ(base64_decode("").value(), "");
 }
 
+// Found by fuzz_etcd_reply: "0canceH=" decoded, to the bytes of "0canceE=",
+// though only canonical base64 is accepted (the bits past the last byte are 0).
+TEST(etcd_codec, base64_refuses_bits_past_the_last_byte) {
+  for (const char* bad : {"0canceH=", "YR==", "YQ=x", "Zm9=", "Zm+=", "QR==", "Qf=="})
+    EXPECT_FALSE(base64_decode(bad).has_value()) << bad;
+  for (const char* good : {"0cancQ==", "YQ==", "Zm8=", "Zm+8", "QQ==", "Qg=="}) {
+    auto d = base64_decode(good);
+    ASSERT_TRUE(d.has_value()) << good;
+    EXPECT_EQ(base64_encode(*d), good);
+  }
+}
+
 TEST(etcd_codec, prefix_end_is_the_first_key_after_the_prefix) {
   EXPECT_EQ(prefix_end("ab"), "ac");
   EXPECT_EQ(prefix_end("a\xff"), "b");

@@ -1,29 +1,11 @@
 // etcd_coord: the coord interface over etcd 3.4's v3 JSON gateway (etcd.hpp).
 //
-// The reply shapes this file accepts were checked against Debian 12's etcd
-// 3.4.23 with curl (and are exercised by tests/kv/cluster/etcd_test.cpp):
-//   range        {"header":{..,"revision":"7"},"kvs":[{"key":b64,"create_revision":"2",
-//                 "mod_revision":"3","version":"2","value":b64,"lease":"N"}],"count":"1",
-//                 "more":true}; an empty answer has neither kvs nor count
-//   put          {"header":{..,"revision":"8"}}
-//   txn          {"header":..,"succeeded":true,"responses":[{"response_put":{..}}]};
-//                 "succeeded" is left out when false
-//   deleterange  {"header":..,"deleted":"1"}; "deleted" left out when 0
-//   lease/grant  {"header":..,"ID":"4111120489190086675","TTL":"2"}
-//   lease/keepalive (a stream) {"result":{"header":..,"ID":"..","TTL":"5"}}\n, and
-//                 for a lease that is gone the same without "TTL"
-//   lease/revoke {"header":..}; a lease that is gone: HTTP 404
-//                 {"error":"etcdserver: requested lease not found","message":..,"code":5}
-//   watch        (a stream, one object per line) {"result":{"header":..,"created":true}},
-//                 then {"result":{"header":..,"events":[{"kv":{..}},{"type":"DELETE",
-//                 "kv":{"key":..,"mod_revision":".."}}]}} ("type" left out for PUT);
-//                 a compacted start: {"result":{..,"canceled":true,"compact_revision":"11"}}
-// Errors before a stream starts, and every unary error, come as a non-200
-// status with {"error":text,"message":text,"code":<gRPC code>}.
+// The HTTP around each request: endpoints, bounds, retries, and the
+// framing of the two streams (one JSON object per line). What a reply says is
+// read by etcd_reply.cpp's parsers, which list the shapes etcd sends.
 #include "cluster/etcd.hpp"
 
 #include <curl/curl.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <charconv>
@@ -33,60 +15,11 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <type_traits>
 #include <utility>
 
 namespace conveyor::kv::cluster {
 
 using json = nlohmann::json;
-
-// ---------------------------------------------------------------- base64
-
-std::string base64_encode(std::string_view bytes) {
-  // EVP_EncodeBlock takes an int length, so whole groups of 3 bytes go in
-  // chunks; it writes straight into the result (and a NUL after each chunk).
-  constexpr std::size_t chunk = std::size_t{3} << 20;
-  std::string out((bytes.size() + 2) / 3 * 4 + 1, '\0');
-  std::size_t w = 0;
-  for (std::size_t at = 0; at < bytes.size(); at += chunk) {
-    auto n = std::min(chunk, bytes.size() - at);
-    w += static_cast<std::size_t>(EVP_EncodeBlock(
-        reinterpret_cast<unsigned char*>(out.data() + w),
-        reinterpret_cast<const unsigned char*>(bytes.data() + at), static_cast<int>(n)));
-  }
-  out.resize(w);
-  return out;
-}
-
-result<std::string> base64_decode(std::string_view text) {
-  auto bad = [&](const char* why) {
-    return make_error(errc::protocol_error, std::string("base64: ") + why);
-  };
-  if (text.size() % 4 != 0) return bad("length is not a multiple of 4");
-  std::size_t pad = 0;
-  if (!text.empty() && text.back() == '=') pad = text[text.size() - 2] == '=' ? 2 : 1;
-  for (std::size_t i = 0; i < text.size() - pad; ++i) {
-    unsigned char c = static_cast<unsigned char>(text[i]);
-    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '+' || c == '/';
-    if (!ok) return bad("a character outside the alphabet");
-  }
-  // EVP_DecodeBlock takes an int length (so: chunks of whole quads) and counts
-  // the padding as zero bytes (taken off at the end).
-  constexpr std::size_t chunk = std::size_t{4} << 20;
-  std::string out(text.size() / 4 * 3, '\0');
-  std::size_t w = 0;
-  for (std::size_t at = 0; at < text.size(); at += chunk) {
-    auto n = std::min(chunk, text.size() - at);
-    int got = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data() + w),
-                              reinterpret_cast<const unsigned char*>(text.data() + at),
-                              static_cast<int>(n));
-    if (got < 0 || static_cast<std::size_t>(got) != n / 4 * 3) return bad("undecodable");
-    w += static_cast<std::size_t>(got);
-  }
-  out.resize(w - pad);
-  return out;
-}
 
 std::string prefix_end(std::string_view prefix) {
   std::string end(prefix);
@@ -103,117 +36,7 @@ std::string prefix_end(std::string_view prefix) {
 
 namespace {
 
-// ---------------------------------------------------------------- reply checks
-
-// A reply field that is not what the gateway sends.
-struct bad_reply {
-  std::string what;
-};
-
-const json* member(const json& obj, const char* name) {
-  auto it = obj.find(name);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-const json& object_at(const json& obj, const char* name) {
-  const json* v = member(obj, name);
-  if (!v || !v->is_object()) throw bad_reply{std::string(name) + " is not an object"};
-  return *v;
-}
-
-// protobuf's JSON int64: a decimal string (what etcd writes) or a JSON
-// integer (what the mapping also allows); absent means 0.
-std::int64_t int64_at(const json& obj, const char* name) {
-  const json* v = member(obj, name);
-  if (!v) return 0;
-  if (v->is_number_integer()) {
-    if (v->is_number_unsigned() && v->get<std::uint64_t>() > std::uint64_t{INT64_MAX})
-      throw bad_reply{std::string(name) + " is out of range"};
-    return v->get<std::int64_t>();
-  }
-  if (!v->is_string()) throw bad_reply{std::string(name) + " is not an int64"};
-  const auto& s = v->get_ref<const std::string&>();
-  std::int64_t out = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  if (s.empty() || ec != std::errc{} || end != s.data() + s.size())
-    throw bad_reply{std::string(name) + " is not an int64"};
-  return out;
-}
-
-bool bool_at(const json& obj, const char* name) {
-  const json* v = member(obj, name);
-  if (!v) return false;
-  if (!v->is_boolean()) throw bad_reply{std::string(name) + " is not a bool"};
-  return v->get<bool>();
-}
-
-std::string string_at(const json& obj, const char* name) {
-  const json* v = member(obj, name);
-  if (!v) return {};
-  if (!v->is_string()) throw bad_reply{std::string(name) + " is not a string"};
-  return v->get<std::string>();
-}
-
-std::string bytes_at(const json& obj, const char* name) {
-  auto d = base64_decode(string_at(obj, name));
-  if (!d) throw bad_reply{std::string(name) + ": " + d.error().context};
-  return std::move(*d);
-}
-
-std::int64_t header_revision(const json& reply) {
-  return int64_at(object_at(reply, "header"), "revision");
-}
-
-key_value parse_kv(const json& v) {
-  if (!v.is_object()) throw bad_reply{"a kv is not an object"};
-  key_value kv;
-  kv.key = bytes_at(v, "key");
-  if (kv.key.empty()) throw bad_reply{"a kv has no key"};
-  kv.value = bytes_at(v, "value");
-  kv.create_revision = int64_at(v, "create_revision");
-  kv.mod_revision = int64_at(v, "mod_revision");
-  kv.version = int64_at(v, "version");
-  kv.lease = int64_at(v, "lease");
-  if (kv.mod_revision <= 0) throw bad_reply{"a kv has no mod_revision"};
-  return kv;
-}
-
-std::vector<key_value> parse_kvs(const json& reply) {
-  std::vector<key_value> out;
-  const json* kvs = member(reply, "kvs");
-  if (!kvs) return out;
-  if (!kvs->is_array()) throw bad_reply{"kvs is not an array"};
-  out.reserve(kvs->size());
-  for (const auto& v : *kvs) out.push_back(parse_kv(v));
-  return out;
-}
-
-// gRPC status codes (etcd's "code") to ours.
-errc from_grpc(std::int64_t code) {
-  switch (code) {
-    case 3:   // INVALID_ARGUMENT
-    case 11:  // OUT_OF_RANGE (a compacted or future revision)
-      return errc::invalid_argument;
-    case 5:  // NOT_FOUND (a lease)
-      return errc::not_found;
-    case 4:   // DEADLINE_EXCEEDED
-    case 14:  // UNAVAILABLE (no leader, request timed out: the outcome is unknown)
-      return errc::timed_out;
-    case 8:  // RESOURCE_EXHAUSTED (too many requests, no space)
-      return errc::resource_exhausted;
-    case 9:  // FAILED_PRECONDITION
-      return errc::invalid_state;
-    default:
-      return errc::rejected;
-  }
-}
-
-std::string printable(std::string_view s, std::size_t max = 120) {
-  std::string out;
-  for (char c : s.substr(0, max)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  if (s.size() > max) out += "...";
-  return out;
-}
+using etcd_reply::printable;
 
 std::string b64(std::string_view s) {
   return base64_encode(s);
@@ -229,8 +52,9 @@ std::string i64(std::int64_t v) {
 // What the write callback fills and the caller reads after curl_easy_perform.
 struct etcd_coord::exchange {
   // Streams (watch, keepalive) deliver one JSON object per line; on_line sees
-  // each complete line and returns true when it has what it needs.
-  std::function<bool(const json&)> on_line;
+  // each complete line that is not blank and returns true when it has what it
+  // needs, or an error when the line is not what etcd sends.
+  std::function<result<bool>(std::string_view)> on_line;
   std::size_t cap = 0;
   CURL* handle = nullptr;
   std::string body;       // a unary reply, or a stream's unfinished line
@@ -238,8 +62,8 @@ struct etcd_coord::exchange {
   bool stopped = false;   // on_line had enough: transfer aborted on purpose
   bool as_unary = false;  // a stream answered with an error status: read it whole
   bool checked_status = false;
-  bool ran_out = false;              // a stream ran to its time bound (as a long-poll does)
-  std::optional<bad_reply> garbage;  // a stream line that was not what etcd sends
+  bool ran_out = false;                // a stream ran to its time bound (as a long-poll does)
+  std::optional<std::string> garbage;  // why a stream line was not what etcd sends
 
   bool stream() const { return on_line != nullptr && !as_unary; }
 };
@@ -270,9 +94,13 @@ std::size_t on_data(char* data, std::size_t size, std::size_t n, void* user) noe
       std::string_view line(x.body.data(), nl);
       bool done = false;
       if (line.find_first_not_of(" \r\t") != std::string_view::npos) {
-        json msg = json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (msg.is_discarded() || !msg.is_object()) throw bad_reply{"a stream line is not JSON"};
-        done = x.on_line(msg);
+        auto r = x.on_line(line);
+        if (!r) {
+          x.garbage = std::move(r.error().context);
+          x.stopped = true;
+          return 0;
+        }
+        done = *r;
       }
       x.body.erase(0, nl + 1);
       if (done) {
@@ -285,10 +113,8 @@ std::size_t on_data(char* data, std::size_t size, std::size_t n, void* user) noe
       return 0;
     }
     return len;
-  } catch (const bad_reply& b) {
-    x.garbage = b;
   } catch (const std::exception& e) {
-    x.garbage = bad_reply{std::string("a stream line: ") + e.what()};
+    x.garbage = std::string("a stream line: ") + e.what();
   }
   x.stopped = true;
   return 0;
@@ -437,7 +263,7 @@ result<std::string> etcd_coord::call(std::string_view method, const std::string&
       why = "HTTP " + std::to_string(status);
     } else if (x.garbage) {
       code = errc::protocol_error;
-      why = x.garbage->what;
+      why = *x.garbage;
     } else if (x.over_cap || rc == CURLE_FILESIZE_EXCEEDED) {
       code = errc::protocol_error;
       why = "reply larger than " + std::to_string(opts_.max_reply_bytes) + " bytes";
@@ -463,12 +289,9 @@ result<std::string> etcd_coord::call(std::string_view method, const std::string&
     } else {
       // etcd's own error ({"error","message","code"}) is final unless it is a
       // server-side failure (5xx); anything else is not etcd.
-      json err = json::parse(x.body, nullptr, false);
-      const json* msg = err.is_object() ? member(err, "message") : nullptr;
-      const json* grpc = err.is_object() ? member(err, "code") : nullptr;
-      if (msg && msg->is_string() && grpc && grpc->is_number_integer()) {
-        code = from_grpc(grpc->get<std::int64_t>());
-        why = "HTTP " + std::to_string(status) + ": " + printable(msg->get<std::string>());
+      if (auto err = etcd_reply::parse_error(x.body)) {
+        code = err->code;
+        why = "HTTP " + std::to_string(status) + ": " + err->message;
         bool server_side = status >= 500 || code == errc::timed_out;
         if (!server_side) return make_error(code, where + ": " + why);
       } else {
@@ -488,24 +311,11 @@ result<std::string> etcd_coord::call(std::string_view method, const std::string&
 
 namespace {
 
-// Runs `parse` over a unary reply; bad_reply and JSON surprises become protocol_error.
-template <class T, class F>
-result<T> parse_unary(const std::string& where, const std::string& body, F&& parse) {
-  json reply = json::parse(body, nullptr, false);
-  try {
-    if (reply.is_discarded() || !reply.is_object())
-      throw bad_reply{"the reply is not a JSON object"};
-    if constexpr (std::is_void_v<T>) {
-      parse(reply);
-      return {};
-    } else {
-      return parse(reply);
-    }
-  } catch (const bad_reply& b) {
-    return make_error(errc::protocol_error, where + ": " + b.what);
-  } catch (const json::exception& e) {
-    return make_error(errc::protocol_error, where + ": " + e.what());
-  }
+// A parser's result, its error prefixed with where the reply came from.
+template <class T>
+result<T> from(const std::string& where, result<T> r) {
+  if (!r) r.error().context = where + ": " + r.error().context;
+  return r;
 }
 
 }  // namespace
@@ -521,17 +331,10 @@ result<std::string> etcd_coord::unary(std::string_view method, const std::string
 
 result<std::optional<key_value>> etcd_coord::get(std::string_view key) {
   json req = {{"key", b64(key)}};
-  using R = std::optional<key_value>;
   std::string reply;
   auto where = unary("kv/range", req.dump(), retry::read, reply);
   if (!where) return std::unexpected(std::move(where.error()));
-  return parse_unary<R>(*where, reply, [](const json& r) -> R {
-    header_revision(r);
-    auto kvs = parse_kvs(r);
-    if (kvs.size() > 1) throw bad_reply{"more than one kv for one key"};
-    if (kvs.empty()) return std::nullopt;
-    return std::move(kvs.front());
-  });
+  return from(*where, etcd_reply::parse_range_one(reply));
 }
 
 result<range_result> etcd_coord::range_prefix(std::string_view prefix, std::int64_t limit) {
@@ -541,15 +344,7 @@ result<range_result> etcd_coord::range_prefix(std::string_view prefix, std::int6
   std::string reply;
   auto where = unary("kv/range", req.dump(), retry::read, reply);
   if (!where) return std::unexpected(std::move(where.error()));
-  return parse_unary<range_result>(*where, reply, [&](const json& r) {
-    range_result out;
-    out.revision = header_revision(r);
-    out.kvs = parse_kvs(r);
-    out.more = bool_at(r, "more");
-    for (const auto& kv : out.kvs)
-      if (!kv.key.starts_with(prefix)) throw bad_reply{"a kv outside the prefix"};
-    return out;
-  });
+  return from(*where, etcd_reply::parse_range_prefix(reply, prefix));
 }
 
 result<std::int64_t> etcd_coord::put(std::string_view key, std::string_view value,
@@ -559,11 +354,7 @@ result<std::int64_t> etcd_coord::put(std::string_view key, std::string_view valu
   std::string reply;
   auto where = unary("kv/put", req.dump(), retry::write, reply);
   if (!where) return std::unexpected(std::move(where.error()));
-  return parse_unary<std::int64_t>(*where, reply, [](const json& r) {
-    auto rev = header_revision(r);
-    if (rev <= 0) throw bad_reply{"no revision after a put"};
-    return rev;
-  });
+  return from(*where, etcd_reply::parse_put(reply));
 }
 
 result<cas_result> etcd_coord::put_if(std::string_view key, std::string_view value,
@@ -581,26 +372,7 @@ result<cas_result> etcd_coord::put_if(std::string_view key, std::string_view val
   std::string reply;
   auto where = unary("kv/txn", req.dump(), retry::write, reply);
   if (!where) return std::unexpected(std::move(where.error()));
-  return parse_unary<cas_result>(*where, reply, [&](const json& r) {
-    cas_result out;
-    out.revision = header_revision(r);
-    out.succeeded = bool_at(r, "succeeded");
-    const json* resp = member(r, "responses");
-    if (!resp || !resp->is_array() || resp->size() != 1 || !(*resp)[0].is_object())
-      throw bad_reply{"responses is not one response"};
-    if (out.succeeded) {
-      object_at((*resp)[0], "response_put");
-      if (out.revision <= 0) throw bad_reply{"no revision after a put"};
-    } else {
-      auto kvs = parse_kvs(object_at((*resp)[0], "response_range"));
-      if (kvs.size() > 1) throw bad_reply{"more than one kv for one key"};
-      if (!kvs.empty()) {
-        if (kvs.front().key != key) throw bad_reply{"the range answered another key"};
-        out.current = std::move(kvs.front());
-      }
-    }
-    return out;
-  });
+  return from(*where, etcd_reply::parse_txn(reply, key));
 }
 
 result<std::int64_t> etcd_coord::del(std::string_view key) {
@@ -608,12 +380,7 @@ result<std::int64_t> etcd_coord::del(std::string_view key) {
   std::string reply;
   auto where = unary("kv/deleterange", req.dump(), retry::write, reply);
   if (!where) return std::unexpected(std::move(where.error()));
-  return parse_unary<std::int64_t>(*where, reply, [](const json& r) {
-    header_revision(r);
-    auto n = int64_at(r, "deleted");
-    if (n < 0 || n > 1) throw bad_reply{"deleted is not 0 or 1"};
-    return n;
-  });
+  return from(*where, etcd_reply::parse_deleterange(reply));
 }
 
 result<lease_grant> etcd_coord::grant_lease(std::chrono::seconds ttl) {
@@ -623,40 +390,22 @@ result<lease_grant> etcd_coord::grant_lease(std::chrono::seconds ttl) {
   std::string reply;
   auto where = unary("lease/grant", req.dump(), retry::write, reply);
   if (!where) return std::unexpected(std::move(where.error()));
-  return parse_unary<lease_grant>(*where, reply, [](const json& r) {
-    header_revision(r);
-    if (auto e = string_at(r, "error"); !e.empty())
-      throw bad_reply{"etcd refused the lease: " + printable(e)};
-    lease_grant g{int64_at(r, "ID"), std::chrono::seconds(int64_at(r, "TTL"))};
-    if (g.id == 0 || g.ttl.count() <= 0) throw bad_reply{"a grant without ID or TTL"};
-    return g;
-  });
+  return from(*where, etcd_reply::parse_lease_grant(reply));
 }
 
 result<std::chrono::seconds> etcd_coord::keep_alive(std::int64_t lease) {
   json req = {{"ID", i64(lease)}};
-  std::optional<std::int64_t> ttl;
-  std::optional<bad_reply> stream_error;
+  std::optional<etcd_reply::keepalive_message> first;
   exchange x;
-  x.on_line = [&](const json& msg) {
-    if (const json* e = member(msg, "error")) {
-      stream_error = bad_reply{"etcd: " + printable(e->dump())};
-      return true;
-    }
-    const json& res = object_at(msg, "result");
-    header_revision(res);
-    if (int64_at(res, "ID") != lease) throw bad_reply{"a keepalive answer for another lease"};
-    ttl = int64_at(res, "TTL");
-    return true;
+  x.on_line = [&](std::string_view line) -> result<bool> {
+    auto m = etcd_reply::parse_keepalive_line(line, lease);
+    if (!m) return std::unexpected(std::move(m.error()));
+    first = std::move(*m);
+    return true;  // one answer is all a keep-alive needs
   };
   auto ep = call("lease/keepalive", req.dump(), retry::read, x, opts_.request_timeout);
   if (!ep) return std::unexpected(std::move(ep.error()));
-  const std::string where = "etcd " + *ep + " /v3/lease/keepalive";
-  if (stream_error) return make_error(errc::rejected, where + ": " + stream_error->what);
-  if (!ttl) return make_error(errc::protocol_error, where + ": the stream ended without an answer");
-  if (*ttl <= 0)
-    return make_error(errc::not_found, where + ": lease " + i64(lease) + " expired or was revoked");
-  return std::chrono::seconds(*ttl);
+  return from("etcd " + *ep + " /v3/lease/keepalive", etcd_reply::keepalive_outcome(first, lease));
 }
 
 result<void> etcd_coord::revoke_lease(std::int64_t lease) {
@@ -664,7 +413,7 @@ result<void> etcd_coord::revoke_lease(std::int64_t lease) {
   std::string reply;
   auto where = unary("lease/revoke", req.dump(), retry::write, reply);
   if (!where) return std::unexpected(std::move(where.error()));
-  return parse_unary<void>(*where, reply, [](const json& r) { header_revision(r); });
+  return from(*where, etcd_reply::parse_lease_revoke(reply));
 }
 
 result<watch_result> etcd_coord::watch_prefix(std::string_view prefix, std::int64_t from_revision,
@@ -676,63 +425,16 @@ result<watch_result> etcd_coord::watch_prefix(std::string_view prefix, std::int6
   if (from_revision > 0) create["start_revision"] = i64(from_revision);
   json req = {{"create_request", create}};
 
-  watch_result out;
-  bool created = false;
-  std::int64_t created_revision = 0;
-  std::optional<std::string> canceled;
+  etcd_reply::watch_collector seen(from_revision);
   exchange x;
-  x.on_line = [&](const json& msg) {
-    if (const json* e = member(msg, "error")) {
-      canceled = "etcd: " + printable(e->dump());
-      return true;
-    }
-    const json& res = object_at(msg, "result");
-    if (bool_at(res, "created")) {
-      created = true;
-      created_revision = header_revision(res);
-    }
-    if (bool_at(res, "canceled")) {
-      out.compact_revision = int64_at(res, "compact_revision");
-      if (out.compact_revision <= 0)
-        canceled = "etcd canceled the watch: " + printable(string_at(res, "cancel_reason"));
-      return true;
-    }
-    const json* events = member(res, "events");
-    if (!events) return false;  // created, or a progress notification
-    if (!events->is_array()) throw bad_reply{"events is not an array"};
-    for (const auto& ev : *events) {
-      if (!ev.is_object()) throw bad_reply{"an event is not an object"};
-      auto type = string_at(ev, "type");
-      if (!type.empty() && type != "PUT" && type != "DELETE")
-        throw bad_reply{"an event of type " + printable(type)};
-      watch_event we;
-      we.type = type == "DELETE" ? watch_event::kind::del : watch_event::kind::put;
-      we.kv = parse_kv(object_at(ev, "kv"));
-      if (!we.kv.key.starts_with(prefix)) throw bad_reply{"an event outside the prefix"};
-      if (we.kv.mod_revision < from_revision) throw bad_reply{"an event before the start"};
-      out.events.push_back(std::move(we));
-    }
-    return !out.events.empty();
+  x.on_line = [&](std::string_view line) -> result<bool> {
+    auto m = etcd_reply::parse_watch_line(line, prefix, from_revision);
+    if (!m) return std::unexpected(std::move(m.error()));
+    return seen.take(std::move(*m));
   };
   auto ep = call("watch", req.dump(), retry::read, x, timeout);
   if (!ep) return std::unexpected(std::move(ep.error()));
-  const std::string where = "etcd " + *ep + " /v3/watch";
-  if (canceled) return make_error(errc::rejected, where + ": " + *canceled);
-  if (out.compact_revision > 0) return out;
-  if (!out.events.empty()) {
-    out.next_revision = out.events.back().kv.mod_revision + 1;
-    return out;
-  }
-  if (!created && x.ran_out)
-    return make_error(errc::timed_out, where + ": etcd did not start the watch within " +
-                                           std::to_string(timeout.count()) + " ms");
-  if (!created)
-    return make_error(errc::protocol_error, where + ": the stream ended before the watch started");
-  // No events before the timeout. From a given revision, etcd may still be
-  // about to send past events (it sends "created" first and catches up after),
-  // so resume there; from "now", resume after the revision the watch began at.
-  out.next_revision = from_revision > 0 ? from_revision : created_revision + 1;
-  return out;
+  return from("etcd " + *ep + " /v3/watch", seen.finish(x.ran_out, timeout));
 }
 
 }  // namespace conveyor::kv::cluster

@@ -14,6 +14,9 @@
 // mapping: bytes (keys, values) as base64, int64 as decimal strings, fields at
 // their default value (0, false, empty) left out of replies.
 //
+// Replies are read by etcd_reply.hpp's pure parsers (fuzzed on their own);
+// this class does the HTTP around them.
+//
 // Endpoints are tried in turn, starting from the last one that answered. A
 // request moves on to the next endpoint when it could not reach this one
 // (refused, unreachable, or a read whose answer did not come: timeout,
@@ -58,6 +61,7 @@
 #include <vector>
 
 #include "cluster/coord.hpp"
+#include "cluster/etcd_reply.hpp"  // base64_encode, base64_decode
 
 namespace conveyor::kv::cluster {
 
@@ -118,11 +122,6 @@ class etcd_coord final : public coord {
   std::mutex pool_mu_;
   std::vector<void*> pool_;  // idle CURL easy handles (kept for connection reuse)
 };
-
-// Base64 (RFC 4648, with padding) through OpenSSL's EVP codec; decode refuses
-// anything that is not canonical base64 (bad characters, length, padding).
-std::string base64_encode(std::string_view bytes);
-result<std::string> base64_decode(std::string_view text);
 
 // The smallest key greater than every key starting with `prefix` (etcd's
 // range_end for a prefix): its last byte below 0xff incremented, the bytes
