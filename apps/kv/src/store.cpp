@@ -337,9 +337,9 @@ class store_impl final : public store {
     auto it = objects_.find(key);
     if (it == objects_.end() || it->second->big) return true;
     const auto need = L::round_units(L::item_bytes(key.size(), f->item->value_len + extra));
-    if (alloc_.largest_free() >= need) return true;
+    if (alloc_.can_allocate(need)) return true;
     reclaim(now);
-    return alloc_.largest_free() >= need;
+    return alloc_.can_allocate(need);
   }
 
   bool rename(std::string_view from, std::string_view to, time_ms now, bool* oom) override {
@@ -693,8 +693,10 @@ class store_impl final : public store {
 }  // namespace
 
 result<std::unique_ptr<store>> store::create(protection_domain& pd, const store_options& opts) {
-  if (opts.data_bytes < 4 * L::unit || opts.data_bytes / L::unit > L::max_offset_units)
-    return make_error(errc::invalid_argument, "kv store: data_bytes out of range");
+  if (opts.data_bytes < 4 * L::unit || opts.data_bytes / L::unit > L::max_offset_units ||
+      opts.data_bytes / L::unit > unit_allocator::max_units)
+    return make_error(errc::invalid_argument,
+                      "kv store: data_bytes out of range (256 GiB at most)");
   if (opts.max_key > L::max_key_len)
     return make_error(errc::invalid_argument, "kv store: max_key above 16 MiB - 1");
   if (opts.index_buckets == 0 || opts.index_buckets > (1ull << 32))
