@@ -301,7 +301,7 @@ class store_impl final : public store {
       scratch_.assign(1, static_cast<char>(L::hash_served));
     } else {
       L::encode_hash_begin(scratch_, static_cast<std::uint32_t>(h.fields.size()));
-      for (const auto& [fk, v] : h.fields) L::encode_hash_field(scratch_, fk.second, v);
+      for (const auto* e : h.fields) L::encode_hash_field(scratch_, e->key(), e->value);
     }
     const std::string k(key);
     auto units = L::round_units(L::item_bytes(k.size(), scratch_.size()));
