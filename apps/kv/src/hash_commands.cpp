@@ -19,20 +19,20 @@ bool hash_set(exec_context& c, hash_object& h, std::string_view f, std::string_v
   const auto& lim = c.st().encodings();
   if (f.size() > lim.hash_max_listpack_value || v.size() > lim.hash_max_listpack_value)
     h.big = true;
-  auto [it, fresh] = h.fields.try_emplace(element_of(f));
+  auto [e, fresh] = h.fields.insert(f);
   if (fresh) {
     h.bytes += f.size() + v.size() + element_overhead;
   } else {
-    h.bytes = h.bytes - it->second.size() + v.size();
+    h.bytes = h.bytes - e->value.size() + v.size();
   }
-  it->second.assign(v);
+  e->value.assign(v);
   return fresh;
 }
 
 const std::string* hash_get(const hash_object* h, std::string_view f) {
   if (h == nullptr) return nullptr;
-  auto it = h->fields.find(element_of(f));
-  return it == h->fields.end() ? nullptr : &it->second;
+  const auto* e = h->fields.find(f);
+  return e == nullptr ? nullptr : &e->value;
 }
 
 void hset_generic(exec_context& c, bool reply_ok) {
@@ -134,10 +134,10 @@ void hash_all(exec_context& c, bool keys, bool values) {
   else
     c.r.array(n);
   if (h == nullptr) return;
-  for (const auto& [f, v] : h->fields) {
-    if (!c.fits(bulk_bytes(f.second.size()) + bulk_bytes(v.size()))) return c.reply_too_large();
-    if (keys) c.r.bulk(f.second);
-    if (values) c.r.bulk(v);
+  for (const auto* e : h->fields) {
+    if (!c.fits(bulk_bytes(e->key_len) + bulk_bytes(e->value.size()))) return c.reply_too_large();
+    if (keys) c.r.bulk(e->key());
+    if (values) c.r.bulk(e->value);
   }
 }
 }  // namespace
@@ -160,11 +160,11 @@ void cmd_hdel(exec_context& c) {
   std::int64_t n = 0;
   std::vector<std::string_view> log{"HDEL", c.argv[1]};
   for (std::size_t i = 2; i < c.argv.size(); ++i) {
-    auto it = h->fields.find(element_of(c.argv[i]));
-    if (it == h->fields.end()) continue;
-    h->bytes -= it->first.second.size() + it->second.size() + element_overhead;
+    auto* e = h->fields.find(c.argv[i]);
+    if (e == nullptr) continue;
+    h->bytes -= e->key_len + e->value.size() + element_overhead;
     log.push_back(c.argv[i]);
-    h->fields.erase(it);
+    h->fields.erase(e);
     ++n;
   }
   if (n == 0) return c.r.integer(0);
@@ -253,21 +253,18 @@ void cmd_hscan(exec_context& c) {
   if (failed) return;
   if (h == nullptr) return reply_empty_scan(c);
   if (!parse_scan_options(c, 2, a)) return;
-  std::vector<const std::pair<const element_key, std::string>*> out;
-  std::uint64_t next = 0;
+  std::vector<const hash_object::field*> out;
   const glob_pattern glob(a.pattern);
-  if (h != nullptr)
-    next = scan_ordered(h->fields, a.cursor, a.count, !h->big, [&](const auto& e) {
-      if (!a.has_pattern || glob.match(e.first.second)) out.push_back(&e);
-    });
+  const auto next = scan_table(h->fields, a.cursor, a.count, !h->big, [&](const auto* e) {
+    if (!a.has_pattern || glob.match(e->key())) out.push_back(e);
+  });
   c.r.array(2);
   c.r.bulk(std::to_string(next));
   c.r.array(2 * out.size());
   for (auto* e : out) {
-    if (!c.fits(bulk_bytes(e->first.second.size()) + bulk_bytes(e->second.size())))
-      return c.reply_too_large();
-    c.r.bulk(e->first.second);
-    c.r.bulk(e->second);
+    if (!c.fits(bulk_bytes(e->key_len) + bulk_bytes(e->value.size()))) return c.reply_too_large();
+    c.r.bulk(e->key());
+    c.r.bulk(e->value);
   }
 }
 

@@ -5,9 +5,10 @@
 // a write to a large collection costs what Redis's does, not a rewrite of the
 // whole collection (docs/KV.md, "Collections").
 //
-// Hashes, sets and sorted sets keep their elements ordered by (hash of the
-// element, element): a SCAN cursor is a position in that order, so elements
-// present for a whole scan are reported once, whatever else changes.
+// Hashes and sets are hash tables with Redis's SCAN cursor (element_table.hpp:
+// an element present for a whole scan is reported at least once, across
+// resizes). Sorted sets keep their members ordered by (hash of the member,
+// member): a ZSCAN cursor is a position in that order.
 // Thread safety: loop thread only (as the store).
 #pragma once
 
@@ -18,12 +19,12 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 
+#include "element_table.hpp"
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
@@ -41,8 +42,8 @@ struct encoding_limits {
   std::size_t set_max_intset_entries = 512;
 };
 
-// The order of elements in hashes, sets and sorted sets' SCAN. Never 0, so a
-// cursor of 0 means "start" and "done" as in Redis.
+// The order of a sorted set's members in ZSCAN. Never 0, so a cursor of 0
+// means "start" and "done" as in Redis.
 inline std::uint64_t element_hash(std::string_view s) noexcept {
   return layout::hash_key(s, 0x6b76656c656d656eull) | 1;
 }
@@ -68,7 +69,8 @@ struct collection {
 struct hash_object final : collection {
   hash_object() : collection(value_type::hash) {}
   std::size_t size() const override { return fields.size(); }
-  std::map<element_key, std::string> fields;
+  using field = element_table<std::string>::entry;  // key() the field, value its value
+  element_table<std::string> fields;
 };
 
 struct list_object final : collection {
@@ -80,7 +82,9 @@ struct list_object final : collection {
 struct set_object final : collection {
   set_object() : collection(value_type::set) {}
   std::size_t size() const override { return members.size(); }
-  std::set<element_key> members;
+  struct no_value {};
+  using member = element_table<no_value>::entry;
+  element_table<no_value> members;
 };
 
 struct zset_object final : collection {

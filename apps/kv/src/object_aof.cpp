@@ -46,9 +46,9 @@ void encode_collection(std::string& out, std::string_view key, const collection&
   switch (c.type) {
     case value_type::hash: {
       batcher b{out, "HSET", key, {}, 2};
-      for (const auto& [f, v] : static_cast<const hash_object&>(c).fields) {
-        b.add(f.second);
-        b.add(v);
+      for (const auto* e : static_cast<const hash_object&>(c).fields) {
+        b.add(std::string(e->key()));
+        b.add(e->value);
       }
       b.flush();
       break;
@@ -61,7 +61,7 @@ void encode_collection(std::string& out, std::string_view key, const collection&
     }
     case value_type::set: {
       batcher b{out, "SADD", key, {}, 1};
-      for (const auto& m : static_cast<const set_object&>(c).members) b.add(m.second);
+      for (const auto* m : static_cast<const set_object&>(c).members) b.add(std::string(m->key()));
       b.flush();
       break;
     }

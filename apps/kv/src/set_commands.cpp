@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "type_commands.hpp"
@@ -18,24 +19,41 @@ std::mt19937_64& rng() {
   return g;
 }
 
+using member = set_object::member;
+
 bool set_add(exec_context& c, set_object& s, std::string_view m) {
-  auto [it, fresh] = s.members.insert(element_of(m));
-  if (!fresh) return false;
+  if (!s.members.insert(m).second) return false;
   s.bytes += m.size() + element_overhead;
   std::int64_t v;
   if (!to_i64(m, v) || s.members.size() > c.st().encodings().set_max_intset_entries) s.big = true;
   return true;
 }
 
-void set_erase(set_object& s, std::set<element_key>::iterator it) {
-  s.bytes -= it->second.size() + element_overhead;
-  s.members.erase(it);
+void set_erase(set_object& s, member* m) {
+  s.bytes -= m->key_len + element_overhead;
+  s.members.erase(m);
 }
 
-// A member picked at random (a random point in hash order, the next member).
-std::set<element_key>::iterator random_member(set_object& s) {
-  auto it = s.members.lower_bound(element_key{rng()(), std::string()});
-  return it == s.members.end() ? s.members.begin() : it;
+// A member picked at random, every member alike (s not empty).
+member* random_member(set_object& s) {
+  return s.members.random(rng());
+}
+
+// n distinct members picked at random (n < the set's size).
+std::vector<member*> distinct_members(set_object& s, std::size_t n) {
+  std::vector<member*> out;
+  if (n * 3 > s.members.size()) {  // a good part of the set: shuffle it all
+    out.assign(s.members.begin(), s.members.end());
+    std::shuffle(out.begin(), out.end(), rng());
+    out.resize(n);
+    return out;
+  }
+  std::unordered_set<const member*> seen;
+  while (out.size() < n) {
+    auto* m = random_member(s);
+    if (seen.insert(m).second) out.push_back(m);
+  }
+  return out;
 }
 
 // The members of a reply, bounded as it is built; false if it did not fit.
@@ -70,9 +88,9 @@ void cmd_sadd(exec_context& c) {
 
 void cmd_srem(exec_context& c) {
   remove_elements<set_object>(c, value_type::set, [](set_object& s, std::string_view m) {
-    auto it = s.members.find(element_of(m));
-    if (it == s.members.end()) return false;
-    set_erase(s, it);
+    auto* e = s.members.find(m);
+    if (e == nullptr) return false;
+    set_erase(s, e);
     return true;
   });
 }
@@ -83,7 +101,7 @@ void cmd_smembers(exec_context& c) {
   if (failed) return;
   if (s == nullptr) return c.r.set(0);
   std::vector<std::string_view> out;
-  for (const auto& m : s->members) out.emplace_back(m.second);
+  for (const auto* m : s->members) out.emplace_back(m->key());
   reply_members(c, out, out.size(), true);
 }
 
@@ -91,7 +109,7 @@ void cmd_sismember(exec_context& c) {
   bool failed;
   auto* s = find_for_read<set_object>(c, c.argv[1], value_type::set, &failed);
   if (failed) return;
-  c.r.integer(s && s->members.count(element_of(c.argv[2])) ? 1 : 0);
+  c.r.integer(s && s->members.find(c.argv[2]) ? 1 : 0);
 }
 
 void cmd_scard(exec_context& c) {
@@ -112,31 +130,28 @@ void cmd_spop(exec_context& c) {
   if (failed) return;
   if (s == nullptr) return has_count ? c.r.set(0) : c.r.null();
   const auto n = std::min<std::int64_t>(count, static_cast<std::int64_t>(s->members.size()));
-  std::vector<std::set<element_key>::iterator> picked;
+  std::vector<member*> picked;
   std::size_t bytes = 16;
-  if (n == static_cast<std::int64_t>(s->members.size())) {
-    for (auto it = s->members.begin(); it != s->members.end(); ++it) picked.push_back(it);
-  } else {
-    std::set<const element_key*> seen;
-    while (static_cast<std::int64_t>(picked.size()) < n) {
-      auto it = random_member(*s);
-      if (seen.insert(&*it).second) picked.push_back(it);
-    }
-  }
-  for (auto it : picked) bytes += bulk_bytes(it->second.size());
+  if (n == static_cast<std::int64_t>(s->members.size()))
+    picked.assign(s->members.begin(), s->members.end());
+  else if (n == 1)
+    picked.push_back(random_member(*s));
+  else
+    picked = distinct_members(*s, static_cast<std::size_t>(n));
+  for (auto* m : picked) bytes += bulk_bytes(m->key_len);
   if (!c.fits(bytes)) return c.reply_too_large();  // before anything is taken
   if (!has_count) {
     if (picked.empty()) return c.r.null();
-    c.r.bulk(picked[0]->second);
+    c.r.bulk(picked[0]->key());
   } else {
     c.r.set(picked.size());
-    for (auto it : picked) c.r.bulk(it->second);
+    for (auto* m : picked) c.r.bulk(m->key());
   }
   if (picked.empty()) return;
   std::vector<std::string> taken;
-  for (auto it : picked) {
-    taken.push_back(it->second);
-    set_erase(*s, it);
+  for (auto* m : picked) {
+    taken.emplace_back(m->key());
+    set_erase(*s, m);
   }
   c.st().changed(c.argv[1], c.now);
   std::vector<std::string_view> log{"SREM", c.argv[1]};
@@ -154,7 +169,7 @@ void cmd_srandmember(exec_context& c) {
   if (failed) return;
   if (!has_count) {
     if (s == nullptr) return c.r.null();
-    return c.r.bulk(random_member(*s)->second);
+    return c.r.bulk(random_member(*s)->key());
   }
   if (s == nullptr || count == 0) return c.r.array(0);
   if (count < 0) {  // repeats allowed: |count| picks, the reply bounded as built
@@ -164,7 +179,7 @@ void cmd_srandmember(exec_context& c) {
     if (n > (std::uint64_t{1} << 32)) return c.reply_too_large();
     c.r.array(n);
     for (std::uint64_t i = 0; i < n; ++i) {
-      const auto& m = random_member(*s)->second;
+      const auto m = random_member(*s)->key();
       if (!c.fits(bulk_bytes(m.size()))) return c.reply_too_large();
       c.r.bulk(m);
     }
@@ -172,17 +187,10 @@ void cmd_srandmember(exec_context& c) {
   }
   std::vector<std::string_view> out;
   if (static_cast<std::uint64_t>(count) >= s->members.size()) {
-    for (const auto& m : s->members) out.emplace_back(m.second);
-  } else if (static_cast<std::uint64_t>(count) * 3 > s->members.size()) {
-    for (const auto& m : s->members) out.emplace_back(m.second);
-    std::shuffle(out.begin(), out.end(), rng());
-    out.resize(static_cast<std::size_t>(count));
+    for (const auto* m : s->members) out.emplace_back(m->key());
   } else {
-    std::set<const element_key*> seen;
-    while (static_cast<std::int64_t>(out.size()) < count) {
-      auto it = random_member(*s);
-      if (seen.insert(&*it).second) out.emplace_back(it->second);
-    }
+    for (const auto* m : distinct_members(*s, static_cast<std::size_t>(count)))
+      out.emplace_back(m->key());
   }
   reply_members(c, out, out.size(), false);
 }
@@ -204,24 +212,25 @@ void set_algebra(exec_context& c, set_op op) {
     if (std::find(sets.begin(), sets.end(), nullptr) == sets.end()) {
       std::sort(sets.begin(), sets.end(),
                 [](auto* a, auto* b) { return a->members.size() < b->members.size(); });
-      for (const auto& m : sets[0]->members) {
+      for (const auto* m : sets[0]->members) {
         bool all = true;
-        for (std::size_t i = 1; i < sets.size() && all; ++i) all = sets[i]->members.count(m) != 0;
-        if (all) out.emplace_back(m.second);
+        for (std::size_t i = 1; i < sets.size() && all; ++i)
+          all = sets[i]->members.find(m->key()) != nullptr;
+        if (all) out.emplace_back(m->key());
       }
     }
   } else if (op == set_op::uni) {
-    std::set<element_key> seen;
+    std::unordered_set<std::string_view> seen;
     for (auto* s : sets)
       if (s)
-        for (const auto& m : s->members)
-          if (seen.insert(m).second) out.emplace_back(m.second);
+        for (const auto* m : s->members)
+          if (seen.insert(m->key()).second) out.emplace_back(m->key());
   } else if (sets[0] != nullptr) {
-    for (const auto& m : sets[0]->members) {
+    for (const auto* m : sets[0]->members) {
       bool other = false;
       for (std::size_t i = 1; i < sets.size() && !other; ++i)
-        other = sets[i] && sets[i]->members.count(m) != 0;
-      if (!other) out.emplace_back(m.second);
+        other = sets[i] && sets[i]->members.find(m->key()) != nullptr;
+      if (!other) out.emplace_back(m->key());
     }
   }
   reply_members(c, out, out.size(), true);
@@ -248,12 +257,10 @@ void cmd_sscan(exec_context& c) {
   if (s == nullptr) return reply_empty_scan(c);
   if (!parse_scan_options(c, 2, a)) return;
   std::vector<std::string_view> out;
-  std::uint64_t next = 0;
   const glob_pattern glob(a.pattern);
-  if (s != nullptr)
-    next = scan_ordered(s->members, a.cursor, a.count, !s->big, [&](const element_key& e) {
-      if (!a.has_pattern || glob.match(e.second)) out.emplace_back(e.second);
-    });
+  const auto next = scan_table(s->members, a.cursor, a.count, !s->big, [&](const member* m) {
+    if (!a.has_pattern || glob.match(m->key())) out.emplace_back(m->key());
+  });
   c.r.array(2);
   c.r.bulk(std::to_string(next));
   reply_members(c, out, out.size(), false);

@@ -375,8 +375,10 @@ put_status store_impl::write(std::string_view key, std::string_view value, value
 }
 
 result<std::unique_ptr<store>> store::create(protection_domain& pd, const store_options& opts) {
-  if (opts.data_bytes < 4 * L::unit || opts.data_bytes / L::unit > L::max_offset_units)
-    return make_error(errc::invalid_argument, "kv store: data_bytes out of range");
+  if (opts.data_bytes < 4 * L::unit || opts.data_bytes / L::unit > L::max_offset_units ||
+      opts.data_bytes / L::unit > unit_allocator::max_units)
+    return make_error(errc::invalid_argument,
+                      "kv store: data_bytes out of range (256 GiB at most)");
   if (opts.max_key > L::max_key_len)
     return make_error(errc::invalid_argument, "kv store: max_key above 16 MiB - 1");
   if (opts.index_buckets == 0 || opts.index_buckets > (1ull << 32))

@@ -93,7 +93,7 @@ void store_impl::changed(std::string_view key, time_ms now) {
     scratch_.assign(1, static_cast<char>(L::hash_served));
   } else {
     L::encode_hash_begin(scratch_, static_cast<std::uint32_t>(h.fields.size()));
-    for (const auto& [fk, v] : h.fields) L::encode_hash_field(scratch_, fk.second, v);
+    for (const auto* e : h.fields) L::encode_hash_field(scratch_, e->key(), e->value);
   }
   const std::string k(key);
   auto units = L::round_units(L::item_bytes(k.size(), scratch_.size()));
@@ -121,9 +121,9 @@ bool store_impl::can_publish(std::string_view key, std::size_t extra, time_ms no
   auto it = objects_.find(key);
   if (it == objects_.end() || it->second->big) return true;
   const auto need = L::round_units(L::item_bytes(key.size(), f->item->value_len + extra));
-  if (alloc_.largest_free() >= need) return true;
+  if (alloc_.can_allocate(need)) return true;
   reclaim(now);
-  return alloc_.largest_free() >= need;
+  return alloc_.can_allocate(need);
 }
 
 bool store_impl::rename(std::string_view from, std::string_view to, time_ms now, bool* oom) {

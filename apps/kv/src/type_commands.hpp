@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -166,6 +167,30 @@ inline bool parse_scan_options(exec_context& c, std::size_t at, scan_args& a) {
   return true;
 }
 
+// SCAN of a hash's or set's table (element_table.hpp): bucket by bucket from
+// `cursor` until `count` elements were visited (at most count * 10 buckets, as
+// Redis), or everything at once when `all` (a small collection, as Redis's
+// listpack and intset). Returns the next cursor; emit(entry) for each visited.
+template <class Table, class Emit>
+std::uint64_t scan_table(const Table& t, std::uint64_t cursor, std::int64_t count, bool all,
+                         Emit&& emit) {
+  if (all) {
+    for (const auto* e : t) emit(e);
+    return 0;
+  }
+  std::int64_t n = 0;
+  std::int64_t buckets = count > std::numeric_limits<std::int64_t>::max() / 10
+                             ? std::numeric_limits<std::int64_t>::max()
+                             : count * 10;
+  do {
+    cursor = t.scan(cursor, [&](const auto* e) {
+      emit(e);
+      ++n;
+    });
+  } while (cursor != 0 && n < count && --buckets > 0);
+  return cursor;
+}
+
 inline const element_key& element_key_of(const element_key& k) {
   return k;
 }
@@ -174,7 +199,7 @@ const element_key& element_key_of(const std::pair<const element_key, V>& p) {
   return p.first;
 }
 
-// Walks an ordered-by-hash container (hash, set, zset members) as SCAN: from the
+// Walks an ordered-by-hash container (a sorted set's members) as SCAN: from the
 // first element whose hash >= cursor, `count` elements (all of one hash value
 // together), or everything when `all` (a small collection, as Redis's listpack
 // and intset). Returns the next cursor; emit(element) for each visited.

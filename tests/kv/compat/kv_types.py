@@ -563,6 +563,112 @@ class Persistence(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+class LargeSetsAndHashes(unittest.TestCase):
+    """Sets and hashes past the compact encodings are hash tables that resize
+    as they grow and shrink (element_table.hpp): SSCAN/HSCAN keep Redis's
+    guarantee across resizes, SPOP/SRANDMEMBER pick every member, and big
+    collections survive the AOF rewrite."""
+
+    def setUp(self):
+        self.kv = Kv()
+        self.c = Conn(self.kv.port)
+
+    def tearDown(self):
+        self.c.close()
+        self.kv.stop()
+
+    def scan_while(self, cmd, key, between):
+        seen, cursor, steps = set(), b"0", 0
+        while True:
+            r = self.c.call(cmd, key, cursor, "COUNT", "20")
+            self.assertEqual(r[0], "arr", r)
+            cursor = r[1][0][1]
+            items = [e[1] for e in r[1][1][1]]
+            seen.update(items if cmd == "SSCAN" else items[::2])
+            between(steps)
+            steps += 1
+            self.assertLess(steps, 200000)
+            if cursor == b"0":
+                return seen
+
+    def test_scans_return_every_element_present_throughout_while_the_table_resizes(self):
+        for cmd, add, rem in (("SSCAN", "SADD", "SREM"), ("HSCAN", "HSET", "HDEL")):
+            key = cmd.lower()
+            stable = ["stable:%d" % j for j in range(2000)]
+            pair = (lambda xs: xs) if add == "SADD" else (lambda xs: [x for e in xs for x in (e, "v")])
+            self.c.call(add, key, *pair(stable))
+            extras = ["extra:%d" % j for j in range(40000)]
+            at = {"grown": 0}
+
+            def between(step):
+                # 40 000 more elements over the first 80 steps (the table
+                # doubles four times), then all of them gone again (it halves
+                # back), with the cursor well into the scan.
+                if step < 80:
+                    chunk = extras[step * 500:(step + 1) * 500]
+                    self.c.call(add, key, *pair(chunk))
+                    at["grown"] = (step + 1) * 500
+                elif step >= 150 and at["grown"] > 0:
+                    chunk = extras[at["grown"] - 2000:at["grown"]]
+                    self.assertEqual(self.c.call(rem, key, *chunk), ("int", len(chunk)))
+                    at["grown"] -= 2000
+
+            seen = self.scan_while(cmd, key, between)
+            missing = [m for m in stable if m.encode() not in seen]
+            self.assertEqual(missing, [], cmd)
+            self.assertEqual(self.c.call("OBJECT", "ENCODING", key), ("bulk", b"hashtable"))
+
+    def test_spop_and_srandmember_pick_every_member(self):
+        members = ["m%d" % j for j in range(600)]  # past set-max-intset-entries: a table
+        self.c.call("SADD", "s", *members)
+        r = self.c.call("SRANDMEMBER", "s", "-60000")  # repeats allowed: 60 000 draws
+        counts = {}
+        for e in r[1]:
+            counts[e[1]] = counts.get(e[1], 0) + 1
+        self.assertEqual(len(counts), 600)
+        # 100 expected each; a fair pick leaves [40, 180] with probability < 1e-8 over all.
+        self.assertGreater(min(counts.values()), 40, sorted(counts.values())[:5])
+        self.assertLess(max(counts.values()), 180, sorted(counts.values())[-5:])
+        r = self.c.call("SRANDMEMBER", "s", "599")
+        self.assertEqual(len({e[1] for e in r[1]}), 599)
+        popped = []
+        while True:
+            r = self.c.call("SPOP", "s")
+            if r[0] != "bulk" or r[1] is None:
+                break
+            popped.append(r[1])
+            if len(popped) == 300:
+                self.assertEqual(self.c.call("SCARD", "s"), ("int", 300))
+                popped += [e[1] for e in self.c.call("SPOP", "s", "250")[1]]
+        self.assertEqual(sorted(popped), sorted(m.encode() for m in members))
+        self.assertEqual(self.c.call("EXISTS", "s"), ("int", 0))
+
+    def test_big_sets_and_hashes_survive_the_aof_rewrite(self):
+        d = tempfile.mkdtemp(prefix="kv-types-big-")
+        try:
+            kv = Kv("--appendonly", "yes", "--dir", d)
+            c = Conn(kv.port)
+            for j in range(0, 100000, 1000):
+                c.call("SADD", "bigset", *["member:%d" % i for i in range(j, j + 1000)])
+                c.call("HSET", "bighash", *[x for i in range(j // 2, j // 2 + 500)
+                                            for x in ("field:%d" % i, "value:%d" % i)])
+            c.call("SPOP", "bigset", "1000")
+            c.call("SREM", "bigset", *["member:%d" % i for i in range(0, 100000, 3)])
+            c.call("HDEL", "bighash", *["field:%d" % i for i in range(0, 50000, 7)])
+            before = dump(c)
+            self.assertEqual(c.call("BGREWRITEAOF")[0], "simple")
+            c.close()
+            kv.stop()
+            kv = Kv("--appendonly", "yes", "--dir", d)
+            c = Conn(kv.port)
+            self.assertEqual(dump(c), before)
+            self.assertEqual(c.call("SCARD", "bigset")[1], len(before[b"bigset"][1][1]))
+            c.close()
+            kv.stop()
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class ExpiryAndEviction(unittest.TestCase):
     def test_every_type_expires_lazily_and_actively(self):
         kv = Kv()
