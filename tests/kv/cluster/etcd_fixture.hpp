@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "cluster/etcd.hpp"
+#include "free_port.hpp"
 
 namespace {
 
@@ -53,19 +54,7 @@ using steady = std::chrono::steady_clock;
 
 constexpr const char* etcd_binary = "/usr/bin/etcd";
 
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+using kvtest::free_loopback_port;
 
 inline std::string loopback(int port) {
   return "127.0.0.1:" + std::to_string(port);
@@ -143,7 +132,7 @@ class etcd_process {
 
  private:
   std::string try_start() {
-    const int client = free_port(), peer = free_port();
+    const int client = free_loopback_port(), peer = free_loopback_port();
     if (client <= 0 || peer <= 0 || client == peer) return "no free ports";
     endpoint_ = loopback(client);
     const std::string curl = "http://" + loopback(client), purl = "http://" + loopback(peer);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cluster/slots.hpp"
+#include "free_port.hpp"
 
 namespace {
 
@@ -81,20 +82,6 @@ TEST(cluster_slots, binary_keys_hash_every_byte) {
 
 // ---- the oracle: a cluster-enabled redis-server's CLUSTER KEYSLOT.
 
-int free_tcp_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
 // redis-server's Unix socket, whose path is ours alone (a TCP port probed free
 // can be taken by a test running beside this one before redis binds it).
 int connect_unix(const std::string& path) {
@@ -123,7 +110,7 @@ TEST(cluster_slots, a_thousand_keys_match_redis_cluster_keyslot) {
   // No TCP client port (--port 0); cluster mode still binds its bus port,
   // which a test beside this one could take first: then redis exits, try again.
   for (int attempt = 0; attempt < 3 && fd < 0; ++attempt) {
-    const int bus = free_tcp_port();
+    const int bus = kvtest::free_loopback_port();
     ASSERT_GT(bus, 0);
     pid = ::fork();
     ASSERT_GE(pid, 0);
