@@ -74,23 +74,18 @@ class element_table {
 
   entry* find(std::string_view key) const {
     if (dense_.empty()) return nullptr;
-    const auto h = hash_of(key);
-    for (const auto& t : t_) {
-      if (t.size == 0) continue;
-      for (entry* e = t.buckets[h & t.mask]; e != nullptr; e = e->next)
-        if (e->hash == h && e->key() == key) return e;
-    }
-    return nullptr;
+    return find(key, hash_of(key));
   }
 
   // The entry for `key`, and whether it is new (its value then V{}).
   std::pair<entry*, bool> insert(std::string_view key) {
-    if (auto* e = find(key)) return {e, false};
+    const auto h = hash_of(key);  // once: a new key is looked up, then linked
+    if (auto* e = dense_.empty() ? nullptr : find(key, h)) return {e, false};
     if (dense_.size() >= 0xffffffffu)
       throw std::length_error("kv element_table: too many elements");
     step();
     if (!resizing() && t_[0].used >= t_[0].size) start_resize(t_[0].size ? t_[0].size * 2 : 4);
-    auto* e = make(key, hash_of(key));
+    auto* e = make(key, h);
     link(t_[resizing() ? 1 : 0], e);
     e->slot = static_cast<std::uint32_t>(dense_.size());
     dense_.push_back(e);
@@ -155,6 +150,15 @@ class element_table {
     std::uint64_t mask = 0;
     std::size_t used = 0;
   };
+
+  entry* find(std::string_view key, std::uint64_t h) const {
+    for (const auto& t : t_) {
+      if (t.size == 0) continue;
+      for (entry* e = t.buckets[h & t.mask]; e != nullptr; e = e->next)
+        if (e->hash == h && e->key() == key) return e;
+    }
+    return nullptr;
+  }
 
   static std::uint64_t hash_of(std::string_view key) {
     return layout::hash_key(key, element_seed());
