@@ -9,7 +9,7 @@
 #    paths and compile options (written by the build into <room>.cmake),
 #    preprocessing only (-E: includes are resolved there, and it is ten times
 #    cheaper than a compile): a header of the room itself, of a room it MAY
-#    include, of a room nested in its folder (soft holds wire/ and net/) or of
+#    include, of a room nested in its folder (soft and shm hold wire/ and net/) or of
 #    the public API must be found with everything it includes; any other must
 #    fail with "No such file or directory" (g++) / "file not found" (clang).
 #    Then one probe per room that includes every header it was allowed is
@@ -30,15 +30,18 @@ endforeach()
 # room:room it must never include (docs/ARCHITECTURE.md, "Rooms").
 set(nevers
   # core includes no provider and no swnic
-  core:swnic core:soft core:soft_wire core:soft_net core:shm core:verbs
+  core:swnic core:soft core:soft_wire core:soft_net core:shm core:shm_wire core:shm_net core:verbs
   # swnic reaches neither soft nor shm (nor verbs)
-  swnic:soft swnic:soft_wire swnic:soft_net swnic:shm swnic:verbs
+  swnic:soft swnic:soft_wire swnic:soft_net swnic:shm swnic:shm_wire swnic:shm_net swnic:verbs
   # no provider includes another; verbs is no software NIC
-  soft:shm soft:verbs shm:soft shm:soft_wire shm:soft_net shm:verbs
-  verbs:swnic verbs:soft verbs:soft_wire verbs:soft_net verbs:shm
+  soft:shm soft:shm_wire soft:shm_net soft:verbs shm:soft shm:soft_wire shm:soft_net shm:verbs
+  verbs:swnic verbs:soft verbs:soft_wire verbs:soft_net verbs:shm verbs:shm_wire verbs:shm_net
   # soft's wire codecs have no sockets and no state; its net knows no iWARP
-  soft_wire:soft_net soft_wire:soft soft_wire:swnic
-  soft_net:soft_wire soft_net:soft soft_net:swnic)
+  soft_wire:soft_net soft_wire:soft soft_wire:swnic soft_wire:shm_wire soft_wire:shm_net
+  soft_net:soft_wire soft_net:soft soft_net:swnic soft_net:shm_wire soft_net:shm_net
+  # shm's the same: its layout has no sockets, its sockets know no rings
+  shm_wire:shm_net shm_wire:shm shm_wire:swnic shm_wire:soft_wire shm_wire:soft_net
+  shm_net:shm_wire shm_net:shm shm_net:swnic shm_net:soft_wire shm_net:soft_net)
 
 include(${ROOMS_DIR}/rooms.cmake)  # conveyor_rooms
 foreach(room IN LISTS conveyor_rooms)

@@ -40,7 +40,7 @@
 
 #include "fuzz_check.hpp"
 #include "fuzz_socket.hpp"
-#include "providers/shm/shm_segment.hpp"
+#include "providers/shm/wire/segment.hpp"
 
 namespace {
 

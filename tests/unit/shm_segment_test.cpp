@@ -4,7 +4,7 @@
 // machines), which held a connection's first lap of its rings to 1/100 of its
 // speed. The mapping is checked through the page cache (mincore): populated
 // pages exist, untouched ones do not; nothing is written by it.
-#include "providers/shm/shm_segment.hpp"
+#include "providers/shm/wire/segment.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

@@ -4,7 +4,7 @@
 
 #include "core/log.hpp"
 #include "providers/shm/shm_memfd.hpp"
-#include "providers/shm/shm_qp.hpp"
+#include "providers/shm/engine/shm_qp.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -13,12 +13,11 @@
 #pragma once
 
 #include "providers/shm/shm_peer_maps.hpp"
-#include "providers/shm/shm_segment.hpp"
+#include "providers/shm/net/unix_socket.hpp"
+#include "providers/shm/wire/segment.hpp"
 #include "providers/swnic/sw_device.hpp"
 #include "providers/swnic/sw_engine.hpp"
 
-#include <sys/socket.h>
-#include <sys/un.h>
 
 #include <atomic>
 #include <chrono>
@@ -110,9 +109,9 @@ class shm_device final : public swnic::sw_device {
   result<std::unique_ptr<detail::listener_impl>> bind_listener(std::string_view address,
                                                                int backlog) override;
   result<std::unique_ptr<detail::listener_impl>> bind_ephemeral_listener(int backlog) override;
-  // Binds a listening socket at `sa` (`address` in shm's syntax; empty: the
-  // kernel's autobind name, read back).
-  result<std::unique_ptr<detail::listener_impl>> listen_at(const sockaddr_un* sa, socklen_t len,
+  // Binds a listening socket at `a` (`address` in shm's syntax; null and
+  // empty: the kernel's autobind name, read back).
+  result<std::unique_ptr<detail::listener_impl>> listen_at(const net::unix_address* a,
                                                            std::string address, int backlog);
 
   shm::engine& eng() noexcept { return *engine_owned_; }

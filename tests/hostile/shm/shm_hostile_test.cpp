@@ -37,8 +37,8 @@
 
 #include <conveyor/conveyor.hpp>
 
-#include "providers/shm/shm_qp.hpp"
-#include "providers/shm/shm_segment.hpp"
+#include "providers/shm/engine/shm_qp.hpp"
+#include "providers/shm/wire/segment.hpp"
 #include "shm_target_child.hpp"
 
 namespace {

@@ -19,19 +19,16 @@
 #include "providers/shm/shm_attach.hpp"
 #include "providers/shm/shm_device.hpp"
 #include "providers/shm/shm_memfd.hpp"
-#include "providers/shm/shm_qp.hpp"
+#include "providers/shm/engine/shm_qp.hpp"
+#include "providers/shm/net/unix_socket.hpp"
 
 #include "core/log.hpp"
 #include "providers/swnic/handshake_pump.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,12 +47,6 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-std::string seconds_text(std::chrono::milliseconds ms) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3g s", static_cast<double>(ms.count()) / 1000.0);
-  return b;
-}
-
 std::string printable(const std::uint8_t* p, std::size_t n) {
   std::string s;
   for (std::size_t i = 0; i < n; ++i) {
@@ -66,131 +57,31 @@ std::string printable(const std::uint8_t* p, std::size_t n) {
   return s;
 }
 
-result<sockaddr_un> parse_address(std::string_view address, socklen_t* len) {
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  if (address.empty() || address.size() >= sizeof sa.sun_path ||
-      address.find(':') != std::string_view::npos)
-    return make_error(errc::address_error,
-                      "shm address \"" + std::string(address) +
-                          "\": expected \"@abstract-name\" or a socket path (under " +
-                          std::to_string(sizeof sa.sun_path) + " bytes)");
-  std::memcpy(sa.sun_path, address.data(), address.size());
-  if (address[0] == '@') sa.sun_path[0] = '\0';  // abstract: nothing in the filesystem
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
-  return sa;
-}
-
-int ms_left(clk::time_point deadline) {
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
-}
+using net::fd_holder;
 
 // Sends one handshake message (and up to two descriptors with it: the ones
 // that are not -1, in order).
 result<void> send_msg(int fd, const hs_msg& m, int pass_fd, clk::time_point deadline,
                       const std::string& what, int pass_fd2 = -1) {
-  const auto* p = reinterpret_cast<const char*>(&m);
-  std::size_t off = 0;
   int fds[2];
-  std::size_t nfds = 0;
+  std::size_t n = 0;
   for (const int f : {pass_fd, pass_fd2})
-    if (f >= 0) fds[nfds++] = f;
-  bool fd_sent = nfds == 0;
-  while (off < sizeof m) {
-    iovec iov{const_cast<char*>(p + off), sizeof m - off};
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof fds)]{};
-    if (!fd_sent) {
-      mh.msg_control = ctl;
-      mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-      cmsghdr* c = CMSG_FIRSTHDR(&mh);
-      if (c == nullptr)
-        return make_error(errc::resource_exhausted, what + ": no room for the descriptors");
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-      std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-    }
-    const ssize_t r = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (r > 0) {
-      off += static_cast<std::size_t>(r);
-      fd_sent = true;
-      continue;
-    }
-    if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-      pollfd pf{fd, POLLOUT, 0};
-      if (ms_left(deadline) == 0) return make_error(errc::timed_out, what + ": timed out");
-      ::poll(&pf, 1, ms_left(deadline));
-      continue;
-    }
-    return make_error(
-        errno == EPIPE || errno == ECONNRESET ? errc::connection_reset : errc::io_error, what,
-        errno);
-  }
-  return {};
+    if (f >= 0) fds[n++] = f;
+  return net::send_with_fds(fd, &m, sizeof m, std::span<const int>(fds, n), deadline, what);
 }
 
-// Keeps the descriptors a message passed in fds[0..n) (those still -1, in
-// order) and closes any others: a peer cannot make us hold more.
-void take_fds(msghdr& mh, int* fds, std::size_t n) {
-  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < k; ++i) {
-      int pfd;
-      std::memcpy(&pfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      int* slot = std::find(fds, fds + n, -1);
-      if (slot != fds + n)
-        *slot = pfd;
-      else
-        ::close(pfd);  // unexpected extra descriptors are not kept
-    }
-  }
-}
-
-// Receives one handshake message; *got_fd receives a passed descriptor (or -1).
+// Receives one handshake message and checks it; *got_fd receives a passed
+// descriptor (or -1; when got_fd is null, any passed descriptor is closed).
 result<void> recv_msg(int fd, hs_msg& m, int* got_fd, clk::time_point deadline,
                       std::chrono::milliseconds t, const std::string& what) {
-  auto* p = reinterpret_cast<char*>(&m);
-  std::size_t off = 0;
-  int spare = -1;  // where a descriptor nobody asked for lands (then closed)
-  if (got_fd == nullptr) got_fd = &spare;
-  *got_fd = -1;
-  while (off < sizeof m) {
-    iovec iov{p + off, sizeof m - off};
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)]{};
-    mh.msg_control = ctl;
-    mh.msg_controllen = sizeof ctl;
-    const ssize_t r = ::recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (r > 0) {
-      take_fds(mh, got_fd, 1);
-      if (spare >= 0) ::close(std::exchange(spare, -1));
-      off += static_cast<std::size_t>(r);
-      continue;
-    }
-    if (r == 0)
-      return make_error(errc::connection_reset, what + ": the peer closed the connection");
-    if (errno == EAGAIN || errno == EINTR) {
-      if (ms_left(deadline) == 0)
-        return make_error(errc::timed_out, what + " timed out after " + seconds_text(t));
-      pollfd pf{fd, POLLIN, 0};
-      ::poll(&pf, 1, std::min(ms_left(deadline), 1000));
-      continue;
-    }
-    return make_error(errno == ECONNRESET ? errc::connection_reset : errc::io_error, what, errno);
-  }
-  if (m.magic != hs_magic || m.version != seg_version || m.pd_len > max_private_data) {
-    if (*got_fd >= 0) {
-      ::close(*got_fd);
-      *got_fd = -1;
-    }
+  int spare = -1;
+  int* slot = got_fd != nullptr ? got_fd : &spare;
+  *slot = -1;
+  auto r = net::recv_with_fds(fd, &m, sizeof m, std::span<int>(slot, got_fd != nullptr ? 1 : 0),
+                              deadline, t, what);
+  if (!r || !handshake_valid(m)) {
+    if (*slot >= 0) ::close(std::exchange(*slot, -1));
+    if (!r) return r;
     return make_error(errc::protocol_error,
                       what + ": not a Conveyor shm handshake (or another version)");
   }
@@ -216,41 +107,9 @@ int hint_fd_of(shm_device& dev, const shm_qp& qp) {
   return qp.hint_bit() == no_hint ? -1 : dev.eng().hint_fd();
 }
 
-pid_t peer_pid_of(int fd) {
-  ucred cr{};
-  socklen_t len = sizeof cr;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) return 0;
-  return cr.pid;
-}
-
 std::string endpoint_name(pid_t pid, std::uint32_t qpn) {
   return "pid " + std::to_string(pid) + " qp " + std::to_string(qpn);
 }
-
-class fd_holder {
- public:
-  fd_holder() = default;
-  explicit fd_holder(int fd) : fd_(fd) {}
-  fd_holder(fd_holder&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  fd_holder& operator=(fd_holder&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~fd_holder() { reset(); }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
 
 struct mapping {
   void* p = MAP_FAILED;
@@ -299,33 +158,23 @@ class shm_listener final : public detail::listener_impl {
 // of one hs_msg (and the descriptor that comes with them), then finish().
 class shm_request_reader final : public detail::pending_handshake {
  public:
-  shm_request_reader(shm_listener& lis, int fd) : lis_(lis), fd_(fd), pid_(peer_pid_of(fd)) {}
+  shm_request_reader(shm_listener& lis, int fd) : lis_(lis), fd_(fd), pid_(net::peer_pid(fd)) {}
   ~shm_request_reader() override {
     for (const int f : fds_)
       if (f >= 0) ::close(f);
   }
   int fd() const noexcept override { return fd_.get(); }
   step on_readable(std::string& why) override {
-    auto* p = reinterpret_cast<char*>(&msg_);
-    while (off_ < sizeof msg_) {
-      iovec iov{p + off_, sizeof msg_ - off_};
-      msghdr mh{};
-      mh.msg_iov = &iov;
-      mh.msg_iovlen = 1;
-      alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)]{};
-      mh.msg_control = ctl;
-      mh.msg_controllen = sizeof ctl;
-      const ssize_t r = ::recvmsg(fd_.get(), &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0 && errno == EAGAIN) return step::more;
-      if (r <= 0) {
+    switch (net::recv_some_with_fds(fd_.get(), &msg_, sizeof msg_, &off_, fds_)) {
+      case net::recv_step::more:
+        return step::more;
+      case net::recv_step::closed:
         why = "shm handshake with pid " + std::to_string(pid_) + ": the peer closed the connection";
         return step::failed;
-      }
-      take_fds(mh, fds_, 2);
-      off_ += static_cast<std::size_t>(r);
+      case net::recv_step::done:
+        break;
     }
-    if (msg_.magic != hs_magic || msg_.version != seg_version || msg_.pd_len > max_private_data) {
+    if (!handshake_valid(msg_)) {
       why = "shm handshake with pid " + std::to_string(pid_) +
             ": not a Conveyor shm handshake (or another version)";
       return step::failed;
@@ -425,9 +274,7 @@ result<std::unique_ptr<detail::conn_request_impl>> shm_listener::finish(fd_holde
   m.p = ::mmap(nullptr, seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd.get(), 0);
   if (m.p == MAP_FAILED)
     return make_error(errc::resource_exhausted, who + ": mmap of the segment", errno);
-  const auto* h = static_cast<const seg_header*>(m.p);
-  if (h->magic != seg_magic || h->version != seg_version || h->slots != ring_slots ||
-      h->slot_bytes != slot_size)
+  if (!segment_header_valid(*static_cast<const seg_header*>(m.p)))
     return make_error(errc::protocol_error, who + ": segment layout mismatch");
   auto hints = map_hint_page(*dev_, hint_fd.get(), req.hint_bit);
   return std::unique_ptr<detail::conn_request_impl>(
@@ -520,51 +367,32 @@ result<connection_info> shm_conn_request::accept(queue_pair& qp, std::span<const
 
 result<std::unique_ptr<detail::listener_impl>> shm_device::bind_listener(std::string_view address,
                                                                          int backlog) {
-  socklen_t len = 0;
-  auto sa = parse_address(address, &len);
-  if (!sa) return std::unexpected(sa.error());
-  return listen_at(&*sa, len, std::string(address), backlog);
+  auto a = net::parse_address(address);
+  if (!a) return std::unexpected(a.error());
+  return listen_at(&*a, std::string(address), backlog);
 }
 
 result<std::unique_ptr<detail::listener_impl>> shm_device::bind_ephemeral_listener(int backlog) {
   // A name only the family: the kernel binds a fresh abstract name of its own
   // choosing (five hex digits), unique while the socket lives (unix(7),
   // "Autobind feature").
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  return listen_at(&sa, sizeof(sa_family_t), {}, backlog);
+  return listen_at(nullptr, {}, backlog);
 }
 
-result<std::unique_ptr<detail::listener_impl>> shm_device::listen_at(const sockaddr_un* sa,
-                                                                     socklen_t len,
+result<std::unique_ptr<detail::listener_impl>> shm_device::listen_at(const net::unix_address* a,
                                                                      std::string address,
                                                                      int backlog) {
   const std::string where = address.empty() ? "an ephemeral name" : address;
-  fd_holder fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) return make_error(errc::resource_exhausted, "listen on " + where + ": socket", errno);
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(sa), len) != 0)
-    return make_error(errc::address_error, "listen on " + where + ": bind", errno);
-  if (address.empty()) {  // the name the kernel chose, in shm's syntax ("@name")
-    sockaddr_un got{};
-    socklen_t got_len = sizeof got;
-    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&got), &got_len) != 0)
-      return make_error(errc::address_error, "listen on " + where + ": getsockname", errno);
-    const std::size_t n = got_len - offsetof(sockaddr_un, sun_path);
-    if (n < 2 || got.sun_path[0] != '\0')
-      return make_error(errc::address_error, "listen on " + where + ": the kernel bound no name");
-    address = "@" + std::string(got.sun_path + 1, n - 1);
-  }
-  if (::listen(fd.get(), detail::kernel_accept_queue) != 0)
-    return make_error(errc::address_error, "listen on " + address + ": listen", errno);
+  auto fd = net::listen(a, detail::kernel_accept_queue, &address, where);
+  if (!fd) return std::unexpected(fd.error());
   auto self = std::static_pointer_cast<shm_device>(shared_from_this());
   return std::unique_ptr<detail::listener_impl>(
-      new shm_listener(std::move(self), std::move(fd), std::move(address), backlog));
+      new shm_listener(std::move(self), std::move(*fd), std::move(address), backlog));
 }
 
 result<connection_info> shm_qp::connect(std::string_view address, const connect_options& opts) {
   if (auto ok = check_connect(opts); !ok) return std::unexpected(ok.error());
-  socklen_t len = 0;
-  auto sa = parse_address(address, &len);
+  auto sa = net::parse_address(address);
   if (!sa) return std::unexpected(sa.error());
   const std::string peer(address);
   const std::string where =
@@ -585,25 +413,13 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   h->slots = ring_slots;
   h->slot_bytes = slot_size;
 
-  fd_holder s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!s) return make_error(errc::resource_exhausted, where + ": socket", errno);
-  for (;;) {
-    if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&*sa), len) == 0) break;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN) {  // the listener's backlog is full: retry until the deadline
-      if (ms_left(deadline) == 0)
-        return make_error(errc::timed_out, where + ": the listener's backlog stayed full");
-      ::usleep(1000);
-      continue;
-    }
-    if (errno == ECONNREFUSED || errno == ENOENT)
-      return make_error(errc::connection_refused, where + ": nothing listens at " + peer, errno);
-    return make_error(errc::io_error, where, errno);
-  }
+  auto sock = net::connect(*sa, deadline, where, peer);
+  if (!sock) return std::unexpected(sock.error());
+  fd_holder s = std::move(*sock);
   // The target probes us when it has our request: declare it first (the
   // listener's pid, the creator of the socket we reached).
   attach_grant grant;
-  if (dev_->cma_enabled()) grant.grant(peer_pid_of(s.get()));
+  if (dev_->cma_enabled()) grant.grant(net::peer_pid(s.get()));
   hs_msg req;
   req.kind = hs_kind::request;
   req.qpn = qpn_;
@@ -632,7 +448,7 @@ result<connection_info> shm_qp::connect(std::string_view address, const connect_
   if (rep.kind != hs_kind::accept)
     return make_error(errc::protocol_error,
                       "shm handshake with " + peer + ": expected accept or reject");
-  const pid_t pid = peer_pid_of(s.get());
+  const pid_t pid = net::peer_pid(s.get());
   int perr = 0;
   const bool reach = dev_->cma_enabled() && probe_peer(pid, rep.probe_addr, rep.probe_value, &perr);
   hs_msg ready;

@@ -1,6 +1,6 @@
 // The shm QP's engine step (under the engine's lock): doorbells and hang-ups
 // on the socket, the loop over the peer's requests, refusing a request.
-#include "providers/shm/shm_qp_internal.hpp"
+#include "providers/shm/engine/shm_qp_internal.hpp"
 
 #include "core/log.hpp"
 #include "providers/shm/shm_device.hpp"
@@ -9,7 +9,6 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -37,7 +36,7 @@ int shm_qp::progress() noexcept {
       if (t > tx_head_ || t < seen_tail_) {  // the peer claims what we never sent
         state_.store(qp_state::error, std::memory_order_seq_cst);
         flush_locked(wc_status::bad_resp_err);
-        if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+        if (sock_ >= 0) net::hang_up(sock_);
         return n + 1;
       }
       if (t != seen_tail_) {
@@ -54,16 +53,7 @@ int shm_qp::progress() noexcept {
 
 bool shm_qp::on_socket(std::uint32_t events) noexcept {
   bool gone = (events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0;
-  char buf[64];
-  for (;;) {
-    const ssize_t r = ::recv(sock_, buf, sizeof buf, MSG_DONTWAIT);
-    if (r > 0) {
-      if (r < static_cast<ssize_t>(sizeof buf)) break;
-      continue;
-    }
-    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone = true;
-    break;
-  }
+  if (!net::drain(sock_)) gone = true;
   if (!gone) return true;
   if (!peer_gone_.exchange(true) && state() == qp_state::rts) {
     progress();  // what the peer finished (or refused) before it went away

@@ -4,7 +4,7 @@
 // responses), shm_qp_engine.cpp (the engine's step: sockets, the request
 // loop), shm_qp_exec.cpp (executing each request of the peer), shm_qp_direct.cpp
 // (direct mapping of the peer's allocated regions).
-#include "providers/shm/shm_qp_internal.hpp"
+#include "providers/shm/engine/shm_qp_internal.hpp"
 
 #include "core/log.hpp"
 #include "providers/shm/shm_device.hpp"
@@ -13,7 +13,6 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -164,7 +163,7 @@ void shm_qp::enter_error(wc_status first) noexcept {
   const bool was_error = state() == qp_state::error;
   state_.store(qp_state::error, std::memory_order_seq_cst);
   flush_locked(was_error ? wc_status::wr_flush_err : first);
-  if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);  // the peer sees the connection end
+  if (sock_ >= 0) net::hang_up(sock_);  // the peer sees the connection end
 }
 
 void shm_qp::notify_peer() noexcept {
@@ -174,8 +173,7 @@ void shm_qp::notify_peer() noexcept {
   // sleeper sees what we published or we see its flag.
   auto& f = seg_.sleeping(1 - seg_.side);
   if (f.load(std::memory_order_seq_cst) != 0 && f.exchange(0, std::memory_order_seq_cst) != 0) {
-    const char b = 1;
-    [[maybe_unused]] auto r = ::send(sock_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    net::ring(sock_);
     c_bells_.fetch_add(1, std::memory_order_relaxed);
   }
   // The same with the peer's cold flag and its hint bit (no system call).

@@ -1,7 +1,7 @@
 // The shm QP as a target (engine only): executing each request of the peer,
 // SEND into posted receives, WRITE, READ, atomics and map requests, with every
 // remote key checked against this device's key table before a byte moves.
-#include "providers/shm/shm_qp_internal.hpp"
+#include "providers/shm/engine/shm_qp_internal.hpp"
 
 #include "core/log.hpp"
 #include "providers/shm/shm_device.hpp"
@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>

@@ -1,7 +1,7 @@
 // Direct mapping (docs/SHM.md): mapping the peer's allocated regions through
 // pidfd_getfd, serving READ/WRITE/atomics to them in the posting thread,
 // revocation checks, unmapping.
-#include "providers/shm/shm_qp_internal.hpp"
+#include "providers/shm/engine/shm_qp_internal.hpp"
 
 #include "core/log.hpp"
 #include "providers/shm/shm_device.hpp"
@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>

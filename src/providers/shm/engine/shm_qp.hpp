@@ -16,7 +16,7 @@
 
 #include "providers/shm/shm_attach.hpp"
 #include "providers/shm/shm_peer_maps.hpp"
-#include "providers/shm/shm_segment.hpp"
+#include "providers/shm/wire/segment.hpp"
 #include "providers/swnic/sw_qp.hpp"
 
 #include <sys/types.h>

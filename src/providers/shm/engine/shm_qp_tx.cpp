@@ -2,7 +2,7 @@
 // ring (staged or as cross-memory-attach descriptors), retiring them as the
 // peer's tail passes, the peer's refusals, and consuming the responses to our
 // READs and atomics.
-#include "providers/shm/shm_qp_internal.hpp"
+#include "providers/shm/engine/shm_qp_internal.hpp"
 
 #include "core/log.hpp"
 #include "providers/shm/shm_device.hpp"
@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -190,7 +189,7 @@ bool shm_qp::tx_progress_locked() noexcept {
       w.done = true;
       state_.store(qp_state::error, std::memory_order_seq_cst);
       flush_locked(wc_status::wr_flush_err);
-      if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+      if (sock_ >= 0) net::hang_up(sock_);
       break;
     }
     // A request to a region mapped since the stream began (docs/SHM.md, direct
@@ -271,7 +270,7 @@ bool shm_qp::check_peer_error_locked() noexcept {
                          attr_.peer_address + " refused a request: " + std::string(to_string(st)));
   state_.store(qp_state::error, std::memory_order_seq_cst);
   flush_locked(wc_status::wr_flush_err);
-  if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+  if (sock_ >= 0) net::hang_up(sock_);
   return true;
 }
 
@@ -349,7 +348,7 @@ int shm_qp::rx_responses() noexcept {
     retire_locked();
     state_.store(qp_state::error, std::memory_order_seq_cst);
     flush_locked(bad ? wc_status::bad_resp_err : wc_status::wr_flush_err);
-    if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+    if (sock_ >= 0) net::hang_up(sock_);
     ++n;
   }
   return n;

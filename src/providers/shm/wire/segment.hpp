@@ -198,7 +198,7 @@ inline constexpr std::uint32_t hint_bits = 32768;  // QPs of a device that get a
 inline constexpr std::size_t hint_page_bytes = hint_bits / 8;
 inline constexpr std::uint32_t no_hint = ~std::uint32_t(0);
 
-// The handshake on the Unix socket (shm_cm.cpp): request (with the segment's
+// The handshake on the Unix socket (engine/shm_cm.cpp): request (with the segment's
 // memfd), accept or reject, ready.
 inline constexpr std::uint32_t hs_magic = 0x43564853;  // "CVHS"
 enum class hs_kind : std::uint16_t { request = 1, accept = 2, reject = 3, ready = 4 };
@@ -220,5 +220,13 @@ struct hs_msg {
   std::uint32_t pd_len = 0;
   std::uint8_t pd[256]{};
 };
+
+// What a receiver checks before it uses a handshake message or a mapped
+// segment (segment.cpp): a Conveyor shm handshake of this version whose
+// private data fits; a segment header of this version and geometry. The
+// message is the receiver's own copy; the header is read once here, and
+// nothing else of it is trusted afterwards.
+bool handshake_valid(const hs_msg& m) noexcept;
+bool segment_header_valid(const seg_header& h) noexcept;
 
 }  // namespace conveyor::shm

@@ -3,7 +3,7 @@
 // elsewhere.
 #pragma once
 
-#include "providers/shm/shm_qp.hpp"
+#include "providers/shm/engine/shm_qp.hpp"
 #include "providers/swnic/opcodes.hpp"
 
 #include <cstddef>
