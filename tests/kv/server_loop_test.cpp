@@ -1,4 +1,4 @@
-// The server loop: fds, timers, before_wait, post() and stop() from other threads.
+// The server loop: fds, timers, before_wait, cancel, post() and stop() from other threads.
 #include <gtest/gtest.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -83,6 +83,39 @@ TEST(server_loop, stop_from_another_thread_ends_an_idle_loop_promptly) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);  // woken, not its 1 s wait
 }
 
+TEST(server_loop, a_cancelled_function_is_never_called_again) {
+  kv::server_loop loop;
+  int cancelled_ticks = 0, cancelled_befores = 0, self_ticks = 0, self_befores = 0, ticks = 0;
+  const auto t = loop.every(1ms, [&] { ++cancelled_ticks; });
+  const auto b = loop.before_wait([&] { ++cancelled_befores; });
+  loop.cancel(t);  // before the loop ever ran
+  loop.cancel(b);
+  kv::server_loop::callback_id self_t = 0, self_b = 0;
+  self_t = loop.every(1ms, [&] {
+    ++self_ticks;
+    loop.cancel(self_t);  // from inside itself: it finishes, and is not called again
+  });
+  self_b = loop.before_wait([&] {
+    ++self_befores;
+    loop.cancel(self_b);
+  });
+  // A timer cancelling a later one of the same batch: that one is skipped.
+  kv::server_loop::callback_id victim = 0;
+  int victim_ticks = 0;
+  loop.every(1ms, [&] { loop.cancel(victim); });
+  victim = loop.every(1ms, [&] { ++victim_ticks; });
+  loop.every(5ms, [&] {
+    if (++ticks == 10) loop.stop();
+  });
+  loop.run();
+  EXPECT_EQ(ticks, 10);
+  EXPECT_EQ(cancelled_ticks, 0);
+  EXPECT_EQ(cancelled_befores, 0);
+  EXPECT_EQ(self_ticks, 1);
+  EXPECT_EQ(self_befores, 1);
+  EXPECT_EQ(victim_ticks, 0);
+}
+
 // The RESP front end hands the executor hooks that reach into it (pub/sub
 // delivery, CLIENT LIST/KILL, INFO's blocked_clients); once it is gone, none of
 // them may still point at it: INFO afterwards answers from the executor alone
@@ -101,6 +134,14 @@ TEST(resp_front_end, leaves_no_hook_behind_when_it_is_destroyed) {
     ASSERT_TRUE(front.listen(why)) << why;
     ASSERT_TRUE(ex.hooks().blocked_clients);
   }
+  // Nor any of the loop's functions (its before_wait, its timers): the loop
+  // runs on without calling into the freed front end (ASan saw it before).
+  int ticks = 0;
+  loop.every(5ms, [&] {
+    if (++ticks == 60) loop.stop();  // 300 ms: past its 10 ms timers and its 250 ms sweep
+  });
+  loop.run();
+  EXPECT_EQ(ticks, 60);
   EXPECT_FALSE(ex.hooks().deliver);
   EXPECT_FALSE(ex.hooks().list_clients);
   EXPECT_FALSE(ex.hooks().kill);

@@ -248,6 +248,7 @@ resp_server::resp_server(server_loop& loop, executor& exec, aof* log,
     : p_(std::make_unique<impl>(loop, exec, log, opts)) {}
 
 resp_server::~resp_server() {
+  for (auto id : p_->loop_callbacks) p_->loop.cancel(id);
   auto& h = p_->exec.hooks();
   h.deliver = nullptr;
   h.list_clients = nullptr;
@@ -310,16 +311,17 @@ bool resp_server::listen(std::string& why) {
   p_->listen_fd = fd;
   p_->spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   p_->loop.add_fd(fd, EPOLLIN, [this](unsigned) { p_->on_accept(); });
-  p_->loop.before_wait([this] { p_->before_wait(); });
-  p_->loop.every(std::chrono::milliseconds(250), [this] { p_->sweep(); });
-  p_->loop.every(std::chrono::milliseconds(10), [this] { p_->resume_held(); });
+  auto& cbs = p_->loop_callbacks;
+  cbs.push_back(p_->loop.before_wait([this] { p_->before_wait(); }));
+  cbs.push_back(p_->loop.every(std::chrono::milliseconds(250), [this] { p_->sweep(); }));
+  cbs.push_back(p_->loop.every(std::chrono::milliseconds(10), [this] { p_->resume_held(); }));
   auto& h = p_->exec.hooks();
   h.deliver = [this](std::uint64_t id, std::string_view bytes) { p_->deliver(id, bytes); };
   h.list_clients = [this](std::string& out, std::uint64_t only) { p_->list_clients(out, only); };
   h.kill = [this](const std::function<bool(const session&)>& m) { return p_->kill(m); };
   h.blocked_clients = [this] { return p_->exec.blocking().blocked(); };  // INFO clients
   // BLPOP/BRPOP deadlines, to within 10 ms.
-  p_->loop.every(std::chrono::milliseconds(10), [this] { p_->expire_blocked(); });
+  cbs.push_back(p_->loop.every(std::chrono::milliseconds(10), [this] { p_->expire_blocked(); }));
   return true;
 }
 

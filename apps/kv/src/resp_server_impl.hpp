@@ -31,6 +31,7 @@
 #include "commands.hpp"
 #include "resp.hpp"
 #include "resp_server.hpp"
+#include "server_loop.hpp"
 
 namespace conveyor::kv {
 
@@ -88,6 +89,9 @@ struct resp_server::impl {
   bool accept_paused = false;
   clock::time_point accept_resume;
   bool serving_blocked = false;  // inside serve_blocked: a nested call leaves it to the outer
+  // What listen() gave the loop (before_wait, timers): cancelled by ~resp_server,
+  // so a loop that outlives this server never calls into it.
+  std::vector<server_loop::callback_id> loop_callbacks;
 
   impl(server_loop& l, executor& e, aof* a, const resp_server_options& o)
       : loop(l), exec(e), opts(o) {

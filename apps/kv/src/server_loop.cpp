@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -26,9 +27,17 @@ struct watched {
 };
 
 struct timer {
+  std::uint64_t id;
   std::chrono::milliseconds period;
   clock::time_point next;
   std::function<void()> fn;
+  bool dead = false;  // cancelled: skipped, then swept at an iteration's start
+};
+
+struct before_fn {
+  std::uint64_t id;
+  std::function<void()> fn;
+  bool dead = false;
 };
 }  // namespace
 
@@ -39,13 +48,25 @@ struct server_loop::state {
   // in the same batch) does not destroy a function that is running.
   std::unordered_map<int, std::shared_ptr<watched>> fds;
   std::vector<timer> timers;
-  std::vector<std::function<void()>> before;
+  std::vector<before_fn> before;
+  std::uint64_t next_id = 1;
+  bool swept = true;  // no cancelled entry is waiting to be removed
   std::mutex mu;  // guards posted
   std::vector<std::function<void()>> posted;
   std::atomic<bool> stopping{false};
   int running_fd = -1;  // the fd whose callback run() is in
   bool nested = false;  // in serve_ready_now
 };
+
+// The before_wait functions, by index (one may add another) and skipping the
+// cancelled (one may cancel another, or itself: it is not destroyed here).
+void server_loop::run_before(state& s) {
+  for (std::size_t i = 0; i < s.before.size(); ++i) {
+    if (s.before[i].dead) continue;
+    auto fn = s.before[i].fn;
+    fn();
+  }
+}
 
 server_loop::server_loop() : s_(new state) {
   s_->epfd = ::epoll_create1(EPOLL_CLOEXEC);
@@ -100,13 +121,26 @@ void server_loop::remove_fd(int fd) {
   s_->fds.erase(fd);
 }
 
-void server_loop::every(std::chrono::milliseconds period, std::function<void()> fn) {
+server_loop::callback_id server_loop::every(std::chrono::milliseconds period,
+                                            std::function<void()> fn) {
   if (period.count() <= 0) period = std::chrono::milliseconds(1);
-  s_->timers.push_back(timer{period, clock::now() + period, std::move(fn)});
+  const auto id = s_->next_id++;
+  s_->timers.push_back(timer{id, period, clock::now() + period, std::move(fn)});
+  return id;
 }
 
-void server_loop::before_wait(std::function<void()> fn) {
-  s_->before.push_back(std::move(fn));
+server_loop::callback_id server_loop::before_wait(std::function<void()> fn) {
+  const auto id = s_->next_id++;
+  s_->before.push_back(before_fn{id, std::move(fn)});
+  return id;
+}
+
+void server_loop::cancel(callback_id id) {
+  for (auto& t : s_->timers)
+    if (t.id == id) t.dead = true;
+  for (auto& b : s_->before)
+    if (b.id == id) b.dead = true;
+  s_->swept = false;
 }
 
 void server_loop::post(std::function<void()> fn) {
@@ -142,7 +176,7 @@ void server_loop::serve_ready_now() {
     auto w = it->second;
     w->fn(events[i].events);
   }
-  for (auto& fn : s_->before) fn();
+  run_before(*s_);
 }
 
 void server_loop::run() {
@@ -150,10 +184,16 @@ void server_loop::run() {
   epoll_event events[max_events];
   std::vector<std::function<void()>> batch;
   while (!s_->stopping.load(std::memory_order_acquire)) {
-    for (auto& fn : s_->before) fn();
+    if (!s_->swept) {  // no callback of this loop is running here
+      std::erase_if(s_->timers, [](const timer& t) { return t.dead; });
+      std::erase_if(s_->before, [](const before_fn& b) { return b.dead; });
+      s_->swept = true;
+    }
+    run_before(*s_);
     int timeout_ms = 1000;  // wake up at least once a second even with no timer
     auto now = clock::now();
     for (auto& t : s_->timers) {
+      if (t.dead) continue;
       auto left = std::chrono::ceil<std::chrono::milliseconds>(t.next - now).count();
       if (left < 0) left = 0;
       if (left < timeout_ms) timeout_ms = static_cast<int>(left);
@@ -187,7 +227,7 @@ void server_loop::run() {
     now = clock::now();
     // Index loop: a timer callback may add timers (push_back invalidates references).
     for (std::size_t i = 0; i < s_->timers.size(); ++i) {
-      if (s_->timers[i].next > now) continue;
+      if (s_->timers[i].dead || s_->timers[i].next > now) continue;
       s_->timers[i].next = now + s_->timers[i].period;
       auto fn = s_->timers[i].fn;
       fn();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 
 namespace conveyor::kv {
@@ -26,12 +27,19 @@ class server_loop {
   void add_fd(int fd, unsigned events, std::function<void(unsigned events)> on_ready);
   void modify_fd(int fd, unsigned events);
   void remove_fd(int fd);
+  // What every() and before_wait() return: cancel(id) stops that function for
+  // good (from anywhere on the loop thread, also from inside it), so that an
+  // object whose functions the loop holds can go before the loop does.
+  using callback_id = std::uint64_t;
   // Runs `fn` on the loop thread every `period` (first after one period).
-  void every(std::chrono::milliseconds period, std::function<void()> fn);
+  callback_id every(std::chrono::milliseconds period, std::function<void()> fn);
   // Runs `fn` once per loop iteration, after the ready callbacks and before the
   // loop waits again (the RESP server flushes the AOF and then the replies here,
   // so one fsync covers every client of the iteration).
-  void before_wait(std::function<void()> fn);
+  callback_id before_wait(std::function<void()> fn);
+  // The function is never called again; it is destroyed at the start of the
+  // loop's next iteration (not while it may be running) or with the loop.
+  void cancel(callback_id id);
   // Thread-safe: runs `fn` on the loop thread soon.
   void post(std::function<void()> fn);
   // For a long command that must keep the other clients served (a script past
@@ -47,6 +55,7 @@ class server_loop {
 
  private:
   struct state;
+  static void run_before(state& s);
   state* s_;
 };
 
