@@ -129,8 +129,8 @@ std::string check_aborted(const std::vector<work_completion>& wcs, std::uint64_t
 // sees the peer's socket close. True when every request was served that way,
 // in posting order, before the QP saw the loss: nothing was left to abort
 // (the QP must still end in ERROR; the callers check that).
-bool all_served_through_the_mapping(const conveyor::queue_pair& qp, std::span<const work_completion> wcs,
-                                    std::uint64_t first_id) {
+bool all_served_through_the_mapping(const conveyor::queue_pair& qp,
+                                    std::span<const work_completion> wcs, std::uint64_t first_id) {
   const auto c = qp.counters();
   if (!c.shm || c.shm->direct_ops == 0) return false;
   for (std::size_t i = 0; i < wcs.size(); ++i)

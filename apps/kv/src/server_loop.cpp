@@ -6,10 +6,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -51,7 +51,7 @@ struct server_loop::state {
   std::vector<before_fn> before;
   std::uint64_t next_id = 1;
   bool swept = true;  // no cancelled entry is waiting to be removed
-  std::mutex mu;  // guards posted
+  std::mutex mu;      // guards posted
   std::vector<std::function<void()>> posted;
   std::atomic<bool> stopping{false};
   int running_fd = -1;  // the fd whose callback run() is in

@@ -3,8 +3,8 @@
 #include "providers/shm/shm_device.hpp"
 
 #include "core/log.hpp"
-#include "providers/shm/shm_memfd.hpp"
 #include "providers/shm/engine/shm_qp.hpp"
+#include "providers/shm/shm_memfd.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

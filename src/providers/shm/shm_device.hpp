@@ -12,12 +12,11 @@
 // are looked at a few a step in turn.
 #pragma once
 
-#include "providers/shm/shm_peer_maps.hpp"
 #include "providers/shm/net/unix_socket.hpp"
+#include "providers/shm/shm_peer_maps.hpp"
 #include "providers/shm/wire/segment.hpp"
 #include "providers/swnic/sw_device.hpp"
 #include "providers/swnic/sw_engine.hpp"
-
 
 #include <atomic>
 #include <chrono>

@@ -16,11 +16,11 @@
 // descriptors the peer serves by cross-memory attach; otherwise it stages the
 // bytes through the rings. The socket then stays open as doorbell and as the
 // liveness signal (EOF/HUP when the peer closes or dies).
+#include "providers/shm/engine/shm_qp.hpp"
+#include "providers/shm/net/unix_socket.hpp"
 #include "providers/shm/shm_attach.hpp"
 #include "providers/shm/shm_device.hpp"
 #include "providers/shm/shm_memfd.hpp"
-#include "providers/shm/engine/shm_qp.hpp"
-#include "providers/shm/net/unix_socket.hpp"
 
 #include "core/log.hpp"
 #include "providers/swnic/handshake_pump.hpp"

@@ -27,7 +27,9 @@ std::string seconds_text(std::chrono::milliseconds ms) {
   return b;
 }
 
-int new_socket() { return ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0); }
+int new_socket() {
+  return ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+}
 
 // Keeps the descriptors a message passed in the entries of fds that are -1,
 // in order, and closes any others.
@@ -239,6 +241,8 @@ bool drain(int fd) noexcept {
   }
 }
 
-void hang_up(int fd) noexcept { ::shutdown(fd, SHUT_RDWR); }
+void hang_up(int fd) noexcept {
+  ::shutdown(fd, SHUT_RDWR);
+}
 
 }  // namespace conveyor::shm::net
