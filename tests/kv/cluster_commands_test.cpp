@@ -47,6 +47,7 @@ struct cluster_mode : ::testing::Test {
     kv::server_config c;
     c.cluster_enabled = true;
     c.cluster_my_id = hex_id('1');
+    c.cluster_address = "127.0.0.1:7002";
     return c;
   }();
   std::unique_ptr<kv::executor> ex = std::make_unique<kv::executor>(*st, nullptr, cfg);
@@ -64,6 +65,23 @@ TEST_F(cluster_mode, before_any_map_every_key_is_clusterdown_and_keyless_command
   EXPECT_EQ(r({"PING"}), "+PONG\r\n");
   EXPECT_EQ(r({"CLUSTER", "MYID"}), "$40\r\n" + hex_id('1') + "\r\n");
   EXPECT_EQ(r({"CLUSTER", "SLOTS"}), "*0\r\n");
+  // Redis lists itself before it knows anyone (redis-benchmark looks for `myself`).
+  const std::string nodes = r({"CLUSTER", "NODES"});
+  EXPECT_NE(nodes.find(hex_id('1') + " 127.0.0.1:7002@17002 myself,master - 0 0 0 connected\n"),
+            std::string::npos)
+      << nodes;
+}
+
+TEST_F(cluster_mode, a_node_the_map_does_not_name_lists_itself_and_redirects_every_key) {
+  cfg.cluster_my_id = hex_id('9');
+  ex->set_cluster(make_view(three_shards(), hex_id('9')).value());
+  const std::string nodes = r({"CLUSTER", "NODES"});
+  EXPECT_EQ(nodes.find("$"), 0u);
+  EXPECT_NE(nodes.find(hex_id('9') + " 127.0.0.1:7002@17002 myself,master - 0 0 3 connected\n"),
+            std::string::npos)
+      << nodes;
+  EXPECT_NE(nodes.find(hex_id('1') + " 127.0.0.1:7002@17002 master -"), std::string::npos);
+  EXPECT_EQ(r({"GET", mine}), "-MOVED " + std::to_string(slot_of(mine)) + " 127.0.0.1:7002\r\n");
 }
 
 TEST_F(cluster_mode, keys_are_routed_by_the_tables_positions_and_evals_numkeys) {

@@ -96,12 +96,17 @@ void cluster_shards(exec_context& c, const cluster_view* v) {
 // One line per node of the map: <id> <ip:port@cport> <flags> <master> <ping>
 // <pong> <epoch> <link> <slots...>. There is no cluster bus: cport is port +
 // 10000 as Redis's default, which clients parse and do not use.
-void cluster_nodes(exec_context& c, const cluster_view* v, const std::string& my_id) {
+void cluster_nodes(exec_context& c, const cluster_view* v, const server_config& cfg) {
+  const std::string& my_id = cfg.cluster_my_id;
   std::string t;
-  if (v == nullptr) {
-    // Redis's answer before the node meets anyone: itself, no slots.
-    t = my_id + " :0@0 myself,master - 0 0 0 connected\n";
-    return c.r.verbatim(t);
+  // Itself first when the map does not name it (no map yet, or a spare
+  // node): Redis always lists `myself`, and redis-benchmark looks for it.
+  if (v == nullptr || cluster::find_node(v->map, my_id) == nullptr) {
+    const auto [host, port] = cluster::split_address(cfg.cluster_address);
+    t = my_id + " " + std::string(host) + ":" + std::to_string(port) + "@" +
+        std::to_string(port ? port + 10000u : 0u) + " myself,master - 0 0 " +
+        (v ? std::to_string(v->map.epoch) : std::string("0")) + " connected\n";
+    if (v == nullptr) return c.r.verbatim(t);
   }
   const auto& m = v->map;
   for (const auto& n : m.nodes) {
@@ -239,7 +244,7 @@ void cmd_cluster(exec_context& c) {
   };
   if (iequal(sub, "SLOTS")) return n == 2 ? cluster_slots(c, v) : wrong();
   if (iequal(sub, "SHARDS")) return n == 2 ? cluster_shards(c, v) : wrong();
-  if (iequal(sub, "NODES")) return n == 2 ? cluster_nodes(c, v, cfg.cluster_my_id) : wrong();
+  if (iequal(sub, "NODES")) return n == 2 ? cluster_nodes(c, v, cfg) : wrong();
   if (iequal(sub, "INFO")) return n == 2 ? cluster_info(c, v) : wrong();
   if (iequal(sub, "MYID")) return n == 2 ? c.r.bulk(cfg.cluster_my_id) : wrong();
   if (iequal(sub, "KEYSLOT")) return n == 3 ? c.r.integer(cluster::slot_of(c.argv[2])) : wrong();

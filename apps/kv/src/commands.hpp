@@ -118,6 +118,7 @@ struct server_config {
   // (cluster/routing.hpp) and CLUSTER answers; the id is the node's.
   bool cluster_enabled = false;
   std::string cluster_my_id;
+  std::string cluster_address;  // host:port this node announces
 };
 
 // Counters that INFO reports. The front ends fill theirs; the RDMA side sets the

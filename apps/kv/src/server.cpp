@@ -76,6 +76,9 @@ int serve(const server_options& so) {
       return bad("cluster-lease " + std::to_string(so.cluster_lease_s) + ": 1 to 3600 seconds");
     if (announce.find(':') != std::string::npos && announce.front() != '[')
       announce = "[" + announce + "]";  // an IPv6 host in host:port
+    if (!cluster::valid_address(announce + ":1"))
+      return bad("cluster-announce " + announce.substr(0, 80) +
+                 ": an IPv4 or IPv6 address or a DNS name");
   }
   server_config cfg;  // what INFO and CONFIG GET report; maxclients as fitted below
   cfg.requirepass = so.requirepass;
@@ -299,8 +302,11 @@ int serve(const server_options& so) {
     no.cluster_name = so.cluster_name;
     no.dir = so.dir;
     no.resp = announce + ":" + std::to_string(resp.port());
+    // An RDMA front end on host:port is announced with the same host; one
+    // named for shm ("@name") is reachable on this host only: not announced.
     if (rdma)
-      no.rdma = announce + ":" + std::to_string(cluster::split_address(rdma->address()).second);
+      if (const auto p = cluster::split_address(rdma->address()).second; p != 0)
+        no.rdma = announce + ":" + std::to_string(p);
     no.lease_ttl = std::chrono::seconds(so.cluster_lease_s);
     no.on_view = [&loop, &exec](std::shared_ptr<const cluster::cluster_view> v) {
       loop.post([&exec, v = std::move(v)] { exec.set_cluster(v); });
@@ -316,6 +322,7 @@ int serve(const server_options& so) {
     node = std::move(*n);
     cfg.cluster_enabled = true;
     cfg.cluster_my_id = node->id();
+    cfg.cluster_address = announce + ":" + std::to_string(resp.port());
     if (!so.quiet)
       std::fprintf(stderr, "conveyor kv serve: cluster %s, node %s, etcd %zu endpoint(s)\n",
                    so.cluster_name.c_str(), node->id().c_str(), so.cluster.size());

@@ -105,8 +105,8 @@ class Node:
     """`conveyor kv serve --cluster` on a fixed port with its own directory
     (kept across restarts: the node id lives there)."""
 
-    def __init__(self, etcd, port, dir):
-        self.etcd, self.port, self.dir = etcd, port, dir
+    def __init__(self, etcd, port, dir, *extra):
+        self.etcd, self.port, self.dir, self.extra = etcd, port, dir, list(extra)
         self.start()
 
     def start(self):
@@ -115,18 +115,23 @@ class Node:
         self.proc = subprocess.Popen(
             [BIN, "kv", "serve", "--port", str(self.port), "--dir", self.dir,
              "--data-bytes", "64mb", "--cluster", self.etcd.endpoint, "--cluster-name", NAME,
-             "--cluster-lease", str(LEASE_S)],
+             "--cluster-lease", str(LEASE_S), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT)
+        # The port is bound before the node joins (its id file is written as
+        # it joins): both, before the test goes on.
+        id_file = os.path.join(self.dir, "cluster-node.id")
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("node exited: " + self.read_log())
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        with open(os.path.join(self.dir, "cluster-node.id")) as f:
+            if os.path.exists(id_file):
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    break
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        with open(id_file) as f:
             self.id = f.read().strip()
 
     def read_log(self):
@@ -294,6 +299,46 @@ class Cluster(unittest.TestCase):
         finally:
             self.etcd.put(key, self.map_json)
         rc.close()
+
+    def test_a_spare_node_redirects_resp_and_rdma_writes_and_leaves_on_stop(self):
+        d = os.path.join(self.dir, "spare")
+        os.mkdir(d)
+        spare = Node(self.etcd, free_port(), d, "--rdma-listen", "127.0.0.1:0")
+        try:
+            wait_until(spare.registered, 10, "the spare registers")
+            wait_until(lambda: b"cluster_state:ok" in spare.client().execute_command(
+                "CLUSTER", "INFO"), 10, "the spare has the map")
+            nodes = spare.client().execute_command("CLUSTER", "NODES").decode()
+            self.assertIn("%s 127.0.0.1:%d@%d myself,master" % (spare.id, spare.port,
+                                                               spare.port + 10000), nodes)
+            with self.assertRaises(redis.exceptions.ResponseError) as e:
+                spare.client().set("foo", "x")
+            self.assertTrue(str(e.exception).startswith("MOVED 12182 "), str(e.exception))
+            # The RDMA front end's write RPC runs through the same routing.
+            m = None
+            wait_until(lambda: "RDMA on" in spare.read_log(), 10, "the RDMA line")
+            for line in spare.read_log().splitlines():
+                if "RDMA on" in line:
+                    m = line.split("RDMA on ")[1].split()[0]
+            r = run("kv", "set", "--address", m, "foo", "x", timeout=30)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("MOVED 12182", r.stdout + r.stderr)
+            st = json.loads(run("kv", "cluster", "status", "--etcd", self.etcd.endpoint, "--name",
+                                NAME, "--json").stdout)
+            me = [n for n in st["nodes"] if n["id"] == spare.id]
+            self.assertEqual(len(me), 1)
+            self.assertTrue(me[0]["alive"])
+            self.assertEqual(me[0]["role"], "")
+            self.assertTrue(me[0]["rdma"].startswith("127.0.0.1:"), me[0])
+        finally:
+            spare.stop()
+        self.assertFalse(spare.registered())  # a clean stop revokes the lease
+
+    def test_a_wildcard_bind_needs_an_announce(self):
+        r = run("kv", "serve", "--port", "0", "--bind", "0.0.0.0", "--cluster",
+                self.etcd.endpoint, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--cluster-announce", r.stderr)
 
     def test_zz_a_killed_node_leaves_with_its_lease_and_returns_with_its_id(self):
         n = self.nodes[2]
