@@ -145,8 +145,15 @@ class Node:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10)
 
     def stop(self):
+        """Stops it (SIGTERM: a clean stop is exit 0); returns why not, or ""."""
         stop_process(self.proc)
         self.log.close()
+        if "ThreadSanitizer" in self.read_log() or "AddressSanitizer" in self.read_log():
+            return "node %d: a sanitizer report: %s" % (self.port, self.read_log()[-3000:])
+        if self.proc.returncode != 0:
+            return "node %d exited %s: %s" % (self.port, self.proc.returncode,
+                                              self.read_log()[-2000:])
+        return ""
 
 
 def wait_until(cond, timeout, what):
@@ -187,10 +194,11 @@ class Cluster(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for n in cls.nodes:
-            n.stop()
+        problems = [p for p in (n.stop() for n in cls.nodes) if p]
         cls.etcd.stop()
         shutil.rmtree(cls.dir, ignore_errors=True)
+        if problems:
+            raise AssertionError("\n".join(problems))
 
     def cluster_client(self):
         return RedisCluster(host="127.0.0.1", port=self.nodes[0].port, socket_timeout=10)
@@ -331,7 +339,8 @@ class Cluster(unittest.TestCase):
             self.assertEqual(me[0]["role"], "")
             self.assertTrue(me[0]["rdma"].startswith("127.0.0.1:"), me[0])
         finally:
-            spare.stop()
+            problem = spare.stop()
+        self.assertEqual(problem, "")
         self.assertFalse(spare.registered())  # a clean stop revokes the lease
 
     def test_a_wildcard_bind_needs_an_announce(self):
