@@ -17,6 +17,7 @@ Usage: kv_cluster.py CONVEYOR_BINARY [unittest args...]
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ from redis.cluster import RedisCluster
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "compat"))
 from kv_server import free_port  # noqa: E402
+from resp_conn import Conn  # noqa: E402
 
 BIN = None
 ETCD = "/usr/bin/etcd"
@@ -348,6 +350,90 @@ class Cluster(unittest.TestCase):
                 self.etcd.endpoint, timeout=30)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--cluster-announce", r.stderr)
+
+    def test_cluster_replies_have_the_shapes_of_a_real_redis_cluster(self):
+        redis_dir = tempfile.mkdtemp(prefix="conveyor-kv-cluster-redis.")
+        procs, ports = [], []
+        try:
+            for _ in range(3):
+                port = free_port()
+                ports.append(port)
+                d = os.path.join(redis_dir, str(port))
+                os.mkdir(d)
+                procs.append(subprocess.Popen(
+                    ["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                     "--cluster-enabled", "yes", "--save", "", "--appendonly", "no", "--dir", d],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            def answers(port):
+                try:
+                    return redis.Redis(host="127.0.0.1", port=port).ping()
+                except redis.exceptions.ConnectionError:
+                    return False
+            for port in ports:
+                wait_until(lambda port=port: answers(port), 10, "redis up")
+            r = subprocess.run(["redis-cli", "--cluster", "create",
+                                *["127.0.0.1:%d" % p for p in ports],
+                                "--cluster-replicas", "0", "--cluster-yes"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            wait_until(lambda: all(b"cluster_state:ok" in redis.Redis(host="127.0.0.1", port=p).execute_command(
+                "CLUSTER", "INFO") for p in ports), 20, "the redis cluster is ok")
+            ours, theirs = self.nodes[0].port, ports[0]
+            for proto in (2, 3):
+                for sub in ("SLOTS", "SHARDS"):
+                    a = self.shape_of(ours, proto, "CLUSTER", sub)
+                    b = self.shape_of(theirs, proto, "CLUSTER", sub)
+                    # Same split of the slots too (redis-cli's and ours).
+                    self.assertEqual(a, b, "CLUSTER %s in RESP%d" % (sub, proto))
+            line = re.compile(r"^[0-9a-f]{40} 127\.0\.0\.1:\d+@\d+ (myself,)?master - \d+ \d+ \d+ "
+                              r"connected( \d+(-\d+)?)*$")
+            for port in (ours, theirs):
+                text = redis.Redis(host="127.0.0.1", port=port).execute_command("CLUSTER", "NODES").decode()
+                lines = text.strip().split("\n")
+                self.assertEqual(len(lines), 3)
+                for ln in lines:
+                    self.assertRegex(ln, line)
+                self.assertEqual(sum(1 for ln in lines if "myself" in ln), 1)
+                self.assertEqual(sorted(ln.split()[8] for ln in lines),
+                                 ["0-5460", "10923-16383", "5461-10922"])
+
+            def info(port):
+                text = redis.Redis(host="127.0.0.1", port=port).execute_command("CLUSTER", "INFO").decode()
+                return dict(ln.split(":", 1) for ln in text.strip().split("\r\n"))
+            a, b = info(ours), info(theirs)
+            self.assertLessEqual(set(a), set(b))
+            for k in ("cluster_state", "cluster_slots_assigned", "cluster_slots_ok",
+                      "cluster_known_nodes", "cluster_size"):
+                self.assertEqual(a[k], b[k], k)
+        finally:
+            for p in procs:
+                stop_process(p)
+            shutil.rmtree(redis_dir, ignore_errors=True)
+
+    @staticmethod
+    def shape_of(port, proto, *cmd):
+        """The reply with what differs between two clusters (ids, ports)
+        blanked, sorted by first slot, in the given protocol."""
+        c = Conn(port)
+        if proto == 3:
+            c.call("HELLO", "3")
+        reply = c.call(*cmd)
+        c.close()
+
+        def norm(x):
+            t = x[0]
+            if t == "bulk":
+                v = x[1]
+                return ("bulk", b"<id>" if re.fullmatch(rb"[0-9a-f]{40}", v) else v)
+            if t == "int":
+                return ("int", "<port>" if x[1] > 16383 else x[1])
+            if t in ("arr", "set"):
+                return (t, [norm(y) for y in x[1]])
+            if t == "map":
+                return (t, [(norm(k), norm(v)) for k, v in x[1]])
+            return x
+        items = norm(reply)[1]
+        return sorted(items, key=repr)
 
     def test_zz_a_killed_node_leaves_with_its_lease_and_returns_with_its_id(self):
         n = self.nodes[2]
