@@ -212,13 +212,20 @@ void keys_in_slot(exec_context& c, std::uint16_t slot, std::int64_t limit, bool 
 }  // namespace
 
 std::string executor::route(const session& sess, std::span<const std::string_view> argv) const {
-  if (!cfg_.cluster_enabled || argv.empty()) return {};
-  const command* k = find(argv[0]);
-  if (k == nullptr) return {};
-  std::vector<std::string_view> keys;
+  const command* k = argv.empty() ? nullptr : find(argv[0]);
+  return k == nullptr ? std::string() : route(sess, *k, argv);
+}
+
+std::string executor::route(const session& sess, const command& kc,
+                            std::span<const std::string_view> argv) const {
+  if (!cfg_.cluster_enabled) return {};
+  const command* k = &kc;
+  auto& keys = route_keys_;
+  keys.clear();
   if (k->fn == cmd_exec && sess.in_multi) {
+    std::vector<std::string_view> qv;
     for (const auto& q : sess.queued) {
-      std::vector<std::string_view> qv(q.begin(), q.end());
+      qv.assign(q.begin(), q.end());
       if (const command* qk = qv.empty() ? nullptr : find(qv[0])) command_keys(*qk, qv, keys);
     }
   } else {

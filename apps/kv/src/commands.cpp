@@ -433,7 +433,7 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
   // over every queued command). Not for a script's own commands (EVAL's keys
   // were checked) nor the AOF's.
   if (cfg_.cluster_enabled && !replaying_ && !sess.script) {
-    if (std::string e = route(sess, argv); !e.empty()) {
+    if (std::string e = route(sess, *k, argv); !e.empty()) {
       ++cs.rejected;
       if (k->fn == cmd_exec && sess.in_multi)
         abort_transaction(sess);

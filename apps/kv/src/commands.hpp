@@ -226,8 +226,10 @@ class executor {
   // otherwise the error to answer (MOVED, CROSSSLOT, CLUSTERDOWN). For EXEC,
   // the keys of every queued command together, as Redis checks them.
   std::string route(const session& sess, std::span<const std::string_view> argv) const;
-
   struct command;  // the table (commands.cpp)
+  std::string route(const session& sess, const command& k,
+                    std::span<const std::string_view> argv) const;
+
   // The table's entry for a command name (any case); null if there is none.
   static const command* find(std::string_view name);
   // EVAL, EVALSHA, SCRIPT and the busy state of a long script (script.hpp).
@@ -271,6 +273,8 @@ class executor {
   bool abandon_exec_ = false;
   blocking_registry blocking_;
   std::shared_ptr<const cluster::cluster_view> cluster_;
+  mutable std::vector<std::string_view>
+      route_keys_;  // route()'s scratch: no allocation per command
   friend struct exec_context;
 };
 
