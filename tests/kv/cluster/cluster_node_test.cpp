@@ -217,4 +217,29 @@ TEST_F(cluster_node_etcd, without_etcd_the_node_starts_retries_and_stops_in_boun
   EXPECT_LT(steady::now() - t0, 3s);
 }
 
+TEST_F(cluster_node_etcd, etcd_going_away_is_logged_once_per_kind_and_stop_stays_bounded) {
+  etcd_process own;  // this case stops it
+  ASSERT_EQ(own.start(), "");
+  temp_dir dir;
+  views v;
+  auto o = options(name(), dir.path, v);
+  o.endpoints = {own.endpoint()};
+  auto n = cluster_node::start(std::move(o));
+  ASSERT_TRUE(n.has_value());
+  ASSERT_TRUE(v.wait_for_log("registered as", 5s));
+  own.stop();
+  std::this_thread::sleep_for(3s);  // past the 2 s lease: renewals and watches keep failing
+  std::size_t errors = 0;
+  {
+    std::lock_guard lk(v.mu);
+    for (const auto& l : v.log)
+      if (l.rfind("etcd: ", 0) == 0) ++errors;
+  }
+  EXPECT_GE(errors, 1u);
+  EXPECT_LE(errors, 4u) << "an error logged at every retry";
+  const auto t0 = steady::now();
+  (*n)->stop();
+  EXPECT_LT(steady::now() - t0, 4s);
+}
+
 }  // namespace cluster_node_test

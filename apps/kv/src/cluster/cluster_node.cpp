@@ -123,16 +123,25 @@ struct cluster_node::state {
   std::condition_variable cv;
   bool stopping = false;  // under mu
   std::atomic<std::int64_t> lease{0};
-  std::string last_log;  // the node's thread only: each new error once
+  std::string last_log;  // the node's thread only: the last error's kind (log_error)
 
-  void log(const std::string& line, bool repeatable = true) {
-    if (!repeatable) {
-      if (line == last_log) return;
-      last_log = line;
-    } else {
-      last_log.clear();
-    }
+  void log(const std::string& line) {
     if (opts.log) opts.log(line);
+  }
+  // An etcd call that failed: logged when the kind of failure changes, not
+  // at every retry while etcd stays away (renewals and watches alternate,
+  // and the texts differ in their timings).
+  void log_error(const std::string& what, const conveyor::error& e) {
+    std::string key(to_string(e.code));
+    if (key == last_log) return;
+    last_log = std::move(key);
+    log("etcd: " + what + ": " + e.to_string());
+  }
+  // An etcd call that worked: after errors, say so once.
+  void answered() {
+    if (last_log.empty()) return;
+    last_log.clear();
+    log("etcd answers again");
   }
 
   // Sleeps `d` unless stop() comes first; false when stopping.
@@ -179,20 +188,21 @@ struct cluster_node::state {
       if (!registered) {
         auto g = etcd->grant_lease(opts.lease_ttl);
         if (!g) {
-          log("etcd: granting a lease: " + g.error().to_string(), false);
+          log_error("granting a lease", g.error());
           if (!pause(500ms)) break;
           continue;
         }
         lease.store(g->id);
         auto p = etcd->put(reg_key, reg, g->id);
         if (!p) {
-          log("etcd: registering " + reg_key + ": " + p.error().to_string(), false);
+          log_error("registering " + reg_key, p.error());
           (void)etcd->revoke_lease(g->id);
           lease.store(0);
           if (!pause(500ms)) break;
           continue;
         }
         registered = true;
+        answered();
         renew_every = std::max<std::chrono::milliseconds>(
             std::chrono::duration_cast<std::chrono::milliseconds>(g->ttl) / 3, 200ms);
         renew_at = steady::now() + renew_every;
@@ -208,14 +218,17 @@ struct cluster_node::state {
           registered = false;
           continue;
         }
-        if (!k) log("etcd: renewing the lease: " + k.error().to_string(), false);
+        if (!k)
+          log_error("renewing the lease", k.error());
+        else
+          answered();
         // A failed renewal is tried again soon: the lease may still hold.
         renew_at = steady::now() + (k ? renew_every : 300ms);
       }
       if (watch_from == 0) {
         auto r = etcd->range_prefix(cfg_key);
         if (!r) {
-          log("etcd: reading " + cfg_key + ": " + r.error().to_string(), false);
+          log_error("reading " + cfg_key, r.error());
           if (!pause(500ms)) break;
           continue;
         }
@@ -228,10 +241,11 @@ struct cluster_node::state {
       const auto wait = std::clamp<std::chrono::milliseconds>(left, 50ms, 1000ms);
       auto w = etcd->watch_prefix(cfg_key, watch_from, wait);
       if (!w) {
-        log("etcd: watching " + cfg_key + ": " + w.error().to_string(), false);
+        log_error("watching " + cfg_key, w.error());
         if (!pause(500ms)) break;
         continue;
       }
+      answered();
       if (w->compact_revision != 0) {
         watch_from = 0;  // events lost: read the key again
         continue;
