@@ -23,7 +23,7 @@
 // config key (at most 1 s per poll, so stop() returns within about two
 // seconds). When the lease is found gone (expired while etcd was unreachable,
 // or revoked) it registers again with a new lease, same id. When etcd cannot
-// be reached it retries every 500 ms and logs each new error once.
+// be reached it retries every 500 ms and logs an error when its kind changes.
 //
 // Every config value is hostile: parse_shard_map + slot_table::build validate
 // it; an invalid one is logged and ignored (the last good view stays). Views
