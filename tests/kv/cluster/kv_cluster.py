@@ -356,7 +356,7 @@ class Cluster(unittest.TestCase):
         procs, ports = [], []
         try:
             for _ in range(3):
-                port = free_port()
+                port = cluster_bus_free_port()
                 ports.append(port)
                 d = os.path.join(redis_dir, str(port))
                 os.mkdir(d)
@@ -452,6 +452,23 @@ class Cluster(unittest.TestCase):
         wait_until(lambda: rc.set("foo", "back"), 10, "the restarted node serves its slots")
         self.assertEqual(rc.get("foo"), b"back")
         rc.close()
+
+
+def cluster_bus_free_port():
+    """A free port whose cluster bus port (+10000, redis-server's) is free
+    and in range: an ephemeral port often is not."""
+    for _ in range(200):
+        p = free_port()
+        if p + 10000 > 65535:
+            p = p - 30000
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 10000))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no port with a free cluster bus port")
 
 
 def consecutive_free_ports(n):
