@@ -107,6 +107,31 @@ int free_loopback_port() {
   return port;
 }
 
+std::string how_it_ended(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+// The last line of a child's log (what it said before it ended), at most 300 bytes.
+std::string last_line(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return "(no log)";
+  std::string last, line;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, f)) {
+    line += buf;
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+      if (!line.empty()) last = line;
+      line.clear();
+    }
+  }
+  std::fclose(f);
+  if (!line.empty()) last = line;
+  return last.substr(0, 300);
+}
+
 // A child that gets SIGTERM when `up` dies, its output in `log`.
 pid_t spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& log) {
   const pid_t parent = ::getpid();
@@ -248,13 +273,32 @@ int run_up(kv_cluster_options o) {
     if (k.pid < 0) return fail("fork failed");
     kids.push_back(k);
   }
-  auto made = create(o, "up");
-  if (!made) return fail(made.error().to_string());
-  for (auto& k : kids)
-    if (::waitpid(k.pid, nullptr, WNOHANG) == k.pid) {
-      k.pid = -1;
-      return fail(k.what + " exited at start (port in use?)");
+  // Created in one-second waits, so that a node that ends at start (a port
+  // in use) is reported now rather than after the whole wait.
+  const auto deadline = steady::now() + std::chrono::seconds(o.wait_s);
+  std::string last_progress;
+  result<kv::cluster_state> made = make_error(errc::timed_out, "not created");
+  for (;;) {
+    kv::cluster_create_options c;
+    c.shards = o.shards;
+    c.wait = 1s;
+    c.progress = [&last_progress](const std::string& line) {
+      if (line != last_progress) std::fprintf(stderr, "conveyor kv cluster up: %s\n", line.c_str());
+      last_progress = line;
+    };
+    made = kv::create_cluster(admin(o), c);
+    if (made || made.error().code != errc::timed_out) break;
+    for (auto& k : kids) {
+      int status = 0;
+      if (k.pid > 0 && ::waitpid(k.pid, &status, WNOHANG) == k.pid) {
+        k.pid = -1;
+        return fail(k.what + " exited at start (" + how_it_ended(status) +
+                    "): " + last_line(k.log));
+      }
     }
+    if (steady::now() >= deadline) break;
+  }
+  if (!made) return fail(made.error().to_string());
   std::printf("%s\n", kv::to_table(*made).c_str());
   std::printf("cluster %s is up: %zu shard(s) on ports %u-%zu, etcd %s, files in %s\n",
               o.name.c_str(), o.shards, o.port, o.port + o.shards - 1, o.etcd.c_str(),
@@ -273,8 +317,8 @@ int run_up(kv_cluster_options o) {
       int status = 0;
       if (k.pid > 0 && ::waitpid(k.pid, &status, WNOHANG) == k.pid) {
         k.pid = -1;
-        std::fprintf(stderr, "conveyor kv cluster up: %s exited (status %d; log %s)\n",
-                     k.what.c_str(), status, k.log.c_str());
+        std::fprintf(stderr, "conveyor kv cluster up: %s exited (%s; log %s)\n", k.what.c_str(),
+                     how_it_ended(status).c_str(), k.log.c_str());
       }
       any = any || k.pid > 0;
     }

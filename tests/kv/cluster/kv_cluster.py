@@ -530,6 +530,32 @@ class Up(unittest.TestCase):
             up.stdout.close()
             up.stderr.close()
 
+    def test_cluster_up_reports_a_node_that_cannot_start_and_leaves_nothing(self):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            t0 = time.monotonic()
+            r = subprocess.run([BIN, "kv", "cluster", "up", "--shards", "2", "--port",
+                                str(port - 1)], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertLess(time.monotonic() - t0, 20)  # not the whole --wait-s 30
+        self.assertIn("node %d exited at start" % port, r.stderr)
+        self.assertIn("Address already in use", r.stderr)
+        m = re.search(r"data in (\S+)/etcd", r.stderr)
+        self.assertIsNotNone(m, r.stderr)
+        left = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open("/proc/%s/cmdline" % pid, "rb") as f:
+                        if m.group(1).encode() in f.read():
+                            left.append(pid)
+                except OSError:
+                    pass
+        self.assertEqual(left, [], "processes of the failed `up` still run")
+        shutil.rmtree(m.group(1), ignore_errors=True)
+
 
 if __name__ == "__main__":
     BIN = sys.argv.pop(1)
