@@ -531,13 +531,14 @@ class Up(unittest.TestCase):
             up.stderr.close()
 
     def test_cluster_up_reports_a_node_that_cannot_start_and_leaves_nothing(self):
+        base = consecutive_free_ports(2)
+        port = base + 1  # the second node's, taken here
         with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
+            taken.bind(("127.0.0.1", port))
             taken.listen()
-            port = taken.getsockname()[1]
             t0 = time.monotonic()
-            r = subprocess.run([BIN, "kv", "cluster", "up", "--shards", "2", "--port",
-                                str(port - 1)], capture_output=True, text=True, timeout=60)
+            r = subprocess.run([BIN, "kv", "cluster", "up", "--shards", "2", "--port", str(base)],
+                               capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertLess(time.monotonic() - t0, 20)  # not the whole --wait-s 30
         self.assertIn("node %d exited at start" % port, r.stderr)
