@@ -158,6 +158,17 @@ class Node:
         return ""
 
 
+def start_node(etcd, dir, *extra):
+    """A node on a free port, tried again on another when the port was taken
+    meanwhile (free_port's answer is only a hint)."""
+    for attempt in range(3):
+        try:
+            return Node(etcd, free_port(), dir, *extra)
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or attempt == 2:
+                raise
+
+
 def wait_until(cond, timeout, what):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -181,7 +192,7 @@ class Cluster(unittest.TestCase):
             for i in range(3):
                 d = os.path.join(cls.dir, "n%d" % i)
                 os.mkdir(d)
-                cls.nodes.append(Node(cls.etcd, free_port(), d))
+                cls.nodes.append(start_node(cls.etcd, d))
             r = run("kv", "cluster", "create", "--etcd", cls.etcd.endpoint, "--name", NAME,
                     "--shards", "3", "--wait-s", "20")
             if r.returncode != 0:
@@ -313,7 +324,7 @@ class Cluster(unittest.TestCase):
     def test_a_spare_node_redirects_resp_and_rdma_writes_and_leaves_on_stop(self):
         d = os.path.join(self.dir, "spare")
         os.mkdir(d)
-        spare = Node(self.etcd, free_port(), d, "--rdma-listen", "127.0.0.1:0")
+        spare = start_node(self.etcd, d, "--rdma-listen", "127.0.0.1:0")
         try:
             wait_until(spare.registered, 10, "the spare registers")
             wait_until(lambda: b"cluster_state:ok" in spare.client().execute_command(
