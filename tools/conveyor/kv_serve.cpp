@@ -117,6 +117,19 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
   app.add_option("--set-max-intset-entries", o.set_max_intset_entries,
                  "a set of integers with more members is a hashtable (OBJECT ENCODING)")
       ->capture_default_str();
+  app.add_option("--cluster", o.cluster,
+                 "join a cluster coordinated by etcd: its endpoints, host:port[,host:port...] "
+                 "(docs/KV-CLUSTER.md)");
+  app.add_option("--cluster-name", o.cluster_name, "the cluster's name in etcd")
+      ->capture_default_str();
+  app.add_option("--cluster-announce", o.cluster_announce,
+                 "host clients are redirected to (default: --bind, which then must not be "
+                 "0.0.0.0)");
+  app.add_option("--cluster-lease", o.cluster_lease_s,
+                 "seconds of this node's etcd lease: how soon its registration goes after a "
+                 "crash")
+      ->check(CLI::Range(1u, 3600u))
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no start-up lines on stderr");
 }
 
@@ -165,6 +178,20 @@ int run_kv_serve(const kv_serve_options& o) {
   so.provider = o.provider;
   so.rdma_listen = o.rdma_listen;
   so.quiet = o.quiet;
+  for (std::size_t i = 0; i < o.cluster.size();) {
+    auto j = o.cluster.find(',', i);
+    if (j == std::string::npos) j = o.cluster.size();
+    if (j > i) so.cluster.push_back(o.cluster.substr(i, j - i));
+    i = j + 1;
+  }
+  if (!o.cluster.empty() && so.cluster.empty()) {
+    std::fprintf(stderr, "conveyor kv serve: --cluster %s: host:port[,host:port...]\n",
+                 o.cluster.c_str());
+    return 2;
+  }
+  so.cluster_name = o.cluster_name;
+  so.cluster_announce = o.cluster_announce;
+  so.cluster_lease_s = o.cluster_lease_s;
   return kv::serve(so);
 }
 

@@ -31,6 +31,11 @@ struct kv_serve_options {
   std::string provider = "soft";
   std::string rdma_listen;
   bool quiet = false;
+  // Cluster mode (docs/KV-CLUSTER.md): etcd endpoints, comma-separated.
+  std::string cluster;
+  std::string cluster_name = "default";
+  std::string cluster_announce;
+  unsigned cluster_lease_s = 5;
   // Collections' encodings (Redis's names and defaults; docs/KV.md).
   std::size_t hash_max_listpack_entries = 512, hash_max_listpack_value = 64;
   std::size_t zset_max_listpack_entries = 128, zset_max_listpack_value = 64;

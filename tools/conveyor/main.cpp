@@ -8,6 +8,7 @@
 //   conveyor kv serve [--port 7379] [--appendonly yes] [options]
 //   conveyor kv get|set|del KEY [VALUE] [-h HOST|@NAME] [-p PORT] [-a PASSWORD]   (RDMA client;
 //            the load generator is bench/kv's conveyor-kv-bench)
+//   conveyor kv cluster up|create|status [--shards 3] [--etcd host:port]   (docs/KV-CLUSTER.md)
 //   conveyor ping --server [ADDRESS] | conveyor ping ADDRESS   (connectivity check)
 //   conveyor env                    (environment variables: value and default)
 //   conveyor version | --version   (the build facts: version, commit, compiler, providers)
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "kv_client.hpp"
+#include "kv_cluster.hpp"
 #include "kv_serve.hpp"
 #include "perf.hpp"
 #include "perftest.hpp"
@@ -68,6 +70,8 @@ int main(int argc, char** argv) {
   add_kv_serve_options(*kv_serve, kv_sopts);
   kv_client_options kv_copts;  // kv get|set|del (kv_client.cpp)
   const auto kv_client = add_kv_client_commands(*kv, kv_copts);
+  kv_cluster_options kv_clopts;  // kv cluster create|status|up (kv_cluster.cpp)
+  const auto kv_cluster = add_kv_cluster_commands(*kv, kv_clopts);
   ping_options pingopts;
   auto* ping = app.add_subcommand(
       "ping", "check RDMA to a host: SEND, WRITE and READ, verified (rping-style)");
@@ -92,6 +96,7 @@ int main(int argc, char** argv) {
   if (int rc = run_perftest(perftest, ptargs); rc >= 0) return rc;
   if (*kv_serve) return run_kv_serve(kv_sopts);
   if (int rc = run_kv_client(kv_client, kv_copts); rc >= 0) return rc;
+  if (int rc = run_kv_cluster(kv_cluster, kv_clopts); rc >= 0) return rc;
   if (*version) {
     std::printf("%s\n", version_text().c_str());
     return 0;

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "commands.hpp"
 #include "resp.hpp"
@@ -99,6 +100,11 @@ struct executor::command {
 // ("client|kill").
 std::span<const executor::command> command_table();
 std::string full_name(const executor::command& k, argv_t argv);
+// The keys of a command (appended to `keys`): the table's first/last/step
+// positions (a negative last counts from the end), EVAL's and EVALSHA's
+// numkeys. A command whose key arguments are malformed has none here (it
+// fails on its own).
+void command_keys(const executor::command& k, argv_t argv, std::vector<std::string_view>& keys);
 
 // ---- transactions (transaction_commands.cpp) ------------------------------------
 void cmd_multi(exec_context& c);
@@ -107,6 +113,7 @@ void cmd_discard(exec_context& c);
 void cmd_watch(exec_context& c);
 void cmd_unwatch(exec_context& c);
 void queue_command(exec_context& c);  // in MULTI: +QUEUED
+void abort_transaction(session& s);   // DISCARD's effect, no reply
 
 // ---- pub/sub (pubsub.cpp) --------------------------------------------------------
 void cmd_subscribe(exec_context& c);
@@ -137,7 +144,7 @@ void cmd_info(exec_context& c);
 void cmd_dbsize(exec_context& c);
 void cmd_flushall(exec_context& c);
 void cmd_time(exec_context& c);
-void cmd_cluster(exec_context& c);  // CLUSTER, READONLY, READWRITE
+void cmd_cluster(exec_context& c);  // CLUSTER, READONLY, READWRITE, ASKING (cluster_commands.cpp)
 void cmd_bgrewriteaof(exec_context& c);
 
 // ---- string commands (string_commands.cpp) ------------------------------------

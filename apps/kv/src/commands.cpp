@@ -41,6 +41,7 @@ const executor::command commands[] = {
     {"cluster", -2, false, 0, 0, 0, "loading stale", cmd_cluster},
     {"readonly", 1, false, 0, 0, 0, "loading stale fast", cmd_cluster},
     {"readwrite", 1, false, 0, 0, 0, "loading stale fast", cmd_cluster},
+    {"asking", 1, false, 0, 0, 0, "fast", cmd_cluster},
     {"bgrewriteaof", 1, false, 0, 0, 0, "admin noscript", cmd_bgrewriteaof},
     {"get", 2, false, 1, 1, 1, "readonly fast", cmd_get},
     {"set", -3, true, 1, 1, 1, "write denyoom", cmd_set},
@@ -297,7 +298,19 @@ std::span<const executor::command> command_table() {
   return {commands, std::size(commands)};
 }
 
-namespace {}  // namespace
+void command_keys(const executor::command& k, argv_t argv, std::vector<std::string_view>& keys) {
+  const auto argc = static_cast<std::int64_t>(argv.size());
+  if (k.fn == cmd_eval || k.fn == cmd_evalsha || k.fn == cmd_eval_ro || k.fn == cmd_evalsha_ro) {
+    std::int64_t n = 0;
+    if (argc < 3 || !to_i64(argv[2], n) || n < 0 || n > argc - 3) return;
+    for (std::int64_t i = 0; i < n; ++i) keys.push_back(argv[static_cast<std::size_t>(3 + i)]);
+    return;
+  }
+  if (k.first_key <= 0 || k.step <= 0) return;
+  const std::int64_t last = k.last_key < 0 ? argc + k.last_key : k.last_key;
+  for (std::int64_t i = k.first_key; i <= last && i < argc; i += k.step)
+    keys.push_back(argv[static_cast<std::size_t>(i)]);
+}
 
 executor::executor(store& s, aof* log, server_config& cfg)
     : store_(s),
@@ -413,6 +426,21 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
     return r.error("ERR Can't execute '" + full_name(*k, argv) +
                    "': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed "
                    "in this context");
+  }
+  // Cluster mode: a command whose keys this node does not serve is answered
+  // with the redirect or the error instead (Redis's processCommand: checked
+  // at queue time inside MULTI, where it aborts the transaction, and for EXEC
+  // over every queued command). Not for a script's own commands (EVAL's keys
+  // were checked) nor the AOF's.
+  if (cfg_.cluster_enabled && !replaying_ && !sess.script) {
+    if (std::string e = route(sess, *k, argv); !e.empty()) {
+      ++cs.rejected;
+      if (k->fn == cmd_exec && sess.in_multi)
+        abort_transaction(sess);
+      else if (sess.in_multi && !runs_in_multi(k->name))
+        sess.multi_failed = true;
+      return r.error(e);
+    }
   }
   if (sess.in_multi && !runs_in_multi(k->name)) return queue_command(c);
   if (k->write && aof_ != nullptr && !aof_->healthy() && !replaying_) {

@@ -25,6 +25,10 @@
 
 namespace conveyor::kv {
 
+namespace cluster {
+struct cluster_view;
+}
+
 class store;
 class aof;
 class pubsub;
@@ -110,6 +114,11 @@ struct server_config {
   // lua-time-limit); the Lua state's memory bound (lua-maxmemory).
   std::uint64_t busy_reply_threshold_ms = 5000;
   std::size_t lua_memory = std::size_t{128} << 20;
+  // Cluster mode (issue 35, docs/KV-CLUSTER.md): commands with keys are routed
+  // (cluster/routing.hpp) and CLUSTER answers; the id is the node's.
+  bool cluster_enabled = false;
+  std::string cluster_my_id;
+  std::string cluster_address;  // host:port this node announces
 };
 
 // Counters that INFO reports. The front ends fill theirs; the RDMA side sets the
@@ -207,8 +216,20 @@ class executor {
   std::uint64_t ops_per_sec() const noexcept;
   std::int64_t started_ms() const noexcept { return start_ms_; }
   blocking_registry& blocking() noexcept { return blocking_; }
-
+  // Cluster mode: the shard map this node acts on (null: none yet). Set on
+  // the loop thread (the node's etcd thread posts each new view).
+  void set_cluster(std::shared_ptr<const cluster::cluster_view> v) noexcept {
+    cluster_ = std::move(v);
+  }
+  const cluster::cluster_view* cluster() const noexcept { return cluster_.get(); }
+  // "" when this node serves the command's keys (or cluster mode is off);
+  // otherwise the error to answer (MOVED, CROSSSLOT, CLUSTERDOWN). For EXEC,
+  // the keys of every queued command together, as Redis checks them.
+  std::string route(const session& sess, std::span<const std::string_view> argv) const;
   struct command;  // the table (commands.cpp)
+  std::string route(const session& sess, const command& k,
+                    std::span<const std::string_view> argv) const;
+
   // The table's entry for a command name (any case); null if there is none.
   static const command* find(std::string_view name);
   // EVAL, EVALSHA, SCRIPT and the busy state of a long script (script.hpp).
@@ -251,6 +272,9 @@ class executor {
   std::unique_ptr<scripting> scripts_;
   bool abandon_exec_ = false;
   blocking_registry blocking_;
+  std::shared_ptr<const cluster::cluster_view> cluster_;
+  mutable std::vector<std::string_view>
+      route_keys_;  // route()'s scratch: no allocation per command
   friend struct exec_context;
 };
 

@@ -38,7 +38,7 @@ std::vector<config_entry> entries(const server_config& cfg) {
       {"databases", "1"},
       {"requirepass", cfg.requirepass},
       {"protected-mode", cfg.protected_mode ? "yes" : "no"},
-      {"cluster-enabled", "no"},
+      {"cluster-enabled", cfg.cluster_enabled ? "yes" : "no"},
       {"slowlog-log-slower-than", std::to_string(cfg.slowlog_log_slower_than)},
       {"slowlog-max-len", std::to_string(cfg.slowlog_max_len)},
       {"client-output-buffer-limit", buffer_limits(cfg)},

@@ -18,6 +18,7 @@
 #include <random>
 
 #include "aof.hpp"
+#include "cluster/cluster_node.hpp"
 #include "commands.hpp"
 #include "rdma_server.hpp"
 #include "resp_server.hpp"
@@ -61,6 +62,24 @@ int serve(const server_options& so) {
   if (so.maxmemory_policy != "noeviction" && so.maxmemory_policy != "allkeys-lru")
     return bad("maxmemory-policy " + so.maxmemory_policy + ": noeviction or allkeys-lru");
   if (so.data_bytes == 0) return bad("the data region (data-bytes) cannot be empty");
+  // Cluster mode: the host other nodes' clients are sent to. A wildcard bind
+  // is no address anyone can reach, so it needs an explicit announce.
+  std::string announce = so.cluster_announce.empty() ? so.bind : so.cluster_announce;
+  if (!so.cluster.empty()) {
+    if (!cluster::valid_cluster_name(so.cluster_name))
+      return bad("cluster-name '" + so.cluster_name.substr(0, 80) +
+                 "': 1 to 64 of A-Z a-z 0-9 _ - .");
+    if (announce.empty() || announce == "0.0.0.0" || announce == "::" || announce == "[::]")
+      return bad("cluster mode needs the address clients reach this node at: bind " + so.bind +
+                 " is a wildcard, set --cluster-announce");
+    if (so.cluster_lease_s < 1 || so.cluster_lease_s > 3600)
+      return bad("cluster-lease " + std::to_string(so.cluster_lease_s) + ": 1 to 3600 seconds");
+    if (announce.find(':') != std::string::npos && announce.front() != '[')
+      announce = "[" + announce + "]";  // an IPv6 host in host:port
+    if (!cluster::valid_address(announce + ":1"))
+      return bad("cluster-announce " + announce.substr(0, 80) +
+                 ": an IPv4 or IPv6 address or a DNS name");
+  }
   server_config cfg;  // what INFO and CONFIG GET report; maxclients as fitted below
   cfg.requirepass = so.requirepass;
   cfg.bind = so.bind;
@@ -274,6 +293,41 @@ int serve(const server_options& so) {
   }
   if (rdma) rdma->start_accepting();
 
+  // Cluster mode: join once the ports are bound and the data is loaded. The
+  // node's thread hands each valid shard map to this loop, which alone reads it.
+  std::unique_ptr<cluster::cluster_node> node;
+  if (!so.cluster.empty()) {
+    cluster::node_options no;
+    no.endpoints = so.cluster;
+    no.cluster_name = so.cluster_name;
+    no.dir = so.dir;
+    no.resp = announce + ":" + std::to_string(resp.port());
+    // An RDMA front end on host:port is announced with the same host; one
+    // named for shm ("@name") is reachable on this host only: not announced.
+    if (rdma)
+      if (const auto p = cluster::split_address(rdma->address()).second; p != 0)
+        no.rdma = announce + ":" + std::to_string(p);
+    no.lease_ttl = std::chrono::seconds(so.cluster_lease_s);
+    no.on_view = [&loop, &exec](std::shared_ptr<const cluster::cluster_view> v) {
+      loop.post([&exec, v = std::move(v)] { exec.set_cluster(v); });
+    };
+    no.log = [](const std::string& line) {
+      std::fprintf(stderr, "conveyor kv serve: cluster: %s\n", line.c_str());
+    };
+    auto n = cluster::cluster_node::start(std::move(no));
+    if (!n) {
+      loop.remove_fd(sfd);
+      return fail(n.error().to_string());
+    }
+    node = std::move(*n);
+    cfg.cluster_enabled = true;
+    cfg.cluster_my_id = node->id();
+    cfg.cluster_address = announce + ":" + std::to_string(resp.port());
+    if (!so.quiet)
+      std::fprintf(stderr, "conveyor kv serve: cluster %s, node %s, etcd %zu endpoint(s)\n",
+                   so.cluster_name.c_str(), node->id().c_str(), so.cluster.size());
+  }
+
   // Active expiry and reclamation ten times a second (Redis's hz 10), the AOF's
   // once-a-second sync and its rewrite check.
   loop.every(std::chrono::milliseconds(100), [&] {
@@ -309,11 +363,13 @@ int serve(const server_options& so) {
     server_ready ready;
     ready.resp_port = resp.port();
     ready.rdma_address = rdma ? rdma->address() : std::string();
+    ready.node_id = cfg.cluster_my_id;
     ready.stop = [stopper] { stopper->stop(); };
     so.on_ready(ready);
   }
   loop.run();
   stopper->detach();
+  if (node) node->stop();  // the registration goes now, not a lease later
   rdma.reset();
   if (log && !log->sync())
     std::fprintf(stderr, "conveyor kv serve: the AOF's last sync failed: %s\n",

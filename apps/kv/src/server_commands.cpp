@@ -152,12 +152,6 @@ void cmd_flushall(exec_context& c) {
   c.r.simple("OK");
 }
 
-// A single server is not a cluster: Redis's answer without cluster-enabled,
-// which is what cluster clients probe for (INFO's cluster_enabled is 0 too).
-void cmd_cluster(exec_context& c) {
-  c.r.error("ERR This instance has cluster support disabled");
-}
-
 void cmd_time(exec_context& c) {
   auto ms = now_ms();
   c.r.array(2);
@@ -371,7 +365,7 @@ void cmd_info(exec_context& c) {
   }
   if (want("cluster")) {
     t += "# Cluster\r\n";
-    num("cluster_enabled", 0);
+    num("cluster_enabled", c.ex.config().cluster_enabled ? 1 : 0);
     t += "\r\n";
   }
   if (want("conveyor") && s.rdma_info) {

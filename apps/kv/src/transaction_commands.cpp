@@ -39,6 +39,11 @@ void unwatch(session& s) {
 
 }  // namespace
 
+void abort_transaction(session& s) {
+  discard(s);
+  unwatch(s);
+}
+
 void cmd_multi(exec_context& c) {
   if (c.sess.in_multi) return c.r.error("ERR MULTI calls can not be nested");
   c.sess.in_multi = true;

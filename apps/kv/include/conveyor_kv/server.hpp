@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace conveyor::kv {
 
@@ -27,6 +28,7 @@ namespace conveyor::kv {
 struct server_ready {
   std::uint16_t resp_port = 0;  // the RESP port bound (the one chosen when port was 0)
   std::string rdma_address;     // the RDMA front end's address; empty: none
+  std::string node_id;          // cluster mode: this node's id (40 hex); empty otherwise
   // Ends serve() as SIGINT does (the AOF flushed and synced on the way out).
   // Callable from any thread, also after serve() has returned... until the
   // server_ready it came with is gone.
@@ -80,6 +82,18 @@ struct server_options {
   std::string provider = "soft";  // soft, shm, verbs...
   std::string rdma_listen;        // the RDMA front end's address (empty: none)
 
+  // Cluster mode (issue 35, docs/KV-CLUSTER.md): the server registers itself
+  // in etcd under /conveyor-kv/<cluster_name>/nodes/<id> on a lease of
+  // cluster_lease_s seconds, follows the shard map at .../config, and speaks
+  // Redis Cluster (CLUSTER SLOTS..., -MOVED, -CROSSSLOT, -CLUSTERDOWN). The id
+  // is kept in <dir>/cluster-node.id across restarts.
+  std::vector<std::string> cluster;      // etcd endpoints, host:port; empty: not a cluster
+  std::string cluster_name = "default";  // 1..64 of [A-Za-z0-9_.-]
+  // The host clients are sent to (registrations, -MOVED); empty: `bind`,
+  // which then must not be a wildcard (0.0.0.0, ::).
+  std::string cluster_announce;
+  unsigned cluster_lease_s = 5;  // 1..3600: how soon a dead node's registration goes
+
   bool quiet = false;  // no start-up lines on stderr
   // Called on the loop thread once both front ends listen.
   std::function<void(const server_ready&)> on_ready;
@@ -88,8 +102,9 @@ struct server_options {
 // Runs the server until SIGINT, SIGTERM or server_ready::stop. Returns the
 // process exit status: 0 after a stop, 1 if the server could not start (the
 // reason on stderr: the device, the AOF, a port in use, a requirepass longer
-// than RDMA clients can present...), 2 for options out of their ranges
-// (appendfsync, maxmemory_policy, data_bytes 0). SIGINT, SIGTERM and SIGPIPE
+// than RDMA clients can present, the cluster node id file...), 2 for options
+// out of their ranges (appendfsync, maxmemory_policy, data_bytes 0, a cluster
+// name or announce address it cannot use). SIGINT, SIGTERM and SIGPIPE
 // are blocked in the calling thread (a signalfd reads them).
 int serve(const server_options& opts);
 

@@ -1,0 +1,93 @@
+// conveyor_kv/cluster.hpp — administering a conveyor-kv cluster (issue 35,
+// docs/KV-CLUSTER.md): read what etcd holds about it, and create its shard
+// map. `conveyor kv cluster status|create|up` are command lines around it.
+//
+//   conveyor::kv::cluster_admin_options a;
+//   a.etcd = {"127.0.0.1:2379"};
+//   a.name = "default";
+//   auto made = conveyor::kv::create_cluster(a, {.shards = 3});  // waits for 3 nodes
+//   if (!made) std::fprintf(stderr, "%s\n", made.error().to_string().c_str());
+//   auto st = conveyor::kv::read_cluster_state(a);
+//   std::puts(conveyor::kv::to_table(*st).c_str());
+//
+// etcd is the truth: a node is alive while its registration (bound to its
+// lease) exists; the shard map is the config key, created here only if
+// absent (compare-and-swap on "does not exist"), so two creates cannot both
+// win. Everything read from etcd is validated before it is reported.
+//
+// Errors (conveyor::result): invalid_argument (options, --replicas > 0, a map
+// that already exists, a stored map that is invalid), timed_out (not enough
+// nodes registered within the wait), connection_refused / timed_out /
+// protocol_error from etcd. Thread safety: the functions share nothing; call
+// them from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <conveyor/error.hpp>
+
+namespace conveyor::kv {
+
+struct cluster_admin_options {
+  std::vector<std::string> etcd;                    // endpoints, host:port; at least one
+  std::string name = "default";                     // the cluster's name (1..64 of [A-Za-z0-9_.-])
+  std::chrono::milliseconds request_timeout{2000};  // each etcd call
+};
+
+struct cluster_shard_state {
+  std::string id;
+  std::vector<std::pair<std::uint16_t, std::uint16_t>> slots;  // inclusive ranges
+  std::string primary;
+  std::vector<std::string> replicas, isr;
+};
+
+struct cluster_node_state {
+  std::string id;
+  std::string resp, rdma;  // from the registration, else from the map
+  bool alive = false;      // registered now (its lease holds)
+  bool in_map = false;     // named by the shard map
+  std::string role;        // "primary", "replica" or "" (in no shard)
+  std::string shard;       // the shard's id when in one
+};
+
+struct cluster_state {
+  std::string name;
+  bool has_map = false;
+  std::uint64_t epoch = 0;
+  std::int64_t map_revision = 0;  // the config key's mod_revision
+  std::size_t slots_served = 0;   // of 16384
+  std::vector<cluster_shard_state> shards;
+  std::vector<cluster_node_state> nodes;  // map nodes, then other registered ones; by address
+  std::size_t bad_registrations = 0;      // registrations under nodes/ that did not validate
+};
+
+// What etcd holds now. A stored map that does not validate is an
+// invalid_argument error naming the problem.
+result<cluster_state> read_cluster_state(const cluster_admin_options& a);
+
+// Human-readable (one shard a line, then the nodes) and JSON renderings.
+std::string to_table(const cluster_state& s);
+std::string to_json(const cluster_state& s);
+
+struct cluster_create_options {
+  std::size_t shards = 3;         // 1..1024
+  std::size_t replicas = 0;       // only 0 for now: synchronous replication is issue 35's next step
+  std::chrono::seconds wait{30};  // for `shards` registered nodes
+  // Progress lines ("2 of 3 nodes registered"); null: silent.
+  std::function<void(const std::string&)> progress;
+};
+
+// Waits until at least `shards` nodes are registered, takes the first
+// `shards` of them by address, gives each a shard with an even share of the
+// 16384 slots (Redis's split: 0-5460, 5461-10922, 10923-16383 for 3), and
+// writes the map (epoch 1) only if none exists. Returns the state read after.
+result<cluster_state> create_cluster(const cluster_admin_options& a,
+                                     const cluster_create_options& c);
+
+}  // namespace conveyor::kv

@@ -1,0 +1,273 @@
+// Administering a cluster through etcd (conveyor_kv/cluster.hpp).
+#include "conveyor_kv/cluster.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "cluster/cluster_node.hpp"
+#include "cluster/etcd.hpp"
+#include "cluster/routing.hpp"
+#include "cluster/shard_map.hpp"
+#include "cluster/slots.hpp"
+
+namespace conveyor::kv {
+
+namespace {
+
+using namespace std::chrono_literals;
+using cluster::etcd_coord;
+
+result<std::unique_ptr<etcd_coord>> open_etcd(const cluster_admin_options& a) {
+  if (a.etcd.empty()) return make_error(errc::invalid_argument, "cluster: no etcd endpoint");
+  if (!cluster::valid_cluster_name(a.name))
+    return make_error(errc::invalid_argument,
+                      "cluster name '" + a.name.substr(0, 80) + "': 1 to 64 of A-Z a-z 0-9 _ - .");
+  return etcd_coord::open(
+      {.endpoints = a.etcd, .connect_timeout = 500ms, .request_timeout = a.request_timeout});
+}
+
+// The registrations that validate and sit under their own id's key.
+struct registrations {
+  std::vector<cluster::node_registration> nodes;
+  std::size_t bad = 0;
+};
+
+result<registrations> read_registrations(etcd_coord& e, const std::string& name) {
+  const std::string prefix = cluster::nodes_prefix(name);
+  auto r = e.range_prefix(prefix, static_cast<std::int64_t>(cluster::max_nodes));
+  if (!r) return std::unexpected(r.error());
+  registrations out;
+  for (const auto& kv : r->kvs) {
+    auto reg = cluster::parse_node_registration(kv.value);
+    if (!reg || kv.key != prefix + reg->id) {
+      ++out.bad;
+      continue;
+    }
+    out.nodes.push_back(std::move(*reg));
+  }
+  return out;
+}
+
+// (host, port) order, so 7001 comes before 7002 and 7010.
+bool address_less(const std::string& a, const std::string& b) {
+  const auto x = cluster::split_address(a), y = cluster::split_address(b);
+  return x.first != y.first ? x.first < y.first : x.second < y.second;
+}
+
+result<cluster_state> state_of(etcd_coord& e, const cluster_admin_options& a) {
+  cluster_state s;
+  s.name = a.name;
+  auto regs = read_registrations(e, a.name);
+  if (!regs) return std::unexpected(regs.error());
+  s.bad_registrations = regs->bad;
+  auto cfg = e.get(cluster::config_key(a.name));
+  if (!cfg) return std::unexpected(cfg.error());
+  std::map<std::string, cluster_node_state> nodes;
+  if (*cfg) {
+    auto m = cluster::parse_shard_map((*cfg)->value);
+    if (!m)
+      return make_error(errc::invalid_argument, "the shard map in etcd (" +
+                                                    cluster::config_key(a.name) +
+                                                    ") is invalid: " + m.error().to_string());
+    s.has_map = true;
+    s.epoch = m->epoch;
+    s.map_revision = (*cfg)->mod_revision;
+    s.slots_served = cluster::slot_count;
+    for (const auto& r : cluster::uncovered_slots(*m))
+      s.slots_served -= static_cast<std::size_t>(r.last - r.first) + 1;
+    for (const auto& n : m->nodes) {
+      auto& ns = nodes[n.id];
+      ns.id = n.id;
+      ns.resp = n.resp;
+      ns.rdma = n.rdma;
+      ns.in_map = true;
+    }
+    for (const auto& sh : m->shards) {
+      cluster_shard_state ss;
+      ss.id = sh.id;
+      for (const auto& r : sh.slots) ss.slots.emplace_back(r.first, r.last);
+      ss.primary = sh.primary;
+      ss.replicas = sh.replicas;
+      ss.isr = sh.isr;
+      s.shards.push_back(std::move(ss));
+      nodes[sh.primary].role = "primary";
+      nodes[sh.primary].shard = sh.id;
+      for (const auto& rep : sh.replicas) {
+        nodes[rep].role = "replica";
+        nodes[rep].shard = sh.id;
+      }
+    }
+  }
+  for (const auto& r : regs->nodes) {
+    auto& ns = nodes[r.id];
+    ns.id = r.id;
+    ns.resp = r.resp;
+    ns.rdma = r.rdma;
+    ns.alive = true;
+  }
+  for (auto& [id, n] : nodes) s.nodes.push_back(std::move(n));
+  std::stable_sort(s.nodes.begin(), s.nodes.end(), [](const auto& x, const auto& y) {
+    if (x.in_map != y.in_map) return x.in_map;
+    return address_less(x.resp, y.resp);
+  });
+  return s;
+}
+
+std::string ranges_text(const std::vector<std::pair<std::uint16_t, std::uint16_t>>& v) {
+  std::string t;
+  for (const auto& [f, l] : v) {
+    if (!t.empty()) t += ',';
+    t += std::to_string(f);
+    if (l != f) t += '-' + std::to_string(l);
+  }
+  return t.empty() ? "-" : t;
+}
+
+}  // namespace
+
+result<cluster_state> read_cluster_state(const cluster_admin_options& a) {
+  auto e = open_etcd(a);
+  if (!e) return std::unexpected(e.error());
+  return state_of(**e, a);
+}
+
+std::string to_table(const cluster_state& s) {
+  std::string t = "cluster " + s.name + ": ";
+  if (!s.has_map) {
+    t += "no shard map yet (conveyor kv cluster create)\n";
+  } else {
+    t += "epoch " + std::to_string(s.epoch) + ", " + std::to_string(s.shards.size()) +
+         " shard(s), " + std::to_string(s.slots_served) + " of 16384 slots served" +
+         (s.slots_served == cluster::slot_count ? "" : " (CLUSTERDOWN for the rest)") + "\n";
+  }
+  auto addr = [&](const std::string& id) {
+    for (const auto& n : s.nodes)
+      if (n.id == id) return n.resp + (n.alive ? " alive" : " DOWN");
+    return std::string("?");
+  };
+  for (const auto& sh : s.shards) {
+    t += "shard " + sh.id.substr(0, 8) + "  slots " + ranges_text(sh.slots) + "  primary " +
+         sh.primary.substr(0, 8) + " " + addr(sh.primary);
+    for (const auto& r : sh.replicas) t += "  replica " + r.substr(0, 8) + " " + addr(r);
+    t += "\n";
+  }
+  t += "nodes:\n";
+  for (const auto& n : s.nodes) {
+    t += "  " + n.id + "  " + (n.resp.empty() ? "-" : n.resp) + "  " +
+         (n.alive ? "alive" : "DOWN (not registered)") + "  " +
+         (n.role.empty() ? "in no shard" : n.role + " of " + n.shard.substr(0, 8));
+    if (!n.rdma.empty()) t += "  rdma " + n.rdma;
+    t += "\n";
+  }
+  if (s.nodes.empty()) t += "  (none registered)\n";
+  if (s.bad_registrations)
+    t += std::to_string(s.bad_registrations) + " invalid registration(s) ignored\n";
+  return t;
+}
+
+std::string to_json(const cluster_state& s) {
+  nlohmann::json j;
+  j["name"] = s.name;
+  j["has_map"] = s.has_map;
+  j["epoch"] = s.epoch;
+  j["map_revision"] = s.map_revision;
+  j["slots_served"] = s.slots_served;
+  j["shards"] = nlohmann::json::array();
+  for (const auto& sh : s.shards) {
+    nlohmann::json x;
+    x["id"] = sh.id;
+    x["slots"] = nlohmann::json::array();
+    for (const auto& [f, l] : sh.slots) x["slots"].push_back({f, l});
+    x["primary"] = sh.primary;
+    x["replicas"] = sh.replicas;
+    x["isr"] = sh.isr;
+    j["shards"].push_back(std::move(x));
+  }
+  j["nodes"] = nlohmann::json::array();
+  for (const auto& n : s.nodes)
+    j["nodes"].push_back({{"id", n.id},
+                          {"resp", n.resp},
+                          {"rdma", n.rdma},
+                          {"alive", n.alive},
+                          {"in_map", n.in_map},
+                          {"role", n.role},
+                          {"shard", n.shard}});
+  j["bad_registrations"] = s.bad_registrations;
+  return j.dump(2);
+}
+
+result<cluster_state> create_cluster(const cluster_admin_options& a,
+                                     const cluster_create_options& c) {
+  if (c.replicas > 0)
+    return make_error(errc::invalid_argument,
+                      "--replicas " + std::to_string(c.replicas) +
+                          ": replicas need synchronous replication, the next step of issue 35; "
+                          "create the cluster with --replicas 0 for now");
+  if (c.shards < 1 || c.shards > cluster::max_shards)
+    return make_error(errc::invalid_argument, "--shards " + std::to_string(c.shards) + ": 1 to " +
+                                                  std::to_string(cluster::max_shards));
+  auto e = open_etcd(a);
+  if (!e) return std::unexpected(e.error());
+  etcd_coord& etcd = **e;
+  const std::string key = cluster::config_key(a.name);
+  auto existing = etcd.get(key);
+  if (!existing) return std::unexpected(existing.error());
+  if (*existing)
+    return make_error(errc::invalid_argument, "cluster " + a.name + " already has a shard map (" +
+                                                  key + "); `conveyor kv cluster status` shows it");
+  const auto deadline = std::chrono::steady_clock::now() + c.wait;
+  std::size_t last_seen = static_cast<std::size_t>(-1);
+  std::vector<cluster::node_registration> nodes;
+  for (;;) {
+    auto regs = read_registrations(etcd, a.name);
+    if (!regs) return std::unexpected(regs.error());
+    nodes = std::move(regs->nodes);
+    if (nodes.size() != last_seen && c.progress)
+      c.progress(std::to_string(nodes.size()) + " of " + std::to_string(c.shards) +
+                 " node(s) registered");
+    last_seen = nodes.size();
+    if (nodes.size() >= c.shards) break;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(errc::timed_out,
+                        std::to_string(nodes.size()) + " of " + std::to_string(c.shards) +
+                            " node(s) registered in cluster " + a.name + " after " +
+                            std::to_string(c.wait.count()) +
+                            " s: start more with `conveyor kv serve --cluster ...`");
+    std::this_thread::sleep_for(200ms);
+  }
+  std::sort(nodes.begin(), nodes.end(),
+            [](const auto& x, const auto& y) { return address_less(x.resp, y.resp); });
+  nodes.resize(c.shards);
+  cluster::shard_map m;
+  m.epoch = 1;
+  // Redis's split (redis-cli --cluster create): the last slot of shard i is
+  // round((i + 1) * 16384 / n - 1), the last shard ends at 16383.
+  const double per = static_cast<double>(cluster::slot_count) / static_cast<double>(c.shards);
+  long first = 0;
+  for (std::size_t i = 0; i < c.shards; ++i) {
+    long last = std::lround(per * static_cast<double>(i + 1) - 1);
+    if (i + 1 == c.shards || last > cluster::slot_count - 1) last = cluster::slot_count - 1;
+    cluster::shard sh;
+    sh.id = cluster::random_id();
+    sh.slots.push_back({static_cast<std::uint16_t>(first), static_cast<std::uint16_t>(last)});
+    sh.primary = nodes[i].id;
+    sh.isr = {nodes[i].id};
+    m.shards.push_back(std::move(sh));
+    m.nodes.push_back({nodes[i].id, nodes[i].resp, nodes[i].rdma});
+    first = last + 1;
+  }
+  if (auto v = cluster::validate(m); !v) return std::unexpected(v.error());
+  auto w = etcd.put_if(key, cluster::to_json(m), 0);
+  if (!w) return std::unexpected(w.error());
+  if (!w->succeeded)
+    return make_error(errc::invalid_argument, "cluster " + a.name +
+                                                  " got a shard map from someone else meanwhile (" +
+                                                  key + "): not overwritten");
+  return state_of(etcd, a);
+}
+
+}  // namespace conveyor::kv

@@ -1,0 +1,318 @@
+// A server's membership in the cluster (cluster_node.hpp).
+#include "cluster/cluster_node.hpp"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "cluster/etcd.hpp"
+
+namespace conveyor::kv::cluster {
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+bool fill_random(unsigned char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::getrandom(p, n, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += got;
+    n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+std::string hex(const unsigned char* p, std::size_t n) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    s += digits[p[i] >> 4];
+    s += digits[p[i] & 15];
+  }
+  return s;
+}
+
+result<void> write_file_durably(const std::string& path, std::string_view text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return make_error(errc::io_error, "creating " + tmp, errno);
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ok = ::fsync(fd) == 0 && ok;
+  const int saved = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return make_error(errc::io_error, "writing " + path, ok ? errno : saved);
+  }
+  return {};
+}
+
+}  // namespace
+
+bool valid_cluster_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
+  });
+}
+
+std::string cluster_prefix(std::string_view name) {
+  return "/conveyor-kv/" + std::string(name) + "/";
+}
+std::string config_key(std::string_view name) {
+  return cluster_prefix(name) + "config";
+}
+std::string nodes_prefix(std::string_view name) {
+  return cluster_prefix(name) + "nodes/";
+}
+
+std::string random_id() {
+  unsigned char b[20];
+  if (!fill_random(b, sizeof b)) {
+    // getrandom does not fail for 20 bytes once the pool is initialized; were
+    // it to, an id must still never be predictable.
+    std::terminate();
+  }
+  return hex(b, sizeof b);
+}
+
+result<std::string> load_or_create_node_id(const std::string& dir) {
+  const std::string path = dir + "/" + std::string(node_id_file);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[64];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    ::close(fd);
+    std::string_view s(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+    if (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+    if (n < 0 || !valid_id(s))
+      return make_error(errc::invalid_argument,
+                        path +
+                            " does not hold a node id (40 lowercase hex characters); remove it to "
+                            "give this node a new id");
+    return std::string(s);
+  }
+  if (errno != ENOENT) return make_error(errc::io_error, "reading " + path, errno);
+  std::string id = random_id();
+  if (auto w = write_file_durably(path, id + "\n"); !w) return std::unexpected(w.error());
+  return id;
+}
+
+struct cluster_node::state {
+  node_options opts;
+  std::string id;
+  std::string boot_id;
+  std::unique_ptr<etcd_coord> etcd;
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;  // under mu
+  std::atomic<std::int64_t> lease{0};
+  std::string last_log;  // the node's thread only: the last error's kind (log_error)
+
+  void log(const std::string& line) {
+    if (opts.log) opts.log(line);
+  }
+  // An etcd call that failed: logged when the kind of failure changes, not
+  // at every retry while etcd stays away (renewals and watches alternate,
+  // and the texts differ in their timings).
+  void log_error(const std::string& what, const conveyor::error& e) {
+    std::string key(to_string(e.code));
+    if (key == last_log) return;
+    last_log = std::move(key);
+    log("etcd: " + what + ": " + e.to_string());
+  }
+  // An etcd call that worked: after errors, say so once.
+  void answered() {
+    if (last_log.empty()) return;
+    last_log.clear();
+    log("etcd answers again");
+  }
+
+  // Sleeps `d` unless stop() comes first; false when stopping.
+  bool pause(std::chrono::milliseconds d) {
+    std::unique_lock lk(mu);
+    return !cv.wait_for(lk, d, [&] { return stopping; });
+  }
+  bool stopped() {
+    std::lock_guard lk(mu);
+    return stopping;
+  }
+
+  void deliver(const key_value& kv, std::int64_t& applied) {
+    if (kv.mod_revision <= applied) return;
+    auto m = parse_shard_map(kv.value);
+    if (!m) {
+      log("ignoring the shard map at revision " + std::to_string(kv.mod_revision) + ": " +
+          m.error().to_string() + " (keeping the map of revision " + std::to_string(applied) + ")");
+      return;
+    }
+    const auto epoch = m->epoch;
+    auto v = make_view(std::move(*m), id, kv.mod_revision);
+    if (!v) {
+      log("ignoring the shard map at revision " + std::to_string(kv.mod_revision) + ": " +
+          v.error().to_string());
+      return;
+    }
+    applied = kv.mod_revision;
+    log("shard map epoch " + std::to_string(epoch) + " (revision " +
+        std::to_string(kv.mod_revision) + ")");
+    if (opts.on_view) opts.on_view(std::move(*v));
+  }
+
+  void run() {
+    const std::string reg_key = nodes_prefix(opts.cluster_name) + id;
+    const std::string cfg_key = config_key(opts.cluster_name);
+    const std::string reg = to_json(node_registration{id, opts.resp, opts.rdma, boot_id});
+    bool registered = false;
+    steady::time_point renew_at{};
+    std::chrono::milliseconds renew_every = 1000ms;
+    std::int64_t watch_from = 0;  // 0: read the key first
+    std::int64_t applied = 0;     // the revision of the last map delivered
+    while (!stopped()) {
+      if (!registered) {
+        auto g = etcd->grant_lease(opts.lease_ttl);
+        if (!g) {
+          log_error("granting a lease", g.error());
+          if (!pause(500ms)) break;
+          continue;
+        }
+        lease.store(g->id);
+        auto p = etcd->put(reg_key, reg, g->id);
+        if (!p) {
+          log_error("registering " + reg_key, p.error());
+          (void)etcd->revoke_lease(g->id);
+          lease.store(0);
+          if (!pause(500ms)) break;
+          continue;
+        }
+        registered = true;
+        answered();
+        renew_every = std::max<std::chrono::milliseconds>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(g->ttl) / 3, 200ms);
+        renew_at = steady::now() + renew_every;
+        log("registered as " + id + " (" + opts.resp + ") under " + reg_key + ", lease " +
+            std::to_string(g->id) + " of " + std::to_string(g->ttl.count()) + " s");
+      }
+      if (steady::now() >= renew_at) {
+        auto k = etcd->keep_alive(lease.load());
+        if (!k && k.error().code == errc::not_found) {
+          log("the lease " + std::to_string(lease.load()) +
+              " is gone (expired or revoked): registering again");
+          lease.store(0);
+          registered = false;
+          continue;
+        }
+        if (!k)
+          log_error("renewing the lease", k.error());
+        else
+          answered();
+        // A failed renewal is tried again soon: the lease may still hold.
+        renew_at = steady::now() + (k ? renew_every : 300ms);
+      }
+      if (watch_from == 0) {
+        auto r = etcd->range_prefix(cfg_key);
+        if (!r) {
+          log_error("reading " + cfg_key, r.error());
+          if (!pause(500ms)) break;
+          continue;
+        }
+        for (const auto& kv : r->kvs)
+          if (kv.key == cfg_key) deliver(kv, applied);
+        watch_from = r->revision + 1;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(renew_at - steady::now());
+      const auto wait = std::clamp<std::chrono::milliseconds>(left, 50ms, 1000ms);
+      auto w = etcd->watch_prefix(cfg_key, watch_from, wait);
+      if (!w) {
+        log_error("watching " + cfg_key, w.error());
+        if (!pause(500ms)) break;
+        continue;
+      }
+      answered();
+      if (w->compact_revision != 0) {
+        watch_from = 0;  // events lost: read the key again
+        continue;
+      }
+      for (const auto& ev : w->events) {
+        if (ev.kv.key != cfg_key) continue;  // a longer key under the same prefix
+        if (ev.type == watch_event::kind::put)
+          deliver(ev.kv, applied);
+        else
+          log("the shard map was deleted from etcd: keeping the map of revision " +
+              std::to_string(applied));
+      }
+      watch_from = w->next_revision;
+    }
+  }
+};
+
+cluster_node::cluster_node(std::unique_ptr<state> s) : s_(std::move(s)) {}
+
+cluster_node::~cluster_node() {
+  stop();
+}
+
+const std::string& cluster_node::id() const noexcept {
+  return s_->id;
+}
+
+result<std::unique_ptr<cluster_node>> cluster_node::start(node_options opts) {
+  if (opts.endpoints.empty())
+    return make_error(errc::invalid_argument, "cluster: no etcd endpoint");
+  if (!valid_cluster_name(opts.cluster_name))
+    return make_error(errc::invalid_argument, "cluster name '" + opts.cluster_name.substr(0, 80) +
+                                                  "': 1 to 64 of A-Z a-z 0-9 _ - .");
+  if (!valid_address(opts.resp))
+    return make_error(errc::invalid_argument,
+                      "cluster: announced address '" + opts.resp + "' is not host:port");
+  if (!opts.rdma.empty() && !valid_address(opts.rdma))
+    return make_error(errc::invalid_argument,
+                      "cluster: RDMA address '" + opts.rdma + "' is not host:port");
+  if (opts.lease_ttl < 1s || opts.lease_ttl > 3600s)
+    return make_error(errc::invalid_argument, "cluster: the lease must be 1 to 3600 s");
+  auto id = load_or_create_node_id(opts.dir);
+  if (!id) return std::unexpected(id.error());
+  auto etcd = etcd_coord::open({.endpoints = opts.endpoints,
+                                .connect_timeout = 300ms,
+                                .request_timeout = opts.request_timeout});
+  if (!etcd) return std::unexpected(etcd.error());
+  auto s = std::make_unique<state>();
+  s->opts = std::move(opts);
+  s->id = std::move(*id);
+  s->boot_id = random_id().substr(0, 16);
+  s->etcd = std::move(*etcd);
+  auto* raw = s.get();
+  s->thread = std::thread([raw] { raw->run(); });
+  return std::unique_ptr<cluster_node>(new cluster_node(std::move(s)));
+}
+
+void cluster_node::stop() {
+  if (!s_ || !s_->thread.joinable()) return;
+  {
+    std::lock_guard lk(s_->mu);
+    s_->stopping = true;
+  }
+  s_->cv.notify_all();
+  s_->thread.join();
+  // Leave at once rather than a lease later (a clean stop is not a failure).
+  if (const auto l = s_->lease.exchange(0); l != 0) (void)s_->etcd->revoke_lease(l);
+}
+
+}  // namespace conveyor::kv::cluster

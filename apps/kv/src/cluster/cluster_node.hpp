@@ -1,0 +1,102 @@
+// conveyor::kv::cluster::cluster_node — a server's membership in a cluster
+// (issue 35): its id, its registration in etcd on a lease kept alive, and the
+// shard map it watches, handed to the server as cluster_views.
+//
+//   node_options o;
+//   o.endpoints = {"127.0.0.1:2379"};
+//   o.cluster_name = "default";
+//   o.dir = "/var/lib/kv";                     // holds cluster-node.id
+//   o.resp = "10.0.0.1:7001";
+//   o.on_view = [&](std::shared_ptr<const cluster_view> v) { loop.post(...); };
+//   auto n = cluster_node::start(std::move(o));  // id loaded or created; thread started
+//   ...
+//   (*n)->stop();                                // revokes the lease: the registration goes
+//
+// The keys, under /conveyor-kv/<cluster name>/:
+//   nodes/<id>  node_registration JSON (shard_map.hpp), bound to the node's lease
+//   config      the shard map JSON, written by `conveyor kv cluster create` (and
+//               later by the controller) with compare-and-swap
+//
+// One background thread does everything with etcd, each call bounded in time
+// (etcd.hpp): it grants a lease of lease_ttl, puts the registration on it,
+// renews it every third of its TTL, and between renewals long-polls the
+// config key (at most 1 s per poll, so stop() returns within about two
+// seconds). When the lease is found gone (expired while etcd was unreachable,
+// or revoked) it registers again with a new lease, same id. When etcd cannot
+// be reached it retries every 500 ms and logs an error when its kind changes.
+//
+// Every config value is hostile: parse_shard_map + slot_table::build validate
+// it; an invalid one is logged and ignored (the last good view stays). Views
+// are delivered in revision order, each once, from the node's thread, through
+// on_view: the callee hands it to whichever thread uses it.
+//
+// Thread safety: start/stop/id from one owning thread; on_view and log run on
+// the node's thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <conveyor/error.hpp>
+
+#include "cluster/routing.hpp"
+
+namespace conveyor::kv::cluster {
+
+// 1..64 of [A-Za-z0-9_.-]: the cluster name is part of every etcd key.
+bool valid_cluster_name(std::string_view name) noexcept;
+std::string cluster_prefix(std::string_view name);  // "/conveyor-kv/<name>/"
+std::string config_key(std::string_view name);      // ".../config"
+std::string nodes_prefix(std::string_view name);    // ".../nodes/"
+
+// The node id kept in `dir`/cluster-node.id (Redis keeps its id in
+// nodes.conf the same way): read when the file exists (it must hold 40
+// lowercase hex characters and at most a newline), otherwise 20 bytes from the
+// kernel's CSPRNG (getrandom) written there first (temporary file, fsync,
+// rename), so a restart keeps the id.
+result<std::string> load_or_create_node_id(const std::string& dir);
+inline constexpr std::string_view node_id_file = "cluster-node.id";
+
+// 40 lowercase hex characters from the kernel's CSPRNG (node and shard ids).
+std::string random_id();
+
+struct node_options {
+  std::vector<std::string> endpoints;  // etcd: host:port, at least one
+  std::string cluster_name = "default";
+  std::string dir = ".";  // where the node id is kept
+  std::string resp;       // host:port clients are sent to (registrations, MOVED)
+  std::string rdma;       // host:port of the RDMA front end; empty: none
+  std::chrono::seconds lease_ttl{5};
+  std::chrono::milliseconds request_timeout{1000};  // each etcd call but the watch
+  std::function<void(std::shared_ptr<const cluster_view>)> on_view;
+  std::function<void(const std::string&)> log;  // one line, no newline; null: silent
+};
+
+class cluster_node {
+ public:
+  // Checks the options, loads or creates the id, opens the etcd client and
+  // starts the thread (which registers: etcd need not be up yet). Errors:
+  // invalid_argument (options), or the id file's error.
+  static result<std::unique_ptr<cluster_node>> start(node_options opts);
+  ~cluster_node();  // stop()
+  cluster_node(const cluster_node&) = delete;
+  cluster_node& operator=(const cluster_node&) = delete;
+
+  const std::string& id() const noexcept;
+  // Ends the thread (bounded: one etcd call's timeout) and revokes the lease.
+  // Idempotent.
+  void stop();
+
+  struct state;
+
+ private:
+  explicit cluster_node(std::unique_ptr<state> s);
+  std::unique_ptr<state> s_;
+};
+
+}  // namespace conveyor::kv::cluster

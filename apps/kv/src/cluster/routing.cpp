@@ -1,0 +1,51 @@
+// Redis Cluster's routing rule (routing.hpp).
+#include "cluster/routing.hpp"
+
+#include <charconv>
+
+#include "cluster/slots.hpp"
+
+namespace conveyor::kv::cluster {
+
+result<std::shared_ptr<const cluster_view>> make_view(shard_map map, std::string my_id,
+                                                      std::int64_t revision) {
+  auto t = slot_table::build(map);
+  if (!t) return std::unexpected(t.error());
+  auto v = std::make_shared<cluster_view>();
+  v->map = std::move(map);
+  v->table = std::move(*t);
+  v->my_id = std::move(my_id);
+  v->revision = revision;
+  return std::shared_ptr<const cluster_view>(std::move(v));
+}
+
+std::string route_keys(std::span<const std::string_view> keys, const cluster_view* view) {
+  if (keys.empty()) return {};
+  const std::uint16_t slot = slot_of(keys[0]);
+  // Redis answers for the first key's slot before it looks at the others.
+  if (view == nullptr) return std::string(err_slot_not_served);
+  const auto owner = view->table.shard_of(slot);
+  if (!owner) return std::string(err_slot_not_served);
+  for (std::size_t i = 1; i < keys.size(); ++i)
+    if (slot_of(keys[i]) != slot) return std::string(err_crossslot);
+  const auto& sh = view->map.shards[*owner];
+  if (sh.primary == view->my_id) return {};
+  const node_info* n = find_node(view->map, sh.primary);
+  // A valid map names every primary in its nodes; an empty address would
+  // still be a redirect the client can report.
+  return "MOVED " + std::to_string(slot) + " " + (n ? n->resp : std::string());
+}
+
+std::pair<std::string_view, std::uint16_t> split_address(std::string_view addr) noexcept {
+  const auto colon = addr.rfind(':');
+  if (colon == std::string_view::npos) return {addr, 0};
+  std::string_view host = addr.substr(0, colon), port = addr.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  unsigned v = 0;
+  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), v);
+  if (ec != std::errc{} || p != port.data() + port.size() || v > 65535) return {host, 0};
+  return {host, static_cast<std::uint16_t>(v)};
+}
+
+}  // namespace conveyor::kv::cluster

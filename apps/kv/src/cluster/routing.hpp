@@ -1,0 +1,57 @@
+// conveyor::kv::cluster — which node serves a command: the map a node acts on
+// (cluster_view) and Redis Cluster's routing rule as a pure function.
+//
+//   auto v = make_view(map, my_id);                  // validated, with its slot table
+//   std::string e = route_keys(keys, v->get());      // "" or the error reply's text
+//   if (!e.empty()) reply.error(e);                  // -MOVED 3999 127.0.0.1:7002 ...
+//
+// The rule is Redis's getNodeByQuery (cluster.c) for a primary: a command
+// without keys runs anywhere; the first key's slot must be owned by some
+// shard (else CLUSTERDOWN Hash slot not served), every other key must hash to
+// the same slot (else CROSSSLOT), and the owner must be this node (else MOVED
+// <slot> <host>:<port> of the owning shard's primary). No map yet is a slot
+// nobody serves. Replicas, ASK and TRYAGAIN come with replication and slot
+// migration (issue 35's later steps).
+//
+// A cluster_view is immutable once built: the node's etcd thread builds one
+// per valid map and hands the shared_ptr to the loop thread, which only reads
+// it. Pure functions over bytes: safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <conveyor/error.hpp>
+
+#include "cluster/shard_map.hpp"
+
+namespace conveyor::kv::cluster {
+
+struct cluster_view {
+  shard_map map;
+  slot_table table;           // built from `map`, positions into map.shards
+  std::string my_id;          // this node's id (it may be in no shard)
+  std::int64_t revision = 0;  // the config key's mod_revision in etcd (0: not from etcd)
+};
+
+// Validates `map` and builds its slot table.
+result<std::shared_ptr<const cluster_view>> make_view(shard_map map, std::string my_id,
+                                                      std::int64_t revision = 0);
+
+// The error replies routing gives (without the leading '-').
+inline constexpr std::string_view err_crossslot =
+    "CROSSSLOT Keys in request don't hash to the same slot";
+inline constexpr std::string_view err_slot_not_served = "CLUSTERDOWN Hash slot not served";
+
+// "" when a command with these keys may run on this node; otherwise the error
+// reply's text. `view` null: no map yet.
+std::string route_keys(std::span<const std::string_view> keys, const cluster_view* view);
+
+// "host:port" split at the last ':' (brackets of an IPv6 host removed); port 0
+// when it does not parse. For replies that give host and port apart.
+std::pair<std::string_view, std::uint16_t> split_address(std::string_view addr) noexcept;
+
+}  // namespace conveyor::kv::cluster

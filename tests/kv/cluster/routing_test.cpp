@@ -1,0 +1,97 @@
+// Redis Cluster's routing rule (apps/kv/src/cluster/routing.*): which keys a
+// node serves, and the exact MOVED / CROSSSLOT / CLUSTERDOWN replies Redis
+// gives for the others.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cluster/routing.hpp"
+#include "cluster/slots.hpp"
+
+namespace routing_test {
+
+using namespace conveyor::kv::cluster;
+
+std::string hex_id(char c) {
+  return std::string(40, c);
+}
+
+// Three shards, one primary each; slots 0..99 served by nobody.
+shard_map three_shards() {
+  shard_map m;
+  m.epoch = 3;
+  for (int i = 0; i < 3; ++i)
+    m.nodes.push_back(
+        {hex_id(static_cast<char>('0' + i)), "127.0.0.1:" + std::to_string(7001 + i), ""});
+  m.shards.push_back({hex_id('a'), {{100, 5460}}, hex_id('0'), {hex_id('0')}, {}});
+  m.shards.push_back({hex_id('b'), {{5461, 10922}}, hex_id('1'), {hex_id('1')}, {}});
+  m.shards.push_back({hex_id('c'), {{10923, 16383}}, hex_id('2'), {hex_id('2')}, {}});
+  return m;
+}
+
+// A key whose slot is in [lo, hi], distinct per `tag`.
+std::string key_in(unsigned lo, unsigned hi, const std::string& tag = "k") {
+  for (int i = 0;; ++i) {
+    std::string k = tag + std::to_string(i);
+    const unsigned s = slot_of(k);
+    if (s >= lo && s <= hi) return k;
+  }
+}
+
+std::string route(std::vector<std::string> keys, const cluster_view* v) {
+  std::vector<std::string_view> sv(keys.begin(), keys.end());
+  return route_keys(sv, v);
+}
+
+TEST(routing, keys_of_this_nodes_slots_run_here_and_commands_without_keys_run_anywhere) {
+  auto v = make_view(three_shards(), hex_id('1')).value();
+  EXPECT_EQ(route({}, v.get()), "");
+  EXPECT_EQ(route({}, nullptr), "");
+  const auto k = key_in(5461, 10922);
+  EXPECT_EQ(route({k}, v.get()), "");
+  // Hash tags put several keys in one slot.
+  EXPECT_EQ(route({"{" + k + "}.a", "{" + k + "}.b", k}, v.get()), "");
+}
+
+TEST(routing, a_key_of_another_shard_is_moved_to_its_primary_with_the_slot) {
+  auto v = make_view(three_shards(), hex_id('1')).value();
+  const auto k = key_in(10923, 16383);
+  EXPECT_EQ(route({k}, v.get()), "MOVED " + std::to_string(slot_of(k)) + " 127.0.0.1:7003");
+  EXPECT_EQ(route({"foo"}, v.get()), "MOVED 12182 127.0.0.1:7003");  // redis-cli's example
+}
+
+TEST(routing, keys_in_two_slots_are_crossslot_and_an_unserved_slot_is_clusterdown) {
+  auto v = make_view(three_shards(), hex_id('1')).value();
+  const auto mine = key_in(5461, 10922, "m"), other = key_in(10923, 16383, "o");
+  EXPECT_EQ(route({mine, other}, v.get()), std::string(err_crossslot));
+  EXPECT_EQ(route({other, mine}, v.get()), std::string(err_crossslot));
+  const auto nobody = key_in(0, 99, "n");
+  EXPECT_EQ(route({nobody}, v.get()), "CLUSTERDOWN Hash slot not served");
+  // Redis answers for the first key's slot first.
+  EXPECT_EQ(route({nobody, mine}, v.get()), "CLUSTERDOWN Hash slot not served");
+  // No map yet: no slot is served.
+  EXPECT_EQ(route({mine}, nullptr), "CLUSTERDOWN Hash slot not served");
+}
+
+TEST(routing, a_node_in_no_shard_redirects_every_key) {
+  auto v = make_view(three_shards(), hex_id('9')).value();
+  EXPECT_EQ(route({"foo"}, v.get()), "MOVED 12182 127.0.0.1:7003");
+}
+
+TEST(routing, an_invalid_map_makes_no_view) {
+  auto m = three_shards();
+  m.shards[1].slots = {{5000, 10922}};  // overlaps shard a
+  EXPECT_FALSE(make_view(m, hex_id('1')).has_value());
+}
+
+TEST(routing, split_address_takes_host_and_port_apart) {
+  EXPECT_EQ(split_address("127.0.0.1:7001"),
+            (std::pair<std::string_view, std::uint16_t>{"127.0.0.1", 7001}));
+  EXPECT_EQ(split_address("[::1]:7001"), (std::pair<std::string_view, std::uint16_t>{"::1", 7001}));
+  EXPECT_EQ(split_address("host").second, 0);
+  EXPECT_EQ(split_address("host:99999").second, 0);
+  EXPECT_EQ(split_address("host:7x").second, 0);
+}
+
+}  // namespace routing_test

@@ -1,0 +1,375 @@
+// conveyor kv cluster — create, status and up (kv_cluster.hpp).
+//
+//   conveyor kv cluster up --shards 3                    # etcd + 3 nodes on 7001..7003
+//   conveyor kv cluster create --etcd 127.0.0.1:2379 --shards 3
+//   conveyor kv cluster status --etcd 127.0.0.1:2379 [--json]
+//
+// `up` is Redis's create-cluster script for conveyor-kv: it starts a local
+// etcd (/usr/bin/etcd, a data directory of its own, free loopback ports) when
+// --etcd is not given, starts one `kv serve --cluster` per shard (this very
+// executable, /proc/self/exe), creates the shard map and waits for SIGINT or
+// SIGTERM; then it stops the nodes and etcd (SIGTERM, SIGKILL after 5 s). The
+// children also get SIGTERM from the kernel if `up` dies first
+// (PR_SET_PDEATHSIG), so none is left behind.
+#include "kv_cluster.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "conveyor_kv/cluster.hpp"
+
+namespace conveyor::tool {
+
+namespace {
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+
+std::vector<std::string> split_endpoints(const std::string& s) {
+  std::vector<std::string> v;
+  for (std::size_t i = 0; i < s.size();) {
+    auto j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    if (j > i) v.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return v;
+}
+
+kv::cluster_admin_options admin(const kv_cluster_options& o) {
+  kv::cluster_admin_options a;
+  a.etcd = split_endpoints(o.etcd);
+  a.name = o.name;
+  return a;
+}
+
+int run_status(const kv_cluster_options& o) {
+  auto s = kv::read_cluster_state(admin(o));
+  if (!s) {
+    std::fprintf(stderr, "conveyor kv cluster status: %s\n", s.error().to_string().c_str());
+    return 1;
+  }
+  std::printf("%s\n", o.json ? kv::to_json(*s).c_str() : kv::to_table(*s).c_str());
+  return 0;
+}
+
+result<kv::cluster_state> create(const kv_cluster_options& o, const char* who) {
+  kv::cluster_create_options c;
+  c.shards = o.shards;
+  c.replicas = o.replicas;
+  c.wait = std::chrono::seconds(o.wait_s);
+  c.progress = [who](const std::string& line) {
+    std::fprintf(stderr, "conveyor kv cluster %s: %s\n", who, line.c_str());
+  };
+  return kv::create_cluster(admin(o), c);
+}
+
+int run_create(const kv_cluster_options& o) {
+  auto s = create(o, "create");
+  if (!s) {
+    std::fprintf(stderr, "conveyor kv cluster create: %s\n", s.error().to_string().c_str());
+    return s.error().code == errc::invalid_argument ? 2 : 1;
+  }
+  std::printf("%s", kv::to_table(*s).c_str());
+  return 0;
+}
+
+// ---- up ------------------------------------------------------------------------
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string how_it_ended(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+// The last line of a child's log (what it said before it ended), at most 300 bytes.
+std::string last_line(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return "(no log)";
+  std::string last, line;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, f)) {
+    line += buf;
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+      if (!line.empty()) last = line;
+      line.clear();
+    }
+  }
+  std::fclose(f);
+  if (!line.empty()) last = line;
+  return last.substr(0, 300);
+}
+
+// A child that gets SIGTERM when `up` dies, its output in `log`.
+pid_t spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& log) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::_exit(1);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // `up` blocks SIGINT/SIGTERM; children must not
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+  }
+  const int null = ::open("/dev/null", O_RDONLY);
+  if (null >= 0) ::dup2(null, 0);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(exe.c_str(), argv.data());
+  ::_exit(127);
+}
+
+struct child {
+  std::string what;  // "etcd", "node 7001"
+  pid_t pid = -1;
+  std::string log;
+};
+
+// SIGTERM to all, then SIGKILL to what is left after 5 s; reaps every one.
+void stop_all(std::vector<child>& kids) {
+  for (auto& k : kids)
+    if (k.pid > 0) ::kill(k.pid, SIGTERM);
+  const auto until = steady::now() + 5s;
+  for (;;) {
+    bool left = false;
+    for (auto& k : kids)
+      if (k.pid > 0) {
+        if (::waitpid(k.pid, nullptr, WNOHANG) == k.pid)
+          k.pid = -1;
+        else
+          left = true;
+      }
+    if (!left) return;
+    if (steady::now() >= until) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  for (auto& k : kids)
+    if (k.pid > 0) {
+      std::fprintf(stderr, "conveyor kv cluster up: %s did not stop in 5 s: SIGKILL\n",
+                   k.what.c_str());
+      ::kill(k.pid, SIGKILL);
+      ::waitpid(k.pid, nullptr, 0);
+      k.pid = -1;
+    }
+}
+
+int run_up(kv_cluster_options o) {
+  if (o.replicas > 0) {
+    std::fprintf(stderr,
+                 "conveyor kv cluster up: --replicas %zu: replicas need synchronous "
+                 "replication, the next step of issue 35; use --replicas 0 for now\n",
+                 o.replicas);
+    return 2;
+  }
+  if (o.shards < 1 || o.shards > 64 || o.port + o.shards - 1 > 65535) {
+    std::fprintf(stderr, "conveyor kv cluster up: --shards 1..64 from --port up to 65535\n");
+    return 2;
+  }
+  // Signals are read, not handled: blocked before any child exists.
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  bool own_dir = false;
+  if (o.dir.empty()) {
+    char tmpl[] = "/tmp/conveyor-kv-cluster-XXXXXX";
+    if (!::mkdtemp(tmpl)) {
+      std::fprintf(stderr, "conveyor kv cluster up: mkdtemp failed\n");
+      return 1;
+    }
+    o.dir = tmpl;
+    own_dir = true;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.dir, ec);
+  std::vector<child> kids;
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "conveyor kv cluster up: %s\n", why.c_str());
+    stop_all(kids);
+    for (const auto& k : kids)
+      std::fprintf(stderr, "  %s's log: %s\n", k.what.c_str(), k.log.c_str());
+    return 1;
+  };
+  if (o.etcd.empty()) {
+    const int client = free_loopback_port(), peer = free_loopback_port();
+    if (client <= 0 || peer <= 0 || client == peer) return fail("no free loopback ports for etcd");
+    const std::string curl = "http://127.0.0.1:" + std::to_string(client);
+    const std::string purl = "http://127.0.0.1:" + std::to_string(peer);
+    child e{"etcd", -1, o.dir + "/etcd.log"};
+    e.pid = spawn("/usr/bin/etcd",
+                  {"/usr/bin/etcd", "--name", "kv", "--data-dir", o.dir + "/etcd",
+                   "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                   "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                   "--initial-cluster", "kv=" + purl, "--log-outputs", "stderr"},
+                  e.log);
+    if (e.pid < 0) return fail("fork failed");
+    kids.push_back(e);
+    o.etcd = "127.0.0.1:" + std::to_string(client);
+    const auto until = steady::now() + 15s;
+    for (;;) {
+      if (kv::read_cluster_state(admin(o))) break;
+      if (::waitpid(kids[0].pid, nullptr, WNOHANG) == kids[0].pid) {
+        kids[0].pid = -1;
+        return fail("etcd exited at start (is /usr/bin/etcd installed? Debian's etcd-server)");
+      }
+      if (steady::now() >= until) return fail("etcd did not answer within 15 s");
+      std::this_thread::sleep_for(100ms);
+    }
+    std::fprintf(stderr, "conveyor kv cluster up: etcd on %s (data in %s/etcd)\n", o.etcd.c_str(),
+                 o.dir.c_str());
+  }
+  const std::string self = "/proc/self/exe";
+  char exe[4096];
+  const ssize_t n = ::readlink(self.c_str(), exe, sizeof exe - 1);
+  if (n <= 0) return fail("cannot read /proc/self/exe");
+  exe[n] = '\0';
+  for (std::size_t i = 0; i < o.shards; ++i) {
+    const std::string port = std::to_string(o.port + i);
+    const std::string dir = o.dir + "/node-" + port;
+    std::filesystem::create_directories(dir, ec);
+    child k{"node " + port, -1, dir + "/serve.log"};
+    k.pid = spawn(exe,
+                  {exe, "kv", "serve", "--port", port, "--dir", dir, "--cluster", o.etcd,
+                   "--cluster-name", o.name},
+                  k.log);
+    if (k.pid < 0) return fail("fork failed");
+    kids.push_back(k);
+  }
+  // Created in one-second waits, so that a node that ends at start (a port
+  // in use) is reported now rather than after the whole wait.
+  const auto deadline = steady::now() + std::chrono::seconds(o.wait_s);
+  std::string last_progress;
+  result<kv::cluster_state> made = make_error(errc::timed_out, "not created");
+  for (;;) {
+    kv::cluster_create_options c;
+    c.shards = o.shards;
+    c.wait = 1s;
+    c.progress = [&last_progress](const std::string& line) {
+      if (line != last_progress) std::fprintf(stderr, "conveyor kv cluster up: %s\n", line.c_str());
+      last_progress = line;
+    };
+    made = kv::create_cluster(admin(o), c);
+    if (made || made.error().code != errc::timed_out) break;
+    for (auto& k : kids) {
+      int status = 0;
+      if (k.pid > 0 && ::waitpid(k.pid, &status, WNOHANG) == k.pid) {
+        k.pid = -1;
+        return fail(k.what + " exited at start (" + how_it_ended(status) +
+                    "): " + last_line(k.log));
+      }
+    }
+    if (steady::now() >= deadline) break;
+  }
+  if (!made) return fail(made.error().to_string());
+  std::printf("%s\n", kv::to_table(*made).c_str());
+  std::printf("cluster %s is up: %zu shard(s) on ports %u-%zu, etcd %s, files in %s\n",
+              o.name.c_str(), o.shards, o.port, o.port + o.shards - 1, o.etcd.c_str(),
+              o.dir.c_str());
+  std::printf("connect:  redis-cli -c -p %u\n", o.port);
+  std::printf("status:   conveyor kv cluster status --etcd %s --name %s\n", o.etcd.c_str(),
+              o.name.c_str());
+  std::printf("stop:     Ctrl-C (stops the nodes%s)\n", kids[0].what == "etcd" ? " and etcd" : "");
+  std::fflush(stdout);
+  for (;;) {
+    timespec t{0, 500 * 1000 * 1000};
+    const int sig = ::sigtimedwait(&mask, nullptr, &t);
+    if (sig == SIGINT || sig == SIGTERM) break;
+    bool any = false;
+    for (auto& k : kids) {
+      int status = 0;
+      if (k.pid > 0 && ::waitpid(k.pid, &status, WNOHANG) == k.pid) {
+        k.pid = -1;
+        std::fprintf(stderr, "conveyor kv cluster up: %s exited (%s; log %s)\n", k.what.c_str(),
+                     how_it_ended(status).c_str(), k.log.c_str());
+      }
+      any = any || k.pid > 0;
+    }
+    if (!any) break;
+  }
+  std::fprintf(stderr, "conveyor kv cluster up: stopping\n");
+  stop_all(kids);
+  if (own_dir) std::filesystem::remove_all(o.dir, ec);
+  return 0;
+}
+
+}  // namespace
+
+kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o) {
+  auto* cl = kv.add_subcommand("cluster",
+                               "a conveyor-kv cluster coordinated by etcd (docs/KV-CLUSTER.md)");
+  cl->require_subcommand(1);
+  kv_cluster_commands c;
+  c.create = cl->add_subcommand(
+      "create", "write the shard map: wait for --shards registered nodes, split the slots");
+  c.status = cl->add_subcommand("status", "the shard map and the registered nodes");
+  c.up = cl->add_subcommand(
+      "up", "a whole local cluster in one command: etcd (unless --etcd) and --shards nodes");
+  for (auto* sub : {c.create, c.status, c.up}) {
+    auto* e = sub->add_option("--etcd", o.etcd, "etcd endpoints, host:port[,host:port...]");
+    if (sub != c.up) e->required();
+    sub->add_option("--name", o.name, "the cluster's name in etcd")->capture_default_str();
+  }
+  for (auto* sub : {c.create, c.up}) {
+    sub->add_option("--shards", o.shards, "number of shards (one primary each)")
+        ->capture_default_str();
+    sub->add_option("--replicas", o.replicas,
+                    "replicas per shard (only 0 until synchronous replication lands)")
+        ->capture_default_str();
+    sub->add_option("--wait-s", o.wait_s, "seconds to wait for the nodes to register")
+        ->capture_default_str();
+  }
+  c.status->add_flag("--json", o.json, "JSON output");
+  c.up->add_option("--port", o.port, "the first node's RESP port (then +1 for each)")
+      ->capture_default_str();
+  c.up->add_option("--dir", o.dir,
+                   "where the nodes and etcd keep their files (default: a temporary directory, "
+                   "removed at exit)");
+  return c;
+}
+
+int run_kv_cluster(const kv_cluster_commands& c, const kv_cluster_options& o) {
+  if (c.create && *c.create) return run_create(o);
+  if (c.status && *c.status) return run_status(o);
+  if (c.up && *c.up) return run_up(o);
+  return -1;
+}
+
+}  // namespace conveyor::tool
