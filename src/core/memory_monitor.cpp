@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -49,6 +50,7 @@ constexpr unsigned long procmap_query_ioctl = _IOWR('f', 17, procmap_query_arg);
 constexpr std::uint64_t procmap_vma_shared = 0x08;
 
 std::mutex g_mu;
+std::atomic<pid_t> g_pid{0};
 
 std::uintptr_t page_size() noexcept {
   static const std::uintptr_t p = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -69,11 +71,17 @@ uffd_monitor& uffd_monitor::get() noexcept {
   // Never destroyed: a cache (or a handle) may outlive static destruction.
   static uffd_monitor* m = [] {
     auto* p = new uffd_monitor();
+    g_pid.store(getpid());
     pthread_atfork(&uffd_monitor::at_fork_prepare, &uffd_monitor::at_fork_parent,
                    &uffd_monitor::at_fork_child);
     return p;
   }();
   return *m;
+}
+
+int uffd_monitor::pid() noexcept {
+  get();  // the fork handlers keep g_pid right from here on
+  return g_pid.load(std::memory_order_relaxed);
 }
 
 std::string uffd_monitor::subscribe(regcache_sink* s) {
@@ -299,6 +307,7 @@ void uffd_monitor::at_fork_child() noexcept {
   // the (inherited) userfaultfd (no UFFD_FEATURE_EVENT_FORK): nothing can be
   // served here. The thread object is leaked; it names a thread of the parent.
   uffd_monitor& m = get();
+  g_pid.store(getpid());
   m.forked_ = true;
   m.running_ = false;
   m.thread_ = nullptr;

@@ -58,6 +58,8 @@ class uffd_monitor {
   // [start, end). False when they cannot be watched: not all private
   // anonymous memory, not all mapped, or the kernel refused.
   bool watch(std::uintptr_t start, std::uintptr_t end) noexcept;
+  // This process's id without a system call (a forked child's after fork).
+  static int pid() noexcept;
   // Under regcache_mutex(): "" when running, else why not.
   const std::string& status_locked() const noexcept { return status_; }
 

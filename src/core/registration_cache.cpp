@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -96,6 +97,7 @@ class regcache_state final : public regcache_sink,
   void kill_locked(regcache_entry* e) noexcept {
     e->dead_next = dead_;
     dead_ = e;
+    has_dead_.store(true, std::memory_order_relaxed);
   }
   void reap() noexcept;
   cached_registration handle(regcache_entry* e, std::span<std::byte> buf) {
@@ -118,6 +120,7 @@ class regcache_state final : public regcache_sink,
   regcache_entry* lru_head_ = nullptr;  // most recently released
   regcache_entry* lru_tail_ = nullptr;
   regcache_entry* dead_ = nullptr;
+  std::atomic<bool> has_dead_{false};  // a hint: reap() skips the lock when false
   registration_cache_stats st_;
 };
 
@@ -184,13 +187,16 @@ void regcache_state::lru_unlink_locked(regcache_entry* e) noexcept {
 }
 
 void regcache_state::reap() noexcept {
+  // Only this thread's own kills must be reaped now; those are visible to it.
+  if (!has_dead_.load(std::memory_order_relaxed)) return;
   regcache_entry* d;
   {
     std::lock_guard lk(regcache_mutex());
     d = dead_;
     dead_ = nullptr;
+    has_dead_.store(false, std::memory_order_relaxed);
   }
-  const pid_t self = getpid();
+  const pid_t self = uffd_monitor::pid();
   while (d != nullptr) {
     regcache_entry* next = d->dead_next;
     // A forked child never deregisters its parent's registrations (the
@@ -233,7 +239,7 @@ result<cached_registration> regcache_state::acquire(std::span<std::byte> buf, ac
   ent->end = e;
   ent->rights = rights;
   ent->mr = std::move(*mr);
-  ent->pid = getpid();
+  ent->pid = uffd_monitor::pid();
   ent->refs = 1;
   {
     std::lock_guard lk(regcache_mutex());
