@@ -24,7 +24,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-
 template <class F>
 double ns_per_op(F&& op, double ms) {
   const auto budget = std::chrono::duration<double, std::milli>(ms);
@@ -124,7 +123,8 @@ int main(int argc, char** argv) {
     }
     auto st = cache.stats();
     std::printf("%-8s stats: hits %llu misses %llu uncached %llu entries %zu\n", prov.c_str(),
-                static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
+                static_cast<unsigned long long>(st.hits),
+                static_cast<unsigned long long>(st.misses),
                 static_cast<unsigned long long>(st.uncached), st.entries);
   }
   ::munmap(mem, max_size);

@@ -13,7 +13,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <initializer_list>
+#include <new>
 #include <thread>
 
 #include "core/log.hpp"
@@ -57,10 +60,6 @@ std::uintptr_t page_size() noexcept {
   return p;
 }
 
-std::string errno_text(const char* what, int e) {
-  return std::string(what) + ": " + std::strerror(e);
-}
-
 }  // namespace
 
 std::mutex& regcache_mutex() noexcept {
@@ -72,26 +71,42 @@ uffd_monitor& uffd_monitor::get() noexcept {
   static uffd_monitor* m = [] {
     auto* p = new uffd_monitor();
     g_pid.store(getpid());
-    pthread_atfork(&uffd_monitor::at_fork_prepare, &uffd_monitor::at_fork_parent,
-                   &uffd_monitor::at_fork_child);
+    pthread_atfork(nullptr, nullptr, &uffd_monitor::at_fork_child);
     return p;
   }();
   return *m;
 }
 
 int uffd_monitor::pid() noexcept {
-  get();  // the fork handlers keep g_pid right from here on
+  get();  // the fork handler keeps g_pid right from here on
   return g_pid.load(std::memory_order_relaxed);
+}
+
+void uffd_monitor::set_status_locked(const char* why) noexcept {
+  std::snprintf(status_, sizeof status_, "%s", why);
 }
 
 std::string uffd_monitor::subscribe(regcache_sink* s) {
   std::lock_guard life(lifecycle_mu_);
-  std::lock_guard lk(g_mu);
-  if (nsinks_ == max_sinks) return "more than 64 registration caches in this process";
-  sinks_[nsinks_++] = s;
-  if (forked_) return status_;
-  if (!running_ && !start_locked()) return status_;
-  return "";
+  bool start_now = false;
+  bool full = false;
+  {
+    std::lock_guard lk(g_mu);
+    if (nsinks_ == max_sinks) {
+      full = true;
+    } else {
+      sinks_[nsinks_++] = s;
+      start_now = !forked_ && !running_ && !failed_;
+    }
+  }
+  if (full) return "more than 64 registration caches in this process";
+  if (start_now) start();
+  char why[sizeof status_];
+  {
+    std::lock_guard lk(g_mu);
+    std::memcpy(why, status_, sizeof why);
+  }
+  return why;  // the string is built after unlocking
 }
 
 void uffd_monitor::unsubscribe(regcache_sink* s) noexcept {
@@ -106,67 +121,79 @@ void uffd_monitor::unsubscribe(regcache_sink* s) noexcept {
         break;
       }
     }
-    last = nsinks_ == 0 && running_;
+    last = nsinks_ == 0 && thread_ != nullptr;
   }
   if (last) stop();
 }
 
-bool uffd_monitor::start_locked() {
+// Under lifecycle_mu_ only: nothing here may allocate under g_mu (a thread
+// that holds malloc's arena lock may be waiting in brk() for an event that
+// only a holder of g_mu reads).
+void uffd_monitor::start() {
+  char why[sizeof status_] = "";
+  auto failed = [&](const char* what, int e, std::initializer_list<int> fds) {
+    std::snprintf(why, sizeof why, "%s: %s", what, std::strerror(e));
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+    {
+      std::lock_guard lk(g_mu);
+      set_status_locked(why);
+    }
+    log_line(log_level::info,
+             std::string("registration cache: no monitor (") + why + "), caching nothing");
+  };
   // UFFD_USER_MODE_ONLY needs no privilege even where
   // vm.unprivileged_userfaultfd is 0; only user-mode faults would reach us,
   // and we arm none (write-protect mode without UFFDIO_WRITEPROTECT).
   int fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
   if (fd < 0 && errno == EINVAL)  // kernels before 5.11 know no UFFD_USER_MODE_ONLY
     fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
-  if (fd < 0) {
-    status_ = errno_text("userfaultfd", errno);
-    log_line(log_level::info, "registration cache: no monitor (" + status_ + "), caching nothing");
-    return false;
-  }
+  if (fd < 0) return failed("userfaultfd", errno, {});
   uffdio_api api{};
   api.api = UFFD_API;
   api.features = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP;
-  if (ioctl(fd, UFFDIO_API, &api) != 0) {
-    status_ = errno_text("UFFDIO_API (unmap/remove/remap events)", errno);
-    ::close(fd);
-    return false;
-  }
+  if (ioctl(fd, UFFDIO_API, &api) != 0)
+    return failed("UFFDIO_API (unmap/remove/remap events)", errno, {fd});
   int maps = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (maps < 0) return failed("open /proc/self/maps", errno, {fd});
   procmap_query_arg q{};
   q.size = sizeof q;
   q.query_addr = reinterpret_cast<std::uintptr_t>(&q);  // the stack is mapped
-  if (maps < 0 || ioctl(maps, procmap_query_ioctl, &q) != 0) {
-    status_ = errno_text("PROCMAP_QUERY on /proc/self/maps (Linux 6.11)", errno);
-    if (maps >= 0) ::close(maps);
-    ::close(fd);
-    return false;
-  }
+  if (ioctl(maps, procmap_query_ioctl, &q) != 0)
+    return failed("PROCMAP_QUERY on /proc/self/maps (Linux 6.11)", errno, {fd, maps});
   int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake < 0) {
-    status_ = errno_text("eventfd", errno);
-    ::close(maps);
-    ::close(fd);
-    return false;
+  if (wake < 0) return failed("eventfd", errno, {fd, maps});
+  uffd_.store(fd);
+  maps_fd_.store(maps);
+  wake_fd_.store(wake);
+  {
+    std::lock_guard lk(g_mu);
+    stopping_ = false;
+    running_ = true;
+    status_[0] = '\0';
   }
-  uffd_ = fd;
-  maps_fd_ = maps;
-  wake_fd_ = wake;
-  stopping_ = false;
-  running_ = true;
-  status_.clear();
+  std::thread* t = nullptr;
   try {
-    thread_ = new std::thread([this] { run(); });
+    t = new std::thread([this] { run(); });
   } catch (...) {
-    status_ = "cannot start the monitor thread";
-    running_ = false;
+  }
+  if (t == nullptr) {
+    {
+      std::lock_guard lk(g_mu);
+      running_ = false;
+      set_status_locked("cannot start the monitor thread; caching nothing");
+    }
+    // Closing the userfaultfd unregisters whatever a cache watched meanwhile.
+    uffd_.store(-1);
+    maps_fd_.store(-1);
+    wake_fd_.store(-1);
     ::close(wake);
     ::close(maps);
     ::close(fd);
-    uffd_ = maps_fd_ = wake_fd_ = -1;
-    return false;
+    return;
   }
+  thread_ = t;
   log_line(log_level::info, "registration cache: userfaultfd monitor started");
-  return true;
 }
 
 void uffd_monitor::stop() noexcept {
@@ -175,51 +202,61 @@ void uffd_monitor::stop() noexcept {
     std::lock_guard lk(g_mu);
     stopping_ = true;
     running_ = false;
-    status_ = "stopped: no registration cache left";
+    failed_ = false;
+    set_status_locked("stopped: no registration cache left");
   }
   std::uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  [[maybe_unused]] auto n = ::write(wake_fd_.load(), &one, sizeof one);
   auto* t = static_cast<std::thread*>(thread_);
   thread_ = nullptr;
-  if (t != nullptr) {
-    t->join();
-    delete t;
-  }
+  t->join();
+  delete t;
   // Closing the userfaultfd unregisters every watched range and releases any
   // thread the kernel still holds for an unread event.
-  ::close(uffd_);
-  ::close(maps_fd_);
-  ::close(wake_fd_);
-  uffd_ = maps_fd_ = wake_fd_ = -1;
+  for (std::atomic<int>* fd : {&uffd_, &maps_fd_, &wake_fd_}) ::close(fd->exchange(-1));
 }
 
 void uffd_monitor::run() noexcept {
+  const int ufd = uffd_.load();
+  const int wake = wake_fd_.load();
   for (;;) {
-    pollfd p[2] = {{uffd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    int n = ::poll(p, 2, 500);  // bounded: the stop flag is seen within 0.5 s anyway
+    bool slow = false;
+    {
+      std::lock_guard lk(g_mu);
+      slow = failed_;
+    }
+    // Bounded waits: the stop flag is seen within 0.5 s anyway. After a
+    // failure the descriptor may stay readable: retry at 100 Hz, never spin,
+    // and keep reading so that no unmapping thread is held for ever.
+    pollfd p[2] = {{slow ? -1 : ufd, POLLIN, 0}, {wake, POLLIN, 0}};
+    int n = ::poll(p, 2, slow ? 10 : 500);
     std::lock_guard lk(g_mu);
     if (stopping_) return;
-    if (n > 0 && (p[0].revents & POLLIN) != 0) sync_locked();
-    if (n > 0 && (p[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) {
-      running_ = false;
-      status_ = "the userfaultfd failed (poll error); caching nothing";
-      for (std::size_t i = 0; i < nsinks_; ++i) sinks_[i]->invalidate_locked(0, UINTPTR_MAX);
-      return;
-    }
+    if (slow || (n > 0 && p[0].revents != 0)) read_events_locked();
   }
 }
 
 bool uffd_monitor::sync_locked() noexcept {
   if (!running_) return false;
+  return read_events_locked();
+}
+
+void uffd_monitor::fail_locked(const char* why) noexcept {
+  running_ = false;
+  failed_ = true;
+  set_status_locked(why);
+  for (std::size_t i = 0; i < nsinks_; ++i) sinks_[i]->invalidate_locked(0, UINTPTR_MAX);
+}
+
+bool uffd_monitor::read_events_locked() noexcept {
   uffd_msg msgs[16];
+  const int ufd = uffd_.load(std::memory_order_relaxed);
   for (;;) {
-    ssize_t n = ::read(uffd_, msgs, sizeof msgs);
+    ssize_t n = ::read(ufd, msgs, sizeof msgs);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN) return true;
-      running_ = false;  // unknown failure: serve nothing from now on
-      status_ = "reading the userfaultfd failed; caching nothing";
-      for (std::size_t i = 0; i < nsinks_; ++i) sinks_[i]->invalidate_locked(0, UINTPTR_MAX);
+      if (errno == EAGAIN) return running_;
+      if (!failed_) fail_locked("reading the userfaultfd failed; caching nothing");
       return false;
     }
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i) {
@@ -235,7 +272,7 @@ bool uffd_monitor::sync_locked() noexcept {
         case UFFD_EVENT_PAGEFAULT: {
           // Never armed; if a kernel delivers one anyway, let the thread go on.
           uffdio_range r{m.arg.pagefault.address & ~(page_size() - 1), page_size()};
-          ioctl(uffd_, UFFDIO_WAKE, &r);
+          ioctl(ufd, UFFDIO_WAKE, &r);
           break;
         }
         default:
@@ -272,7 +309,7 @@ bool uffd_monitor::watch(std::uintptr_t start, std::uintptr_t end) noexcept {
     procmap_query_arg q{};
     q.size = sizeof q;
     q.query_addr = at;  // flags 0: the VMA covering `at`, ENOENT if none
-    if (ioctl(maps_fd_, procmap_query_ioctl, &q) != 0) return false;
+    if (ioctl(maps_fd_.load(), procmap_query_ioctl, &q) != 0) return false;
     // Private anonymous only: shared or file-backed pages can change without
     // an unmap/remove event (shmdt, truncation, hole punching).
     if ((q.vma_flags & procmap_vma_shared) != 0 || q.inode != 0 || q.dev_major != 0 ||
@@ -288,36 +325,30 @@ bool uffd_monitor::watch(std::uintptr_t start, std::uintptr_t end) noexcept {
   r.range.start = first;
   r.range.len = last - first;
   r.mode = UFFDIO_REGISTER_MODE_WP;
-  return ioctl(uffd_, UFFDIO_REGISTER, &r) == 0;
-}
-
-void uffd_monitor::at_fork_prepare() noexcept {
-  uffd_monitor& m = get();
-  m.lifecycle_mu_.lock();
-  g_mu.lock();
-}
-
-void uffd_monitor::at_fork_parent() noexcept {
-  g_mu.unlock();
-  get().lifecycle_mu_.unlock();
+  return ioctl(uffd_.load(), UFFDIO_REGISTER, &r) == 0;
 }
 
 void uffd_monitor::at_fork_child() noexcept {
-  // The child has no monitor thread, and its mappings are not registered with
-  // the (inherited) userfaultfd (no UFFD_FEATURE_EVENT_FORK): nothing can be
-  // served here. The thread object is leaked; it names a thread of the parent.
+  // No prepare handler takes the locks: fork() takes malloc's arena locks
+  // after the prepare handlers, and a thread holding one may be waiting in
+  // brk() for the monitor, which would wait for g_mu. So the child makes new
+  // locks (the child is one thread; whatever the parent's threads held is
+  // abandoned). The child has no monitor thread, and its mappings are not
+  // registered with the inherited userfaultfd (no UFFD_FEATURE_EVENT_FORK):
+  // nothing can be served here. The thread object is leaked; it names a
+  // thread of the parent.
   uffd_monitor& m = get();
+  new (&g_mu) std::mutex();
+  new (&m.lifecycle_mu_) std::mutex();
   g_pid.store(getpid());
   m.forked_ = true;
   m.running_ = false;
   m.thread_ = nullptr;
-  for (int* fd : {&m.uffd_, &m.maps_fd_, &m.wake_fd_}) {
-    if (*fd >= 0) ::close(*fd);
-    *fd = -1;
+  for (std::atomic<int>* fd : {&m.uffd_, &m.maps_fd_, &m.wake_fd_}) {
+    int f = fd->exchange(-1);
+    if (f >= 0) ::close(f);
   }
-  m.status_ = "a forked child: the monitor does not run here; caching nothing";
-  g_mu.unlock();
-  m.lifecycle_mu_.unlock();
+  m.set_status_locked("a forked child: the monitor does not run here; caching nothing");
 }
 
 }  // namespace conveyor::detail

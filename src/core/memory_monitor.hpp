@@ -11,6 +11,7 @@
 //    dropped entries go to a list that callers reap after unlocking.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -34,6 +35,8 @@ class uffd_monitor {
  public:
   // The process's monitor (created at the first call, never destroyed).
   static uffd_monitor& get() noexcept;
+  // This process's id without a system call (a forked child's after fork).
+  static int pid() noexcept;
 
   // Adds a sink; the first starts the monitor (userfaultfd and thread).
   // Returns "" when the monitor runs, else why not (the sink is added anyway
@@ -48,6 +51,7 @@ class uffd_monitor {
   // the monitor does not run (never started, failed, or this is a forked
   // child), in which case nothing may be served from a cache.
   bool sync_locked() noexcept;
+  bool running_locked() const noexcept { return running_; }
   // Under regcache_mutex(): a count of the events applied so far, and whether
   // an event since `seq` touched [start, end) (true too when too many
   // happened to tell).
@@ -58,19 +62,19 @@ class uffd_monitor {
   // [start, end). False when they cannot be watched: not all private
   // anonymous memory, not all mapped, or the kernel refused.
   bool watch(std::uintptr_t start, std::uintptr_t end) noexcept;
-  // This process's id without a system call (a forked child's after fork).
-  static int pid() noexcept;
-  // Under regcache_mutex(): "" when running, else why not.
-  const std::string& status_locked() const noexcept { return status_; }
+  // Under regcache_mutex(): "" when running, else why not (a fixed buffer:
+  // nothing under the lock allocates).
+  const char* status_locked() const noexcept { return status_; }
 
  private:
   uffd_monitor() = default;
-  bool start_locked();
+  void start();
   void stop() noexcept;
   void run() noexcept;
+  bool read_events_locked() noexcept;
+  void fail_locked(const char* why) noexcept;
   void apply_locked(std::uintptr_t start, std::uintptr_t end) noexcept;
-  static void at_fork_prepare() noexcept;
-  static void at_fork_parent() noexcept;
+  void set_status_locked(const char* why) noexcept;
   static void at_fork_child() noexcept;
 
   static constexpr std::size_t max_sinks = 64;
@@ -80,18 +84,21 @@ class uffd_monitor {
   };
 
   std::mutex lifecycle_mu_;  // subscribe/unsubscribe; before regcache_mutex()
+  // Under regcache_mutex():
   regcache_sink* sinks_[max_sinks] = {};
   std::size_t nsinks_ = 0;
-  int uffd_ = -1;
-  int wake_fd_ = -1;        // eventfd: stop the thread
-  int maps_fd_ = -1;        // /proc/self/maps, for PROCMAP_QUERY
-  void* thread_ = nullptr;  // std::thread*, leaked in a forked child
-  bool running_ = false;
-  bool stopping_ = false;
+  bool running_ = false;   // events are read: caches may serve
+  bool stopping_ = false;  // the thread is to leave
+  bool failed_ = false;    // reading failed: serve nothing, keep reading slowly
   bool forked_ = false;
-  std::string status_ = "not started";
+  char status_[160] = "not started";
   std::uint64_t seq_ = 0;
   event_range ring_[ring_size];
+  // Set by start()/stop() (under lifecycle_mu_), read anywhere.
+  std::atomic<int> uffd_{-1};
+  std::atomic<int> wake_fd_{-1};  // eventfd: stop the thread
+  std::atomic<int> maps_fd_{-1};  // /proc/self/maps, for PROCMAP_QUERY
+  void* thread_ = nullptr;        // std::thread*, leaked in a forked child
 };
 
 }  // namespace conveyor::detail

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -49,9 +50,10 @@ class regcache_state final : public regcache_sink,
                              public std::enable_shared_from_this<regcache_state> {
  public:
   regcache_state(protection_domain pd, const registration_cache_options& o)
-      : pd_(std::move(pd)), opts_(o) {}
+      : pd_(std::move(pd)), opts_(o), pid_(uffd_monitor::pid()) {}
   ~regcache_state() {
     if (subscribed_) uffd_monitor::get().unsubscribe(this);
+    if (in_child()) return;  // the parent's entries are left alone (reap())
     {
       std::lock_guard lk(regcache_mutex());
       drop_all_locked(false);
@@ -85,8 +87,12 @@ class regcache_state final : public regcache_sink,
 
  private:
   bool monitoring_locked() const noexcept {
-    return monitored_ && uffd_monitor::get().status_locked().empty();
+    return monitored_ && uffd_monitor::get().running_locked();
   }
+  // A forked child of the process that made the cache: its index, lists and
+  // entries are the parent's and may have been mid-update at fork(); the
+  // child never touches them and caches nothing.
+  bool in_child() const noexcept { return pid_ != uffd_monitor::pid(); }
   regcache_entry* find_locked(std::uintptr_t s, std::uintptr_t e, access rights) noexcept;
   void remove_range_locked(std::uintptr_t start, std::uintptr_t end, bool count) noexcept;
   void remove_locked(regcache_entry* e) noexcept;
@@ -111,6 +117,7 @@ class regcache_state final : public regcache_sink,
 
   protection_domain pd_;
   registration_cache_options opts_;
+  pid_t pid_;           // the process that made the cache
   std::string status_;  // why not monitored (at creation)
   bool subscribed_ = false;
   bool monitored_ = false;
@@ -212,6 +219,22 @@ result<cached_registration> regcache_state::acquire(std::span<std::byte> buf, ac
   const auto s = reinterpret_cast<std::uintptr_t>(buf.data());
   const auto e = s + buf.size();
   uffd_monitor& mon = uffd_monitor::get();
+  if (in_child()) {
+    auto mr = pd_.register_memory(buf, rights);
+    if (!mr) return std::unexpected(std::move(mr.error()));
+    auto* ent = new regcache_entry;
+    ent->start = s;
+    ent->end = e;
+    ent->rights = rights;
+    ent->mr = std::move(*mr);
+    ent->pid = uffd_monitor::pid();
+    ent->refs = 1;
+    std::lock_guard lk(regcache_mutex());  // a new lock in the child
+    ++st_.misses;
+    ++st_.uncached;
+    ++st_.in_use;
+    return handle(ent, buf);
+  }
   bool monitored = false;
   std::uint64_t seq0 = 0;
   {
@@ -241,6 +264,13 @@ result<cached_registration> regcache_state::acquire(std::span<std::byte> buf, ac
   ent->mr = std::move(*mr);
   ent->pid = uffd_monitor::pid();
   ent->refs = 1;
+  // The index node is made here: nothing under the lock allocates (see
+  // memory_monitor.hpp).
+  index_t::node_type node;
+  {
+    index_t one;
+    node = one.extract(one.emplace(s, ent));
+  }
   {
     std::lock_guard lk(regcache_mutex());
     ++st_.in_use;
@@ -249,7 +279,7 @@ result<cached_registration> regcache_state::acquire(std::span<std::byte> buf, ac
     const bool keep = watched && mon.sync_locked() && !mon.touched_since_locked(seq0, s, e) &&
                       make_room_locked(buf.size());
     if (keep) {
-      ent->it = index_.emplace(s, ent);
+      ent->it = index_.insert(std::move(node));
       ent->indexed = true;
       st_.entries += 1;
       st_.bytes += buf.size();
@@ -263,6 +293,15 @@ result<cached_registration> regcache_state::acquire(std::span<std::byte> buf, ac
 }
 
 void regcache_state::release(regcache_entry* e) noexcept {
+  if (e->pid != uffd_monitor::pid()) return;  // the parent's, in a forked child: left alone
+  if (in_child()) {                           // the child's own, never cached
+    {
+      std::lock_guard lk(regcache_mutex());
+      --st_.in_use;
+    }
+    delete e;
+    return;
+  }
   {
     std::lock_guard lk(regcache_mutex());
     --st_.in_use;
@@ -277,6 +316,7 @@ void regcache_state::release(regcache_entry* e) noexcept {
 }
 
 void regcache_state::flush() noexcept {
+  if (in_child()) return;
   {
     std::lock_guard lk(regcache_mutex());
     while (lru_tail_ != nullptr) {
@@ -288,14 +328,24 @@ void regcache_state::flush() noexcept {
 }
 
 registration_cache_stats regcache_state::stats() {
-  std::lock_guard lk(regcache_mutex());
-  registration_cache_stats s = st_;
-  if (monitoring_locked()) {
-    s.monitor = memory_monitor::userfaultfd;
-  } else {
-    s.monitor = memory_monitor::none;
-    s.monitor_status = monitored_ ? uffd_monitor::get().status_locked() : status_;
+  registration_cache_stats s;
+  char why[160] = "";
+  {
+    std::lock_guard lk(regcache_mutex());
+    s.hits = st_.hits;
+    s.misses = st_.misses;
+    s.uncached = st_.uncached;
+    s.evictions = st_.evictions;
+    s.invalidations = st_.invalidations;
+    s.entries = st_.entries;
+    s.bytes = st_.bytes;
+    s.in_use = st_.in_use;
+    s.monitor = monitoring_locked() ? memory_monitor::userfaultfd : memory_monitor::none;
+    if (s.monitor == memory_monitor::none && monitored_)
+      std::snprintf(why, sizeof why, "%s", uffd_monitor::get().status_locked());
   }
+  // Built after unlocking: nothing under the lock allocates.
+  if (s.monitor == memory_monitor::none) s.monitor_status = monitored_ ? why : status_;
   return s;
 }
 

@@ -328,6 +328,22 @@ TEST_P(registration_cache_test, a_disabled_cache_caches_nothing_and_says_why) {
   EXPECT_EQ(st.entries, 0u);
 }
 
+TEST_P(registration_cache_test, conveyor_regcache_0_in_the_environment_disables_caching) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  ASSERT_EQ(::setenv("CONVEYOR_REGCACHE", "0", 1), 0);
+  auto cache = make_cache();
+  ::unsetenv("CONVEYOR_REGCACHE");
+  EXPECT_EQ(cache.monitor(), memory_monitor::none);
+  EXPECT_NE(cache.stats().monitor_status.find("CONVEYOR_REGCACHE=0"), std::string::npos)
+      << cache.stats().monitor_status;
+  mapping m(4 * page);
+  { auto r = cache.acquire(m.bytes(), access::none); }
+  auto r = cache.acquire(m.bytes(), access::none);
+  CVT_ASSERT_OK(r);
+  EXPECT_FALSE(r->cached());
+  EXPECT_EQ(cache.stats().hits, 0u);
+}
+
 TEST_P(registration_cache_test, fork_leaves_the_parent_correct_and_the_child_uncached) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   auto cache = make_cache();
