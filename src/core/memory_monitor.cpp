@@ -304,7 +304,6 @@ bool uffd_monitor::watch(std::uintptr_t start, std::uintptr_t end) noexcept {
   const std::uintptr_t ps = page_size();
   const std::uintptr_t a = start & ~(ps - 1);
   const std::uintptr_t b = (end + ps - 1) & ~(ps - 1);
-  std::uintptr_t first = 0, last = 0;
   for (std::uintptr_t at = a; at < b;) {
     procmap_query_arg q{};
     q.size = sizeof q;
@@ -315,15 +314,17 @@ bool uffd_monitor::watch(std::uintptr_t start, std::uintptr_t end) noexcept {
     if ((q.vma_flags & procmap_vma_shared) != 0 || q.inode != 0 || q.dev_major != 0 ||
         q.dev_minor != 0)
       return false;
-    if (at == a) first = q.vma_start;
-    last = q.vma_end;
     at = q.vma_end;
   }
-  // Whole VMAs: registering part of one would split it, and the splits would
-  // outlive the entries (we never unregister) and could exhaust max_map_count.
+  // Exactly the range's pages, not the whole VMAs that hold them: a VMA may
+  // have merged with memory that is not ours (a sanitizer's runtime, a thread
+  // stack), and whoever unmaps that would then wait for the monitor, the
+  // monitor thread itself included (it deadlocked so under TSan). The cost:
+  // registering part of a VMA splits it, and the split stays until the pages
+  // are unmapped (docs/REGISTRATION-CACHE.md, "What is left").
   uffdio_register r{};
-  r.range.start = first;
-  r.range.len = last - first;
+  r.range.start = a;
+  r.range.len = b - a;
   r.mode = UFFDIO_REGISTER_MODE_WP;
   return ioctl(uffd_.load(), UFFDIO_REGISTER, &r) == 0;
 }

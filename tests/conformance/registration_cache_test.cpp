@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -417,6 +419,53 @@ TEST_P(registration_cache_test, concurrent_acquire_release_and_unmap_stay_consis
   EXPECT_EQ(st.in_use, 0u);
   EXPECT_LE(st.entries, 6u);
   EXPECT_GT(st.hits, 0u);
+}
+
+// free() trimming the heap holds malloc's arena lock while brk() waits for the
+// monitor to read the unmap event; a cache that allocated under its own lock
+// (which the monitor needs) would deadlock here. A watchdog ends the process
+// instead of hanging.
+TEST_P(registration_cache_test, free_trimming_a_watched_heap_while_others_acquire_does_not_hang) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto cache = make_cache({.max_entries = 64, .max_bytes = 64 << 20});
+  CVT_REQUIRE_MONITOR(cache);
+  ASSERT_EQ(mallopt(M_MMAP_THRESHOLD, 4 << 20), 1);  // 256 KiB blocks from the heap
+  ASSERT_EQ(mallopt(M_TRIM_THRESHOLD, 0), 1);        // and every free at the top trims
+  std::atomic<int> done{0};
+  std::atomic<bool> failed{false};
+  auto worker = [&](int seed, std::size_t size) {
+    std::mt19937 rng(seed);
+    for (int i = 0; i < 300 && !failed; ++i) {
+      auto* p = static_cast<std::byte*>(std::malloc(size + rng() % 4096));
+      if (p == nullptr) {
+        failed = true;
+        break;
+      }
+      std::memset(p, i, size);
+      {
+        auto r = cache.acquire({p, size}, access::local_write);
+        if (!r) failed = true;
+      }
+      std::free(p);
+    }
+    ++done;
+  };
+  std::vector<std::thread> ts;
+  ts.emplace_back(worker, 1, 256 * 1024);
+  ts.emplace_back(worker, 2, 64);
+  ts.emplace_back(worker, 3, 4096);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (done < 3) {
+    std::fprintf(stderr, "registration cache: acquire/free deadlocked (watchdog)\n");
+    std::_Exit(1);
+  }
+  for (auto& t : ts) t.join();
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(cache.stats().in_use, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(providers, registration_cache_test, testing::ValuesIn(all_params()),
