@@ -61,18 +61,24 @@ class registration_cache_test : public pair_test {
   }
   // Skips unless the monitor runs (it does on Linux 6.11+ with userfaultfd).
   bool monitored(const registration_cache& c) { return c.monitor() == memory_monitor::userfaultfd; }
-  // WRITEs the registration's bytes into the target's main region and checks
-  // that the target now holds exactly what the memory holds now.
+  // WRITEs the registration's bytes into the target's main region, READs them
+  // back into a fresh local region and checks that they are exactly what the
+  // memory holds now. The target's memory is touched by its engine only (a
+  // load or store from this thread would race with it); every call follows a
+  // change of the source bytes, so a stale registration leaves other bytes.
   testing::AssertionResult moves_current_bytes(const cached_registration& r, std::uint64_t id) {
     const std::size_t n = r.size();
-    std::memset(tgt_main.data(), 0, n);
     if (init.qp.post_write(r.as_sge(), peer.slice(0, n), id) != conveyor::errc::ok)
       return testing::AssertionFailure() << "post_write refused";
     auto w = wait_ok(init.send_reader(), 1, op_timeout(n));
     if (!w) return w;
-    auto s = sync_target(op_timeout(n));
-    if (!s) return s;
-    if (std::memcmp(tgt_main.data(), r.data(), n) != 0)
+    auto sink = make_region(init.pd, n, access::local_write, 0x5150 + id);
+    if (!sink) return testing::AssertionFailure() << sink.error().to_string();
+    if (init.qp.post_read(sink->sge(0, n), peer.slice(0, n), id + 1000) != conveyor::errc::ok)
+      return testing::AssertionFailure() << "post_read refused";
+    auto rd = wait_ok(init.send_reader(), 1, op_timeout(n));
+    if (!rd) return rd;
+    if (std::memcmp(sink->data(), r.data(), n) != 0)
       return testing::AssertionFailure() << "the target got other bytes than the memory holds now";
     return testing::AssertionSuccess();
   }
