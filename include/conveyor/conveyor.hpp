@@ -12,5 +12,6 @@
 #include "conveyor/mr.hpp"
 #include "conveyor/pd.hpp"
 #include "conveyor/qp.hpp"
+#include "conveyor/registration_cache.hpp"
 #include "conveyor/srq.hpp"
 #include "conveyor/version.hpp"

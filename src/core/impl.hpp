@@ -135,6 +135,9 @@ struct handle_access {
     return s.impl_;
   }
   static const std::shared_ptr<device_impl>& shared(const device& d) noexcept { return d.impl_; }
+  static const std::shared_ptr<pd_impl>& shared(const protection_domain& p) noexcept {
+    return p.impl_;
+  }
 };
 
 // The verbs QP state machine: which transitions modify() may request.
