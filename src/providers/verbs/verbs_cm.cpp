@@ -56,10 +56,16 @@ void watch(std::shared_ptr<conn_state> c) {
         }
       }
     }
-    rdma_cm_id* id = c->id;
-    rdma_event_channel* ch = c->ch;
-    c->id = nullptr;
-    c->ch = nullptr;
+    // Under mu: verbs_qp::disconnect reads id under it, and must find either
+    // the live id or none (it read a null here once, between its check and
+    // its rdma_disconnect, and librdmacm dereferenced it: a segfault in the VM).
+    rdma_cm_id* id;
+    rdma_event_channel* ch;
+    {
+      std::lock_guard lk(c->mu);
+      id = std::exchange(c->id, nullptr);
+      ch = std::exchange(c->ch, nullptr);
+    }
     destroy_id_detached(id, ch);
   }).detach();
 }

@@ -220,9 +220,9 @@ class verbs_cq final : public detail::cq_impl {
 // A connection's rdma_cm state, shared by the QP and its watcher thread.
 struct conn_state {
   std::mutex mu;
-  rdma_cm_id* id = nullptr;
-  rdma_event_channel* ch = nullptr;
-  ibv_qp* qp = nullptr;  // cleared (under mu) before the QP is destroyed
+  rdma_cm_id* id = nullptr;          // cleared (under mu) by the watcher as it ends
+  rdma_event_channel* ch = nullptr;  // likewise
+  ibv_qp* qp = nullptr;              // cleared (under mu) before the QP is destroyed
   std::atomic<bool> closing{false};
   std::atomic<bool> peer_gone{false};
   std::string where;

@@ -263,8 +263,8 @@ void verbs_qp::disconnect() noexcept {
     return;
   }
   {
-    std::lock_guard lk(conn_->mu);
-    if (conn_->id != nullptr) rdma_core().rdma_disconnect(conn_->id);
+    std::lock_guard lk(conn_->mu);  // the watcher clears id under it
+    if (auto* id = conn_->id; id != nullptr) rdma_core().rdma_disconnect(id);
   }
   move_to_error(qp_);
   state_ = qp_state::error;
