@@ -7,7 +7,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.path.join(ROOT, "build", "release")
 BASELINE = os.path.join(BUILD, "bench", "conveyor-baseline")
 FIBENCH = os.path.join(BUILD, "bench", "conveyor-fi-bench")
-LOOPBENCH = os.path.join(BUILD, "bench", "conveyor-loopback-bench")
 CONVEYOR = os.path.join(BUILD, "tools", "conveyor", "conveyor")
 
 KIB, MIB = 1024, 1024 * 1024

@@ -1,6 +1,5 @@
 """One measurement per peer for bench/compare: raw TCP (conveyor-baseline), libfabric (conveyor-fi-
-bench), UCX (ucx_perftest), Conveyor (conveyor perf, or conveyor-loopback-bench before it is
-built) and the machine's limits.
+bench), UCX (ucx_perftest), Conveyor (conveyor perf) and the machine's limits.
 """
 import json
 import os
@@ -8,7 +7,7 @@ import shutil
 import subprocess
 import time
 
-from compare_lib.common import BASELINE, CONVEYOR, FIBENCH, KIB, LOOPBENCH, MIB, NA
+from compare_lib.common import BASELINE, CONVEYOR, FIBENCH, MIB, NA
 from compare_lib.procs import SERVERS, Server, run_client
 
 
@@ -34,7 +33,6 @@ class Ctx:
         self.port_base = port_base
         self.ucx_port = port_base + 50
         self.servers = {}
-        self.loopbench = {}
         self.cache = {}
         self.sizes = []
         self.lat_sweep = False
@@ -207,7 +205,8 @@ def m_conveyor(ctx, provider, test, mode, size, qps=1, depth=None):
         pre = ["env", "CONVEYOR_SHM_DIRECT=off"] if provider == "shm-engine" else []
         provider = "shm" if provider == "shm-engine" else provider
         port = ctx.port_base + {"soft": 3, "shm": 4, "shm-engine": 5}[label]
-        # shm listens on an abstract Unix socket name (nothing in any filesystem), not ip:port.
+        # Name check: shm listens on an abstract Unix socket name (nothing in any filesystem),
+        # not ip:port (conveyor perf --server takes an address in the provider's syntax).
         bind = f"@conveyor-compare-{os.getpid()}-{port}" if provider == "shm" else f"{ctx.env.srv_ip}:{port}"
         srv_cmd = pre + [CONVEYOR, "perf", "--server", bind, "--persistent", "--quiet", "--provider", provider]
         if ctx.cpu_srv is not None:
@@ -239,13 +238,10 @@ def m_conveyor(ctx, provider, test, mode, size, qps=1, depth=None):
                 # grow with the QPs (16 buffers a QP touched 64 MiB a side at 1000 QPs, and the
                 # rows measured the cache instead of per-QP costs).
                 one_buffer = mode == "bw"
-            elif mode == "bw" and provider == "shm":
-                # One buffer, as the shared-memory peers (UCX, libfabric and the process_vm
-                # limit) use: a buffer per request would move depth x size through DRAM
-                # (two 8 MiB buffers ran at half the speed of one). Eight in flight, four
-                # per post.
+            elif mode == "bw" and provider == "shm":  # name check: the shared-memory peers' settings
+                # Eight in flight, four per post, as the shared-memory peers (UCX, libfabric
+                # and the process_vm limit) run.
                 cmd += ["--tx-depth", "8", "--batch", "4"]
-                one_buffer = True
             elif mode == "bw" and size >= MIB:
                 # At most 32 MiB in flight, like conveyor-fi-bench, so that the final drain
                 # does not dominate a short measurement.
@@ -257,12 +253,13 @@ def m_conveyor(ctx, provider, test, mode, size, qps=1, depth=None):
                 # (on this VM the first kernel and user access to each page cost ~40 us, so an
                 # 8 MiB buffer's first WRITE ran at ~95 MB/s).
                 cmd += ["--warmup", "16"]
-            if mode == "bw" and provider == "soft" and qps == 1:
-                # Every request from and into one buffer, as conveyor-fi-bench, the TCP baseline
-                # and ucx_perftest do: the same working set as the peers. (A buffer per request
-                # moves depth x size through memory: 32 MiB at 1 MiB, which this VM can make
-                # 10-30 times slower; docs/performance/2026-12-03-compare-first-pair.md, "soft at 1
-                # and 8 MiB".)
+            if mode == "bw" and qps == 1:
+                # Every request from and into one buffer, as every peer does (conveyor-fi-bench,
+                # the TCP baseline, ucx_perftest; on one host UCX, libfabric and the process_vm
+                # limit): the same working set. A buffer per request moves depth x size through
+                # memory: 32 MiB at 1 MiB, which this VM can make 10-30 times slower
+                # (docs/performance/2026-12-03-compare-first-pair.md, "soft at 1 and 8 MiB"), and
+                # two 8 MiB buffers on shm ran at half the speed of one.
                 one_buffer = True
         if one_buffer:
             cmd += ["--slots", "1"]
@@ -274,45 +271,7 @@ def m_conveyor(ctx, provider, test, mode, size, qps=1, depth=None):
         if not res:
             raise NA("conveyor perf printed no result")
         return res[0]
-    return m_loopbench(ctx, provider, test, mode, size)
-
-
-# conveyor-loopback-bench rows (until `conveyor perf` exists): (test, mode, size) -> row name.
-LOOPBENCH_ROWS = {
-    ("write", "lat", 8): "8 B RDMA WRITE ping-pong round trip", ("read", "lat", 8): "8 B RDMA READ round trip",
-    ("write", "bw", 64 * KIB): "64 KiB RDMA WRITE bandwidth", ("read", "bw", 64 * KIB): "64 KiB RDMA READ bandwidth",
-    ("write", "bw", MIB): "1 MiB RDMA WRITE bandwidth", ("read", "bw", MIB): "1 MiB RDMA READ bandwidth",
-    ("write", "rate", 8): "8 B RDMA WRITE message rate",
-}
-
-
-def m_loopbench(ctx, provider, test, mode, size):
-    if provider != "soft":
-        raise NA("conveyor perf not built yet")
-    if ctx.env.netns:
-        raise NA("conveyor perf not built yet (the interim conveyor-loopback-bench is loopback-only)")
-    key = (test, mode, size)
-    if key not in LOOPBENCH_ROWS:
-        raise NA("conveyor perf not built yet (conveyor-loopback-bench has no such row)")
-    cache = ctx.loopbench
-    run = ctx.args._run
-    if cache.get("run") != run:  # one conveyor-loopback-bench per run gives every row
-        cpus = sorted({c for c in ctx.pin if c is not None})
-        cmd = [LOOPBENCH, "--runs", "1", "--json"]
-        if cpus:
-            cmd = ["taskset", "-c", ",".join(map(str, cpus))] + cmd
-        out, _, _ = run_client(cmd, timeout=max(60, ctx.args.timeout))
-        cache["run"], cache["rows"] = run, {r["name"]: r for r in json.loads(out)["results"]}
-    row = cache["rows"][LOOPBENCH_ROWS[key]]
-    v = row["conveyor"]["median"]
-    r = {"test": test, "mode": mode, "size": size, "source": "conveyor-loopback-bench"}
-    if mode == "lat":
-        r["lat_us"] = {"p50": v}
-    elif mode == "bw":
-        r["mb_per_s"] = v
-    else:
-        r["mops"] = v
-    return r
+    raise NA("conveyor perf is not built (cmake --build --preset release --target conveyor_tool)")
 
 
 def m_limit(ctx, what, size):

@@ -93,9 +93,9 @@ milliseconds scaled(milliseconds base) {
 
 std::string device_name(const std::string& provider, const std::string& role) {
   static std::atomic<unsigned> counter{0};
-  // Name check: device::open's name syntax (soft and shm open a fresh
-  // instance per "<provider>:<label>"; "verbs:<x>" names an rdma-core device).
-  if (provider == "soft" || provider == "shm") {
+  // device::open's name syntax: Conveyor's own providers open a fresh instance
+  // per "<provider>:<label>"; "verbs:<x>" names an rdma-core device.
+  if (conveyor_peer(provider)) {
     return provider + ":" + role + "-" + std::to_string(::getpid()) + "-" +
            std::to_string(counter.fetch_add(1));
   }
@@ -112,8 +112,9 @@ conveyor::device_options make_options(conveyor::progress_mode mode, bool request
 }
 
 bool conveyor_peer(const std::string& provider) {
-  // Name check: a promise of Conveyor's own providers (RFC 7306 between two of
-  // them); a device fact here would make the tests check themselves.
+  // Name check: Conveyor's own providers, for a promise of theirs (RFC 7306
+  // between two of them; a device fact here would make the tests check
+  // themselves) and their name syntax (device_name).
   return provider == "soft" || provider == "shm";
 }
 
