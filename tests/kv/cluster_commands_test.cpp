@@ -5,6 +5,9 @@
 // the CLUSTER subcommands' replies in Redis 7.0's shapes.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "cluster/routing.hpp"
 #include "cluster/slots.hpp"
 #include "kv_fixture.hpp"
@@ -178,6 +181,21 @@ TEST_F(cluster_mode, keys_in_slot_are_counted_and_listed_up_to_count) {
   EXPECT_EQ(r({"CLUSTER", "GETKEYSINSLOT", slot, "3"}).substr(0, 4), "*3\r\n");
   EXPECT_EQ(r({"CLUSTER", "GETKEYSINSLOT", slot, "100"}).substr(0, 4), "*5\r\n");
   EXPECT_EQ(r({"CLUSTER", "GETKEYSINSLOT", slot, "-1"}), "-ERR Invalid slot or number of keys\r\n");
+}
+
+// Keys that expired but were not removed yet are still in the store's table:
+// GETKEYSINSLOT and COUNTKEYSINSLOT see only live keys, and `count` counts
+// live keys (with 100 expired keys met first, count 1 still finds the live one).
+TEST_F(cluster_mode, getkeysinslot_counts_only_live_keys_toward_count) {
+  const std::string tag = "{" + mine + "}";
+  for (int i = 0; i < 100; ++i) r({"SET", tag + "gone" + std::to_string(i), "v", "PX", "1"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // all expired, none touched
+  const std::string live = tag + "live";
+  r({"SET", live, "v"});
+  const auto slot = std::to_string(slot_of(mine));
+  EXPECT_EQ(r({"CLUSTER", "GETKEYSINSLOT", slot, "1"}),
+            "*1\r\n$" + std::to_string(live.size()) + "\r\n" + live + "\r\n");
+  EXPECT_EQ(r({"CLUSTER", "COUNTKEYSINSLOT", slot}), ":1\r\n");
 }
 
 TEST(not_a_cluster, cluster_commands_say_cluster_support_is_disabled) {
