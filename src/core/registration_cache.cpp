@@ -106,6 +106,18 @@ class regcache_state final : public regcache_sink,
     has_dead_.store(true, std::memory_order_relaxed);
   }
   void reap() noexcept;
+  // A new entry of `mr` for [s, e), held once by its caller.
+  static regcache_entry* new_entry(std::uintptr_t s, std::uintptr_t e, access rights,
+                                   memory_region mr) {
+    auto* ent = new regcache_entry;
+    ent->start = s;
+    ent->end = e;
+    ent->rights = rights;
+    ent->mr = std::move(mr);
+    ent->pid = uffd_monitor::pid();
+    ent->refs = 1;
+    return ent;
+  }
   cached_registration handle(regcache_entry* e, std::span<std::byte> buf) {
     cached_registration h;
     h.cache_ = shared_from_this();
@@ -222,13 +234,7 @@ result<cached_registration> regcache_state::acquire(std::span<std::byte> buf, ac
   if (in_child()) {
     auto mr = pd_.register_memory(buf, rights);
     if (!mr) return std::unexpected(std::move(mr.error()));
-    auto* ent = new regcache_entry;
-    ent->start = s;
-    ent->end = e;
-    ent->rights = rights;
-    ent->mr = std::move(*mr);
-    ent->pid = uffd_monitor::pid();
-    ent->refs = 1;
+    auto* ent = new_entry(s, e, rights, std::move(*mr));
     std::lock_guard lk(regcache_mutex());  // a new lock in the child
     ++st_.misses;
     ++st_.uncached;
@@ -257,13 +263,7 @@ result<cached_registration> regcache_state::acquire(std::span<std::byte> buf, ac
   const bool watched = monitored && buf.size() <= opts_.max_bytes && mon.watch(s, e);
   auto mr = pd_.register_memory(buf, rights);
   if (!mr) return std::unexpected(std::move(mr.error()));
-  auto* ent = new regcache_entry;
-  ent->start = s;
-  ent->end = e;
-  ent->rights = rights;
-  ent->mr = std::move(*mr);
-  ent->pid = uffd_monitor::pid();
-  ent->refs = 1;
+  auto* ent = new_entry(s, e, rights, std::move(*mr));
   // The index node is made here: nothing under the lock allocates (see
   // memory_monitor.hpp).
   index_t::node_type node;

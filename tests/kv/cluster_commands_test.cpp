@@ -10,6 +10,7 @@
 
 #include "cluster/routing.hpp"
 #include "cluster/slots.hpp"
+#include "cluster/three_shards.hpp"
 #include "kv_fixture.hpp"
 
 namespace kv = conveyor::kv;
@@ -18,30 +19,9 @@ using kvtest::run;
 
 namespace cluster_commands_test {
 
-std::string hex_id(char c) {
-  return std::string(40, c);
-}
-
-// Node '1' owns 5461..10922; slots 0..99 are served by nobody.
-shard_map three_shards() {
-  shard_map m;
-  m.epoch = 3;
-  for (int i = 0; i < 3; ++i)
-    m.nodes.push_back(
-        {hex_id(static_cast<char>('0' + i)), "127.0.0.1:" + std::to_string(7001 + i), ""});
-  m.shards.push_back({hex_id('a'), {{100, 5460}}, hex_id('0'), {hex_id('0')}, {}});
-  m.shards.push_back({hex_id('b'), {{5461, 10922}}, hex_id('1'), {hex_id('1')}, {}});
-  m.shards.push_back({hex_id('c'), {{10923, 16383}}, hex_id('2'), {hex_id('2')}, {}});
-  return m;
-}
-
-std::string key_in(unsigned lo, unsigned hi, const std::string& tag) {
-  for (int i = 0;; ++i) {
-    std::string k = tag + std::to_string(i);
-    const unsigned s = slot_of(k);
-    if (s >= lo && s <= hi) return k;
-  }
-}
+using kvtest::hex_id;
+using kvtest::key_in;
+using kvtest::three_shards;
 
 struct cluster_mode : ::testing::Test {
   kvtest::kv_env env;

@@ -9,6 +9,16 @@
 
 namespace conveyor::kv {
 
+// One command of `c`: its reply may take what is left of the output limit,
+// and `running` names its client while it executes (a script serving others).
+void resp_server::impl::run(client& c, std::span<const std::string_view> command) {
+  c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
+  const auto outer = running;
+  running = c.sess.id;
+  exec.execute(c.sess, command, c.out);
+  running = outer;
+}
+
 // Runs the complete commands the parser holds, in order, until the output
 // reaches the pause mark: the rest waits in the parser (paused) until the
 // client has read its replies, so a pipeline of large replies holds about
@@ -23,11 +33,7 @@ void resp_server::impl::process(client& c) {
       c.paused = true;
       return;
     }
-    c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
-    const auto outer = running;
-    running = c.sess.id;
-    exec.execute(c.sess, h, c.out);
-    running = outer;
+    run(c, h);
     if (c.sess.blocked) park(c, h);  // a held BLPOP that must wait
     c.held.clear();
     if (c.blocked) return;
@@ -64,12 +70,7 @@ void resp_server::impl::process(client& c) {
       c.paused = true;
       break;
     }
-    // This command's reply may take what is left of the output limit.
-    c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
-    const auto outer = running;
-    running = c.sess.id;
-    exec.execute(c.sess, args, c.out);
-    running = outer;
+    run(c, args);
     if (c.sess.blocked) {
       park(c, args);
       break;
@@ -126,11 +127,7 @@ void resp_server::impl::serve_blocked() {
       if (it == clients.end() || !it->second->blocked) continue;
       client& c = *it->second;
       args.assign(c.blocked_argv.begin(), c.blocked_argv.end());
-      c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
-      const auto outer = running;
-      running = c.sess.id;
-      exec.execute(c.sess, args, c.out);
-      running = outer;
+      run(c, args);
       if (c.sess.blocked) {  // empty again: still waiting, in its place
         c.sess.blocked = false;
         break;

@@ -117,6 +117,7 @@ struct resp_server::impl {
 
   // ---- running commands (resp_pipeline.cpp) -----------------------------------
   void process(client& c);
+  void run(client& c, std::span<const std::string_view> command);
   void park(client& c, std::span<const std::string_view> command);
   void unpark(client& c);
   void serve_blocked();
