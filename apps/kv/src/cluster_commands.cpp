@@ -177,36 +177,15 @@ bool slot_arg(exec_context& c, std::string_view s, std::uint16_t& slot) {
 
 // COUNTKEYSINSLOT and GETKEYSINSLOT walk the whole keyspace (the store keeps
 // no per-slot index yet): O(keys), as one KEYS. GETKEYSINSLOT stops at
-// `count` keys, and both stay within the reply bound.
+// `count` keys and stays within the reply bound.
 void keys_in_slot(exec_context& c, std::uint16_t slot, std::int64_t limit, bool list) {
-  std::vector<std::string> keys;
-  std::int64_t n = 0;
-  std::size_t bytes = 16;
-  bool too_large = false;
-  std::uint64_t cursor = 0;
-  do {
-    cursor = c.st().scan(cursor, 1024, [&](std::string_view k) {
-      if (too_large || (list && static_cast<std::int64_t>(keys.size()) >= limit)) return;
-      if (cluster::slot_of(k) != slot) return;
-      if (!list) {
-        keys.emplace_back(k);  // deduplicated below: scan may report a key twice
-        return;
-      }
-      bytes += bulk_bytes(k.size());
-      if (!c.fits(bytes))
-        too_large = true;
-      else
-        keys.emplace_back(k);
-    });
-  } while (cursor != 0 && !too_large);
-  if (too_large) return c.reply_too_large();
-  std::sort(keys.begin(), keys.end());
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  std::erase_if(keys, [&](const std::string& k) { return !c.st().contains(k, c.now); });
-  n = static_cast<std::int64_t>(keys.size());
-  if (!list) return c.r.integer(n);
-  c.r.array(keys.size());
-  for (const auto& k : keys) c.r.bulk(k);
+  auto keys = collect_keys(
+      c, [&](std::string_view k) { return cluster::slot_of(k) == slot; },
+      list ? static_cast<std::size_t>(limit) : SIZE_MAX, list);
+  if (!keys) return c.reply_too_large();
+  if (!list) return c.r.integer(static_cast<std::int64_t>(keys->size()));
+  c.r.array(keys->size());
+  for (const auto& k : *keys) c.r.bulk(k);
 }
 
 }  // namespace

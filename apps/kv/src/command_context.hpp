@@ -7,7 +7,9 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -172,6 +174,14 @@ void cmd_exists(exec_context& c);
 void cmd_type(exec_context& c);
 void cmd_scan(exec_context& c);
 void cmd_keys(exec_context& c);
+// The live keys `keep` accepts, each once and sorted, walking the whole
+// keyspace (O(keys), as KEYS). Collection stops at `limit` keys, and, when
+// `bounded`, at what the keys would take in the reply: then nullopt (the
+// caller answers reply_too_large), so a store of large keys never becomes an
+// unbounded copy.
+std::optional<std::vector<std::string>> collect_keys(
+    exec_context& c, const std::function<bool(std::string_view)>& keep, std::size_t limit,
+    bool bounded);
 void cmd_expire(exec_context& c);
 void cmd_pexpire(exec_context& c);
 void cmd_expireat(exec_context& c);

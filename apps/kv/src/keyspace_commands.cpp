@@ -218,33 +218,40 @@ void cmd_scan(exec_context& c) {
   for (auto& k : keys) c.r.bulk(k);
 }
 
-void cmd_keys(exec_context& c) {
+std::optional<std::vector<std::string>> collect_keys(
+    exec_context& c, const std::function<bool(std::string_view)>& keep, std::size_t limit,
+    bool bounded) {
   std::vector<std::string> keys;
-  bool all = c.argv[1] == "*";
-  const glob_pattern glob(c.argv[1]);
-  // The keys are collected within the reply bound (what they will take in the
-  // reply): a store of large keys must not become an unbounded copy.
   std::size_t bytes = 16;
   bool too_large = false;
   std::uint64_t cursor = 0;
   do {
+    // scan reports live keys only, each once while nothing writes (a command
+    // runs alone); a key is reported twice only across a resize, which no
+    // command's own walk sees, but the sort below removes any repeat anyway.
     cursor = c.st().scan(cursor, 1024, [&](std::string_view k) {
-      if (too_large || !(all || glob.match(k))) return;
+      if (too_large || keys.size() >= limit || !keep(k)) return;
       bytes += bulk_bytes(k.size());
-      if (!c.fits(bytes))
+      if (bounded && !c.fits(bytes))
         too_large = true;
       else
         keys.emplace_back(k);
     });
-  } while (cursor != 0 && !too_large);
-  if (too_large) return c.reply_too_large();
-  // scan may report a key twice if the table moved; KEYS reports each once.
+  } while (cursor != 0 && !too_large && keys.size() < limit);
+  if (too_large) return std::nullopt;
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  // Keys that expired are not reported (scan may visit them before lazy expiry).
-  std::erase_if(keys, [&](const std::string& k) { return !c.st().contains(k, c.now); });
-  c.r.array(keys.size());
-  for (auto& k : keys) c.r.bulk(k);
+  return keys;
+}
+
+void cmd_keys(exec_context& c) {
+  const bool all = c.argv[1] == "*";
+  const glob_pattern glob(c.argv[1]);
+  auto keys = collect_keys(
+      c, [&](std::string_view k) { return all || glob.match(k); }, SIZE_MAX, true);
+  if (!keys) return c.reply_too_large();
+  c.r.array(keys->size());
+  for (auto& k : *keys) c.r.bulk(k);
 }
 
 }  // namespace conveyor::kv
