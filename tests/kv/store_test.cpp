@@ -125,6 +125,9 @@ TEST_F(fixture, allocator_reuses_memory_only_after_the_grace_time) {
   EXPECT_EQ(s->put("more", big, {}, now), kv::put_status::out_of_memory);  // noeviction
   for (int i = 0; i < stored; ++i) s->erase("k" + std::to_string(i), now);
   EXPECT_EQ(s->stats().retired_pending, static_cast<std::uint64_t>(stored));
+  // The retired items hold at least their values' bytes until reclaimed.
+  EXPECT_GE(s->stats().retired_bytes, static_cast<std::uint64_t>(stored) * big.size());
+  EXPECT_LE(s->stats().retired_bytes, std::uint64_t{64} << 10);
   // Within the grace time the memory is not reused: a write has nowhere to go
   // once the headroom is used.
   int during = 0;
@@ -133,6 +136,7 @@ TEST_F(fixture, allocator_reuses_memory_only_after_the_grace_time) {
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   s->reclaim(kv::now_ms());
   EXPECT_EQ(s->stats().retired_pending, 0u);
+  EXPECT_EQ(s->stats().retired_bytes, 0u);
   int after = during;
   while (s->put("n" + std::to_string(after), big, {}, now) == kv::put_status::stored) ++after;
   EXPECT_EQ(after, stored);  // all the memory came back, coalesced

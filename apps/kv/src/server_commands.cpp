@@ -285,6 +285,7 @@ void cmd_info(exec_context& c) {
     line("maxmemory_human", human(cfg.maxmemory));
     line("maxmemory_policy", cfg.maxmemory_policy);
     num("kv_retired_pending", ss.retired_pending);
+    num("kv_retired_bytes", ss.retired_bytes);
     t += "\r\n";
   }
   if (want("persistence")) {

@@ -192,6 +192,7 @@ store_stats store_impl::stats() const {
   s.evicted = evicted_;
   s.expired = expired_;
   s.retired_pending = retired_.size();
+  s.retired_bytes = retired_units_ * L::unit;
   return s;
 }
 

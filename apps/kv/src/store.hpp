@@ -73,6 +73,7 @@ struct store_stats {
   std::uint64_t used_bytes = 0, capacity_bytes = 0;
   std::uint64_t evicted = 0, expired = 0;  // totals
   std::uint64_t retired_pending = 0;       // items waiting for reclamation (epochs)
+  std::uint64_t retired_bytes = 0;         // the data memory they hold until then
 };
 
 class store {
