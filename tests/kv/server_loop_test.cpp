@@ -129,7 +129,7 @@ TEST(resp_front_end, leaves_no_hook_behind_when_it_is_destroyed) {
   {
     kv::resp_server_options o;
     o.port = 0;
-    kv::resp_server front(loop, ex, nullptr, o);
+    kv::resp_server front(loop, ex, o);
     std::string why;
     ASSERT_TRUE(front.listen(why)) << why;
     ASSERT_TRUE(ex.hooks().blocked_clients);

@@ -243,9 +243,8 @@ void resp_server::impl::sweep() {
   }
 }
 
-resp_server::resp_server(server_loop& loop, executor& exec, aof* log,
-                         const resp_server_options& opts)
-    : p_(std::make_unique<impl>(loop, exec, log, opts)) {}
+resp_server::resp_server(server_loop& loop, executor& exec, const resp_server_options& opts)
+    : p_(std::make_unique<impl>(loop, exec, opts)) {}
 
 resp_server::~resp_server() {
   for (auto id : p_->loop_callbacks) p_->loop.cancel(id);

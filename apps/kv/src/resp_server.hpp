@@ -48,7 +48,6 @@ namespace conveyor::kv {
 
 class server_loop;
 class executor;
-class aof;
 
 struct resp_server_options {
   std::string bind = "127.0.0.1";
@@ -65,7 +64,7 @@ struct resp_server_options {
 
 class resp_server {
  public:
-  resp_server(server_loop& loop, executor& exec, aof* log, const resp_server_options& opts);
+  resp_server(server_loop& loop, executor& exec, const resp_server_options& opts);
   ~resp_server();  // closes the listener and every client
   resp_server(const resp_server&) = delete;
   resp_server& operator=(const resp_server&) = delete;

@@ -93,10 +93,7 @@ struct resp_server::impl {
   // so a loop that outlives this server never calls into it.
   std::vector<server_loop::callback_id> loop_callbacks;
 
-  impl(server_loop& l, executor& e, aof* a, const resp_server_options& o)
-      : loop(l), exec(e), opts(o) {
-    (void)a;
-  }
+  impl(server_loop& l, executor& e, const resp_server_options& o) : loop(l), exec(e), opts(o) {}
 
   // ---- accepting and the loop's events (resp_server.cpp) ----------------------
   int accept_one(sockaddr_storage* peer_out = nullptr);

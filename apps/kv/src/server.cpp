@@ -206,7 +206,7 @@ int serve(const server_options& so) {
   ro.partial_timeout = std::chrono::seconds(so.partial_timeout_s);
   ro.limits.max_bulk = sto.max_value > sto.max_key ? sto.max_value : sto.max_key;
   ro.limits.max_buffered = sto.max_value + sto.max_key + (1u << 20);
-  resp_server resp(loop, exec, nullptr, ro);
+  resp_server resp(loop, exec, ro);
   std::string why;
   if (!resp.listen(why)) {
     loop.remove_fd(sfd);
