@@ -122,10 +122,10 @@ int main(int argc, char** argv) {
                   reg, hit, pass, reg / hit, conveyor::to_string(cache.monitor()));
     }
     auto st = cache.stats();
-    std::printf("%-8s stats: hits %llu misses %llu uncached %llu entries %zu\n", prov.c_str(),
-                static_cast<unsigned long long>(st.hits),
-                static_cast<unsigned long long>(st.misses),
-                static_cast<unsigned long long>(st.uncached), st.entries);
+    std::printf(
+        "%-8s stats: hits %llu misses %llu uncached %llu entries %zu monitor %s\n", prov.c_str(),
+        static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
+        static_cast<unsigned long long>(st.uncached), st.entries, st.monitor_status.c_str());
   }
   ::munmap(mem, max_size);
   return 0;

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "core/log.hpp"
+#include "core/proc_maps.hpp"
 
 #ifndef UFFD_USER_MODE_ONLY
 #define UFFD_USER_MODE_ONLY 1
@@ -159,8 +160,14 @@ void uffd_monitor::start() {
   procmap_query_arg q{};
   q.size = sizeof q;
   q.query_addr = reinterpret_cast<std::uintptr_t>(&q);  // the stack is mapped
-  if (ioctl(maps, procmap_query_ioctl, &q) != 0)
-    return failed("PROCMAP_QUERY on /proc/self/maps (Linux 6.11)", errno, {fd, maps});
+  // Kernels before 6.11 (Debian 12's 6.1) answer ENOTTY: watch() then reads
+  // the maps as text (proc_maps.hpp), slower but only on a miss.
+  const bool query = ioctl(maps, procmap_query_ioctl, &q) == 0;
+  if (!query && errno != ENOTTY && errno != EINVAL)
+    return failed("PROCMAP_QUERY on /proc/self/maps", errno, {fd, maps});
+  if (!query && !maps_private_anonymous(q.query_addr, q.query_addr + 1))
+    return failed("/proc/self/maps: the stack is not private anonymous memory", EINVAL, {fd, maps});
+  maps_query_ = query;
   int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) return failed("eventfd", errno, {fd, maps});
   uffd_.store(fd);
@@ -304,7 +311,8 @@ bool uffd_monitor::watch(std::uintptr_t start, std::uintptr_t end) noexcept {
   const std::uintptr_t ps = page_size();
   const std::uintptr_t a = start & ~(ps - 1);
   const std::uintptr_t b = (end + ps - 1) & ~(ps - 1);
-  for (std::uintptr_t at = a; at < b;) {
+  if (!maps_query_.load() && !maps_private_anonymous(a, b)) return false;
+  for (std::uintptr_t at = a; maps_query_.load() && at < b;) {
     procmap_query_arg q{};
     q.size = sizeof q;
     q.query_addr = at;  // flags 0: the VMA covering `at`, ENOENT if none

@@ -96,9 +96,10 @@ class uffd_monitor {
   event_range ring_[ring_size];
   // Set by start()/stop() (under lifecycle_mu_), read anywhere.
   std::atomic<int> uffd_{-1};
-  std::atomic<int> wake_fd_{-1};  // eventfd: stop the thread
-  std::atomic<int> maps_fd_{-1};  // /proc/self/maps, for PROCMAP_QUERY
-  void* thread_ = nullptr;        // std::thread*, leaked in a forked child
+  std::atomic<int> wake_fd_{-1};        // eventfd: stop the thread
+  std::atomic<int> maps_fd_{-1};        // /proc/self/maps, for PROCMAP_QUERY
+  std::atomic<bool> maps_query_{true};  // false: the kernel has none; read the text
+  void* thread_ = nullptr;              // std::thread*, leaked in a forked child
 };
 
 }  // namespace conveyor::detail

@@ -86,6 +86,14 @@ demo_pair() {  # demo_pair <device>: the demo's target and initiator on one devi
   grep -h "FAILED\|skipped:" "$R/demo-$dev.log" "$R/demo-$dev-target.log"
 }
 
+regcache() {  # regcache <device>: ibv_reg_mr + dereg against a registration cache hit, by size
+  local bin="$BUILD/bench/conveyor-regcache-bench"
+  [ -x "$bin" ] || { summary "SKIP regcache-$1: conveyor-regcache-bench not built"; return; }
+  step "regcache-$1" "$bin" --providers "verbs:$1" --runs 3 --ms 20
+  # The table (TCG-emulated: compare the columns, not the absolute times).
+  grep -E "^verbs:$1 " "$R/regcache-$1.log" | tee -a "$R/summary"
+}
+
 gloo_verbs() {  # gloo_verbs <device>: Gloo's algorithms over conveyor-gloo on the verbs provider
   local bin="$BUILD/tests/gloo/conveyor-gloo-test"
   [ -x "$bin" ] || { summary "SKIP gloo-$1: conveyor-gloo-test not built (no libgloo-dev)"; return; }
@@ -132,6 +140,7 @@ if [[ " $STEPS " == *" rxe "* ]]; then
   part perf && perf rxe0
   part demo && demo_pair rxe0
   part gloo && gloo_verbs rxe0
+  part regcache && regcache rxe0
   # verbs_transport_params (RNR retries and timer, path MTU; range checks) and
   # the port-down grace period (a 300 ms flap keeps the QPs, an outage fails
   # each after its own grace).
@@ -162,6 +171,7 @@ if [[ " $STEPS " == *" siw "* ]]; then
   part perf && perf siw0
   part demo && demo_pair siw0
   part gloo && gloo_verbs siw0
+  part regcache && regcache siw0
   part interop && for crc in 0 1; do
     # Linux 6.1 siw never asks for CRC itself (mpa_crc_required is a constant)
     # but honours a peer's request: soft asks (as initiator or in its reply)
