@@ -191,15 +191,13 @@ void stop_all(std::vector<child>& kids) {
 }
 
 int run_up(kv_cluster_options o) {
-  if (o.replicas > 0) {
+  // The primaries take the first ports, their replicas the next ones
+  // (create_cluster assigns by address order).
+  const std::size_t count = o.shards * (1 + o.replicas);
+  if (o.shards < 1 || o.shards > 64 || o.replicas > 4 || o.port + count - 1 > 65535) {
     std::fprintf(stderr,
-                 "conveyor kv cluster up: --replicas %zu: replicas need synchronous "
-                 "replication, the next step of issue 35; use --replicas 0 for now\n",
-                 o.replicas);
-    return 2;
-  }
-  if (o.shards < 1 || o.shards > 64 || o.port + o.shards - 1 > 65535) {
-    std::fprintf(stderr, "conveyor kv cluster up: --shards 1..64 from --port up to 65535\n");
+                 "conveyor kv cluster up: --shards 1..64, --replicas 0..4, nodes on ports from "
+                 "--port up to 65535\n");
     return 2;
   }
   // Signals are read, not handled: blocked before any child exists.
@@ -261,7 +259,7 @@ int run_up(kv_cluster_options o) {
   const ssize_t n = ::readlink(self.c_str(), exe, sizeof exe - 1);
   if (n <= 0) return fail("cannot read /proc/self/exe");
   exe[n] = '\0';
-  for (std::size_t i = 0; i < o.shards; ++i) {
+  for (std::size_t i = 0; i < count; ++i) {
     const std::string port = std::to_string(o.port + i);
     const std::string dir = o.dir + "/node-" + port;
     std::filesystem::create_directories(dir, ec);
@@ -281,6 +279,7 @@ int run_up(kv_cluster_options o) {
   for (;;) {
     kv::cluster_create_options c;
     c.shards = o.shards;
+    c.replicas = o.replicas;
     c.wait = 1s;
     c.progress = [&last_progress](const std::string& line) {
       if (line != last_progress) std::fprintf(stderr, "conveyor kv cluster up: %s\n", line.c_str());
@@ -300,9 +299,10 @@ int run_up(kv_cluster_options o) {
   }
   if (!made) return fail(made.error().to_string());
   std::printf("%s\n", kv::to_table(*made).c_str());
-  std::printf("cluster %s is up: %zu shard(s) on ports %u-%zu, etcd %s, files in %s\n",
-              o.name.c_str(), o.shards, o.port, o.port + o.shards - 1, o.etcd.c_str(),
-              o.dir.c_str());
+  std::printf(
+      "cluster %s is up: %zu shard(s) x %zu replica(s) on ports %u-%zu, etcd %s, files in %s\n",
+      o.name.c_str(), o.shards, o.replicas, o.port, o.port + count - 1, o.etcd.c_str(),
+      o.dir.c_str());
   std::printf("connect:  redis-cli -c -p %u\n", o.port);
   std::printf("status:   conveyor kv cluster status --etcd %s --name %s\n", o.etcd.c_str(),
               o.name.c_str());
@@ -341,7 +341,9 @@ kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o)
       "create", "write the shard map: wait for --shards registered nodes, split the slots");
   c.status = cl->add_subcommand("status", "the shard map and the registered nodes");
   c.up = cl->add_subcommand(
-      "up", "a whole local cluster in one command: etcd (unless --etcd) and --shards nodes");
+      "up",
+      "a whole local cluster in one command: etcd (unless --etcd) and --shards x (1 + "
+      "--replicas) nodes");
   for (auto* sub : {c.create, c.status, c.up}) {
     auto* e = sub->add_option("--etcd", o.etcd, "etcd endpoints, host:port[,host:port...]");
     if (sub != c.up) e->required();
@@ -351,7 +353,8 @@ kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o)
     sub->add_option("--shards", o.shards, "number of shards (one primary each)")
         ->capture_default_str();
     sub->add_option("--replicas", o.replicas,
-                    "replicas per shard (only 0 until synchronous replication lands)")
+                    "replicas per shard (synchronous: a write is acknowledged once every in-sync "
+                    "replica applied it)")
         ->capture_default_str();
     sub->add_option("--wait-s", o.wait_s, "seconds to wait for the nodes to register")
         ->capture_default_str();

@@ -130,6 +130,15 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
                  "crash")
       ->check(CLI::Range(1u, 3600u))
       ->capture_default_str();
+  app.add_option("--cluster-repl-port", o.cluster_repl_port,
+                 "port of the replication listener (Conveyor, on --bind; 0: any free port), "
+                 "which this node's replicas connect to")
+      ->capture_default_str();
+  app.add_option("--repl-timeout-ms", o.repl_timeout_ms,
+                 "how long a reply waits for every in-sync replica to acknowledge the writes "
+                 "before it (past it: -NOREPLICAS)")
+      ->check(CLI::Range(10u, 3600000u))
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no start-up lines on stderr");
 }
 
@@ -192,6 +201,8 @@ int run_kv_serve(const kv_serve_options& o) {
   so.cluster_name = o.cluster_name;
   so.cluster_announce = o.cluster_announce;
   so.cluster_lease_s = o.cluster_lease_s;
+  so.cluster_repl_port = o.cluster_repl_port;
+  so.repl_timeout_ms = o.repl_timeout_ms;
   return kv::serve(so);
 }
 

@@ -36,6 +36,8 @@ struct kv_serve_options {
   std::string cluster_name = "default";
   std::string cluster_announce;
   unsigned cluster_lease_s = 5;
+  std::uint16_t cluster_repl_port = 0;  // the replication listener (0: any free port)
+  unsigned repl_timeout_ms = 5000;      // how long a reply waits for its replicas' acks
   // Collections' encodings (Redis's names and defaults; docs/KV.md).
   std::size_t hash_max_listpack_entries = 512, hash_max_listpack_value = 64;
   std::size_t zset_max_listpack_entries = 128, zset_max_listpack_value = 64;

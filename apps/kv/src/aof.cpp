@@ -474,27 +474,9 @@ bool aof::sync() {
   return true;
 }
 
-bool aof::rewrite_due() const noexcept {
-  if (opts_.rewrite_percentage == 0 || size_ < opts_.rewrite_min_size) return false;
-  std::uint64_t base = base_size_ != 0 ? base_size_ : 1;
-  return (size_ - base_size_) * 100 / base >= opts_.rewrite_percentage || base_size_ == 0;
-}
-
-bool aof::rewrite(store& data, std::string& why) {
-  if (!flush()) {
-    why = last_error_;
-    return false;
-  }
-  std::string tmp = opts_.path + ".rewrite.tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    why = "cannot create " + tmp + ": " + std::strerror(errno);
-    return false;
-  }
+bool snapshot_records(store& data, const std::function<bool(std::string&)>& sink) {
   auto now = now_ms();
   std::string out;
-  std::uint64_t written = 0;
-  bool ok = true;
   std::vector<std::string> keys;
   std::uint64_t cursor = 0;
   // The whole data set, key by key: SET k v [PXAT t], and a collection as
@@ -530,15 +512,37 @@ bool aof::rewrite(store& data, std::string& why) {
         encode_command(out, a);
       }
     }
-    if (out.size() >= (1u << 20) || cursor == 0) {
-      if (!write_all(fd, out)) {
-        ok = false;
-        break;
-      }
-      written += out.size();
+    if (out.size() >= (1u << 20) || (cursor == 0 && !out.empty())) {
+      if (!sink(out)) return false;
       out.clear();
     }
   } while (cursor != 0);
+  return true;
+}
+
+bool aof::rewrite_due() const noexcept {
+  if (opts_.rewrite_percentage == 0 || size_ < opts_.rewrite_min_size) return false;
+  std::uint64_t base = base_size_ != 0 ? base_size_ : 1;
+  return (size_ - base_size_) * 100 / base >= opts_.rewrite_percentage || base_size_ == 0;
+}
+
+bool aof::rewrite(store& data, std::string& why) {
+  if (!flush()) {
+    why = last_error_;
+    return false;
+  }
+  std::string tmp = opts_.path + ".rewrite.tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    why = "cannot create " + tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  std::uint64_t written = 0;
+  bool ok = snapshot_records(data, [&](std::string& chunk) {
+    if (!write_all(fd, chunk)) return false;
+    written += chunk.size();
+    return true;
+  });
   if (ok && ::fsync(fd) != 0) ok = false;
   if (!ok) {
     why = "writing " + tmp + ": " + std::strerror(errno);

@@ -115,6 +115,12 @@ aof_load_result load_aof(
 // overlong length is damage, not a torn write.
 std::size_t find_complete_record(std::string_view tail, std::size_t max_bulk);
 
+// The data set's current state as the records that rebuild it (the rewrite
+// form: SET k v [PXAT t], a collection's commands, PEXPIREAT k t), handed to
+// `sink` in chunks of about 1 MiB (a large collection's chunk holds it
+// whole); false as soon as sink returns false. Loop thread (reads the store).
+bool snapshot_records(store& data, const std::function<bool(std::string&)>& sink);
+
 class aof {
  public:
   // Opens (creating if needed) the file. On error returns null and sets `why`.

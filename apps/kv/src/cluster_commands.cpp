@@ -210,15 +210,27 @@ std::string executor::route(const session& sess, const command& kc,
   } else {
     command_keys(*k, argv, keys);
   }
-  return cluster::route_keys(keys, cluster_.get());
+  // READONLY reads of a replica's shard run on it; a write never does.
+  bool reads_only = sess.readonly && !k->write;
+  if (k->fn == cmd_exec && sess.in_multi)
+    for (const auto& q : sess.queued)
+      if (const command* qk = q.empty() ? nullptr : find(q[0]); qk == nullptr || qk->write)
+        reads_only = false;
+  return cluster::route_keys(keys, cluster_.get(), reads_only);
+}
+
+bool executor::is_replica() const noexcept {
+  return cluster_ != nullptr && cluster::replica_of(*cluster_) != nullptr;
 }
 
 void cmd_cluster(exec_context& c) {
   const auto& cfg = c.ex.config();
   if (!cfg.cluster_enabled) return c.r.error("ERR This instance has cluster support disabled");
-  // READONLY, READWRITE, ASKING: accepted; with no replicas and no slot
-  // migration yet they change nothing (issue 35's later steps give them
-  // their meaning).
+  // READONLY, READWRITE: whether this connection's reads may run on a
+  // replica of their slot's shard. ASKING: accepted; with no slot migration
+  // yet it changes nothing (issue 35's later step gives it its meaning).
+  if (iequal(c.argv[0], "readonly")) c.sess.readonly = true;
+  if (iequal(c.argv[0], "readwrite")) c.sess.readonly = false;
   if (!iequal(c.argv[0], "cluster")) return c.r.simple("OK");
   const cluster_view* v = c.ex.cluster();
   const auto sub = c.argv[1];

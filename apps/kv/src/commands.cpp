@@ -327,25 +327,30 @@ const executor::command* executor::find(std::string_view name) {
   return lookup(name);
 }
 
+void executor::emit(std::span<const std::string_view> argv) {
+  if (aof_ != nullptr) aof_->append(argv);
+  if (repl_ != nullptr) repl_->append(argv);
+}
+
 void executor::log(std::span<const std::string_view> argv) {
-  if (aof_ == nullptr || replaying_) return;
+  if (!logging()) return;
   if (scripts_->capture(argv)) return;  // a script's writes: logged when it ends (log_effects)
   if (in_exec_ && !exec_logged_) {      // a transaction's first record: MULTI before it
     const std::string_view begin[] = {"MULTI"};
-    aof_->append(begin);
+    emit(begin);
     exec_logged_ = true;
   }
-  aof_->append(argv);
+  emit(argv);
 }
 
 void executor::log_effects(const std::vector<std::vector<std::string>>& records) {
-  if (aof_ == nullptr || replaying_ || records.empty()) return;
+  if (!logging() || records.empty()) return;
   // Inside EXEC the transaction's MULTI/EXEC records already enclose them (a
   // block inside a block would be damage to the loader).
   const bool block = !in_exec_ && records.size() > 1;
   if (block) {
     const std::string_view begin[] = {"MULTI"};
-    aof_->append(begin);
+    emit(begin);
   }
   std::vector<std::string_view> v;
   for (const auto& rec : records) {
@@ -354,7 +359,7 @@ void executor::log_effects(const std::vector<std::vector<std::string>>& records)
   }
   if (block) {
     const std::string_view end[] = {"EXEC"};
-    aof_->append(end);
+    emit(end);
   }
 }
 
@@ -442,6 +447,13 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
       return r.error(e);
     }
   }
+  // A replica takes writes from its primary's stream only (Redis's
+  // replica-read-only); keyed ones were redirected above.
+  if (k->write && !replaying_ && !sess.script && is_replica()) {
+    ++cs.rejected;
+    if (sess.in_multi) sess.multi_failed = true;
+    return r.error("READONLY You can't write against a read only replica.");
+  }
   if (sess.in_multi && !runs_in_multi(k->name)) return queue_command(c);
   if (k->write && aof_ != nullptr && !aof_->healthy() && !replaying_) {
     ++cs.rejected;
@@ -489,6 +501,28 @@ bool executor::replay(std::span<const std::string_view> argv, std::string& why) 
   // is freed now, not a grace time later (back to back, the overwrites of a
   // log would otherwise all be in grace at once and run the store out).
   store_.reclaim_all();
+  return replayed_ok(argv, out, why);
+}
+
+bool executor::apply_replicated(std::span<const std::string_view> argv, std::string& why) {
+  if (argv.empty()) return true;
+  const command* k = lookup(argv[0]);
+  if (k == nullptr || !k->write) {
+    why = "not a replicated command: " + std::string(argv[0].substr(0, 64));
+    return false;
+  }
+  session sess;
+  sess.authenticated = true;
+  std::string out;
+  replaying_ = true;
+  execute(sess, argv, out);
+  replaying_ = false;
+  --stats_.commands;
+  return replayed_ok(argv, out, why);
+}
+
+bool executor::replayed_ok(std::span<const std::string_view> argv, const std::string& out,
+                           std::string& why) {
   if (!out.empty() && out[0] == '-') {
     why = "replaying " + std::string(argv[0].substr(0, 64)) + ": " +
           out.substr(1, out.find('\r') - 1);

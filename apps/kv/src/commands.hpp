@@ -32,7 +32,27 @@ struct cluster_view;
 class store;
 class aof;
 class pubsub;
+
+// Where the executor's change records go besides the AOF: a primary's
+// replication stream (repl/primary.hpp). The same records, in the same order.
+class record_sink {
+ public:
+  virtual ~record_sink() = default;
+  virtual void append(std::span<const std::string_view> argv) = 0;
+};
 class scripting;
+
+// Where a primary's replication stands, for the front ends that hold replies
+// until it is safe to send them (repl/primary.hpp fills it; loop thread).
+struct sync_point {
+  std::uint64_t offset = 0;  // bytes of records written so far (master_repl_offset)
+  std::uint64_t acked = 0;   // every in-sync replica has applied the records before this
+  // How long a reply waits for `acked`; past it the reply is an error.
+  std::int64_t timeout_ms = 5000;
+  // The front end's: called when `acked` moves (and from the primary's timer).
+  std::function<void()> on_advance;
+  bool waiting() const noexcept { return acked < offset; }
+};
 
 struct session {
   std::uint64_t id = 0;
@@ -40,6 +60,7 @@ struct session {
   bool authenticated = false;
   int resp = 2;                    // HELLO 3 switches to RESP3
   bool close_after_reply = false;  // QUIT
+  bool readonly = false;           // READONLY: reads of a replica's slots run on it
   // The largest reply one command may build, in bytes (the front end sets it:
   // what is left of the RESP client's output limit, the RDMA message size). A
   // command whose reply would pass it is abandoned as it is built and answers
@@ -136,6 +157,8 @@ struct server_stats {
   std::function<bool(std::string_view)> rdma_requirepass;
   std::function<void(std::string& info)>
       rdma_info;  // appends "key:value\r\n" lines to INFO's rdma section
+  // INFO's # Replication lines (Redis's field names); empty: a lone master's.
+  std::function<void(std::string& info)> replication_info;
   std::uint64_t watch_aborts = 0, exec_aborts = 0;  // EXEC: null (WATCH), EXECABORT
   std::uint64_t slow_commands = 0;
 };
@@ -210,6 +233,19 @@ class executor {
   std::uint64_t next_client_id() noexcept { return ++last_client_id_; }
   aof* log_file() noexcept { return aof_; }
   void set_log(aof* log) noexcept { aof_ = log; }  // once the AOF is open
+  // A primary's replication stream (null: none). Loop thread.
+  void set_replication(record_sink* s, sync_point* sp) noexcept {
+    repl_ = s;
+    sync_ = sp;
+  }
+  sync_point* sync() noexcept { return sync_; }
+  // This node is a replica in the map: writes are refused (-READONLY), reads
+  // of its shard's slots run with READONLY.
+  bool is_replica() const noexcept;
+  // A replica applies its primary's records: as replay(), but the front ends
+  // are up, so what a record replaces goes through the grace time of
+  // one-sided readers (no reclaim_all) and nothing is logged.
+  bool apply_replicated(std::span<const std::string_view> argv, std::string& why);
   // INFO's instantaneous_ops_per_sec: commands per second over the last 16
   // samples, taken every 100 ms by the server (Redis's method).
   void sample_ops(std::int64_t now_ms) noexcept;
@@ -249,9 +285,15 @@ class executor {
 
  private:
   void log(std::span<const std::string_view> argv);
+  void emit(std::span<const std::string_view> argv);  // to the AOF and the replication stream
+  static bool replayed_ok(std::span<const std::string_view> argv, const std::string& out,
+                          std::string& why);
+  bool logging() const noexcept { return (aof_ != nullptr || repl_ != nullptr) && !replaying_; }
 
   store& store_;
   aof* aof_;
+  record_sink* repl_ = nullptr;
+  sync_point* sync_ = nullptr;
   server_config& cfg_;
   server_stats stats_;
   front_end_hooks hooks_;

@@ -21,6 +21,7 @@ void resp_server::impl::close_client(std::uint64_t id) {
   client_mem -= it->second->mem;
   exec.forget(it->second->sess);
   exec.blocking().remove(id);  // a client that leaves while blocked leaves nothing
+  gated.erase(id);
   loop.remove_fd(it->second->fd);
   ::close(it->second->fd);
   clients.erase(it);
@@ -77,8 +78,10 @@ void resp_server::impl::mark_pending(std::uint64_t id, client& c) {
 // Sends what it can; false if the client was closed.
 bool resp_server::impl::send(std::uint64_t id, client& c) {
   if (log() != nullptr && log()->pending()) log()->flush();  // never a reply before its log record
-  while (c.unsent() != 0) {
-    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.unsent(), MSG_NOSIGNAL);
+  // Replies held for replication stay (resp_sync.cpp).
+  const std::size_t end = sendable(c);
+  while (c.out_pos < end) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, end - c.out_pos, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -89,6 +92,7 @@ bool resp_server::impl::send(std::uint64_t id, client& c) {
     exec.stats().net_output_bytes += static_cast<std::uint64_t>(n);
   }
   if (c.unsent() == 0) {
+    c.out_base += c.out.size();
     c.out.clear();
     c.out_pos = 0;
     if (c.out.capacity() > (1u << 20)) c.out.shrink_to_fit();
@@ -97,6 +101,7 @@ bool resp_server::impl::send(std::uint64_t id, client& c) {
       return false;
     }
   } else if (c.out_pos > (1u << 20)) {
+    c.out_base += c.out_pos;
     c.out.erase(0, c.out_pos);
     c.out_pos = 0;
   }
@@ -111,7 +116,7 @@ bool resp_server::impl::send(std::uint64_t id, client& c) {
   }
   account(c);
   if (!enforce_client_memory(id)) return false;
-  bool want_out = c.unsent() != 0;
+  bool want_out = c.out_pos < sendable(c);  // held bytes wait for replicated()
   bool reading = !c.closing && !c.paused && c.unsent() < opts.output_pause;
   if (want_out != c.want_out || reading != c.reading) {
     c.want_out = want_out;

@@ -15,8 +15,10 @@ void resp_server::impl::run(client& c, std::span<const std::string_view> command
   c.sess.max_reply = opts.output_limit > c.unsent() ? opts.output_limit - c.unsent() : 0;
   const auto outer = running;
   running = c.sess.id;
+  const std::size_t start = c.out.size();
   exec.execute(c.sess, command, c.out);
   running = outer;
+  gate(c, start);
 }
 
 // Runs the complete commands the parser holds, in order, until the output

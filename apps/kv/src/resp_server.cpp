@@ -330,5 +330,8 @@ std::uint16_t resp_server::port() const noexcept {
 std::size_t resp_server::clients() const noexcept {
   return p_->clients.size();
 }
+void resp_server::replicated() {
+  p_->replicated();
+}
 
 }  // namespace conveyor::kv

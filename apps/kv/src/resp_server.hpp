@@ -73,6 +73,10 @@ class resp_server {
   bool listen(std::string& why);
   std::uint16_t port() const noexcept;
   std::size_t clients() const noexcept;
+  // The executor's sync_point moved (a replica acknowledged, or time passed):
+  // replies held for replication go out, or past their bound answer
+  // -NOREPLICAS (resp_sync.cpp).
+  void replicated();
 
  private:
   struct impl;

@@ -8,6 +8,8 @@
 //   resp_pipeline.cpp    running a client's commands in order: the output
 //                        pause, CLIENT PAUSE's held commands, BLPOP/BRPOP's
 //                        parked clients;
+//   resp_sync.cpp        replies held until the writes before them are
+//                        replicated (sync_point, repl/primary.hpp);
 //   resp_hooks.cpp       what the commands ask of the front end
 //                        (front_end_hooks): pub/sub and MONITOR delivery and
 //                        their output limits, CLIENT LIST, CLIENT KILL.
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <set>
@@ -60,6 +63,15 @@ struct resp_server::impl {
     // key it waits on is pushed to; the pipeline after it waits.
     bool blocked = false;
     std::vector<std::string> blocked_argv;
+    // Synchronous replication (resp_sync.cpp): the output from `at` (counted
+    // in every byte ever put in `out`, out_base being out[0]'s) waits until
+    // the records up to `need` are acknowledged, or its deadline passes.
+    struct gate {
+      std::uint64_t at = 0, need = 0;
+      clock::time_point deadline;
+    };
+    std::deque<gate> gates;
+    std::uint64_t out_base = 0;
     explicit client(const parser_limits& l) : parser(l) {}
     std::size_t unsent() const { return out.size() - out_pos; }
   };
@@ -74,8 +86,9 @@ struct resp_server::impl {
   std::unordered_map<std::uint64_t, std::unique_ptr<client>> clients;
   std::vector<std::uint64_t> pending;
   std::vector<std::uint64_t>
-      doomed;                    // closed at the next before_wait (killed, over a pubsub limit)
-  std::set<std::uint64_t> held;  // clients with a command held by CLIENT PAUSE
+      doomed;                     // closed at the next before_wait (killed, over a pubsub limit)
+  std::set<std::uint64_t> held;   // clients with a command held by CLIENT PAUSE
+  std::set<std::uint64_t> gated;  // clients with replies waiting for replication
   std::vector<std::string_view> argv;
   // The client whose command is executing (0: none). A long script serves the
   // other clients from inside it (server_loop::serve_ready_now): this one is
@@ -120,6 +133,11 @@ struct resp_server::impl {
   void serve_blocked();
   void expire_blocked();
   void resume_held();
+
+  // ---- replies held for replication (resp_sync.cpp) ----------------------------
+  void gate(client& c, std::size_t start);
+  std::size_t sendable(client& c);
+  void replicated();
 
   // ---- what the commands ask of the front end (resp_hooks.cpp) ----------------
   void deliver(std::uint64_t id, std::string_view bytes);

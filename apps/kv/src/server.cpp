@@ -21,6 +21,7 @@
 #include "cluster/cluster_node.hpp"
 #include "commands.hpp"
 #include "rdma_server.hpp"
+#include "repl/node_role.hpp"
 #include "resp_server.hpp"
 #include "script.hpp"
 #include "server_loop.hpp"
@@ -293,6 +294,31 @@ int serve(const server_options& so) {
   }
   if (rdma) rdma->start_accepting();
 
+  // Cluster mode: the replication listener (its replicas connect to it as
+  // soon as the map names them) streams every write; replies wait for the
+  // in-sync replicas' acknowledgements (repl/, docs/KV-CLUSTER.md).
+  std::unique_ptr<repl::node_role> role;
+  if (!so.cluster.empty()) {
+    repl::role_options rpo;
+    const std::string host = so.bind.find(':') != std::string::npos ? "[" + so.bind + "]" : so.bind;
+    rpo.primary.address = host + ":" + std::to_string(so.cluster_repl_port);
+    rpo.primary.ack_timeout_ms = so.repl_timeout_ms;
+    rpo.limits = ro.limits;  // a record is bounded as a client's command is
+    rpo.log = [](const std::string& line) {
+      std::fprintf(stderr, "conveyor kv serve: %s\n", line.c_str());
+    };
+    rpo.primary.log = rpo.log;
+    auto r = repl::node_role::start(*dev, *pd, loop, exec, std::move(rpo));
+    if (!r) {
+      loop.remove_fd(sfd);
+      return fail("replication listener on " + host + ":" + std::to_string(so.cluster_repl_port) +
+                  ": " + r.error().to_string());
+    }
+    role = std::move(*r);
+    exec.sync()->on_advance = [&resp] { resp.replicated(); };
+    exec.stats().replication_info = [&role](std::string& t) { role->info(t); };
+  }
+
   // Cluster mode: join once the ports are bound and the data is loaded. The
   // node's thread hands each valid shard map to this loop, which alone reads it.
   std::unique_ptr<cluster::cluster_node> node;
@@ -307,9 +333,14 @@ int serve(const server_options& so) {
     if (rdma)
       if (const auto p = cluster::split_address(rdma->address()).second; p != 0)
         no.rdma = announce + ":" + std::to_string(p);
+    if (const auto p = cluster::split_address(role->address()).second; p != 0)
+      no.repl = announce + ":" + std::to_string(p);
     no.lease_ttl = std::chrono::seconds(so.cluster_lease_s);
-    no.on_view = [&loop, &exec](std::shared_ptr<const cluster::cluster_view> v) {
-      loop.post([&exec, v = std::move(v)] { exec.set_cluster(v); });
+    no.on_view = [&loop, &exec, &role](std::shared_ptr<const cluster::cluster_view> v) {
+      loop.post([&exec, &role, v = std::move(v)] {
+        exec.set_cluster(v);
+        role->set_view(*v);
+      });
     };
     no.log = [](const std::string& line) {
       std::fprintf(stderr, "conveyor kv serve: cluster: %s\n", line.c_str());
@@ -370,6 +401,7 @@ int serve(const server_options& so) {
   loop.run();
   stopper->detach();
   if (node) node->stop();  // the registration goes now, not a lease later
+  role.reset();            // replies still held for replication are never sent
   rdma.reset();
   if (log && !log->sync())
     std::fprintf(stderr, "conveyor kv serve: the AOF's last sync failed: %s\n",

@@ -333,10 +333,14 @@ void cmd_info(exec_context& c) {
   }
   if (want("replication")) {
     t += "# Replication\r\n";
-    line("role", "master");
-    num("connected_slaves", 0);
-    line("master_replid", cfg.run_id);
-    num("master_repl_offset", 0);
+    if (s.replication_info) {
+      s.replication_info(t);  // a cluster node's role, links, offsets (repl/)
+    } else {
+      line("role", "master");
+      num("connected_slaves", 0);
+      line("master_replid", cfg.run_id);
+      num("master_repl_offset", 0);
+    }
     t += "\r\n";
   }
   if (want("cpu")) {

@@ -153,7 +153,7 @@ void executor::run_queued(session& sess, std::string& out) {
   if (std::exchange(abandon_exec_, false)) return;  // no EXEC record: the block is cut
   if (exec_logged_) {
     const std::string_view end[] = {"EXEC"};
-    aof_->append(end);
+    emit(end);
   }
 }
 

@@ -291,9 +291,9 @@ class Cluster(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("already has a shard map", r.stderr)
         r = run("kv", "cluster", "create", "--etcd", self.etcd.endpoint, "--name", "other",
-                "--shards", "3", "--replicas", "1")
+                "--shards", "3", "--replicas", "17")
         self.assertEqual(r.returncode, 2)
-        self.assertIn("synchronous replication", r.stderr)
+        self.assertIn("--replicas 17: 0 to 16", r.stderr)
         # Not enough nodes: a bounded wait, then a clear error.
         r = run("kv", "cluster", "create", "--etcd", self.etcd.endpoint, "--name", "empty",
                 "--shards", "1", "--wait-s", "1")

@@ -15,7 +15,7 @@
 // absent (compare-and-swap on "does not exist"), so two creates cannot both
 // win. Everything read from etcd is validated before it is reported.
 //
-// Errors (conveyor::result): invalid_argument (options, --replicas > 0, a map
+// Errors (conveyor::result): invalid_argument (options, --replicas over 16, a map
 // that already exists, a stored map that is invalid), timed_out (not enough
 // nodes registered within the wait), connection_refused / timed_out /
 // protocol_error from etcd. Thread safety: the functions share nothing; call
@@ -77,16 +77,19 @@ std::string to_json(const cluster_state& s);
 
 struct cluster_create_options {
   std::size_t shards = 3;         // 1..1024
-  std::size_t replicas = 0;       // only 0 for now: synchronous replication is issue 35's next step
+  std::size_t replicas = 0;       // per shard: shards * (1 + replicas) nodes must register
   std::chrono::seconds wait{30};  // for `shards` registered nodes
   // Progress lines ("2 of 3 nodes registered"); null: silent.
   std::function<void(const std::string&)> progress;
 };
 
-// Waits until at least `shards` nodes are registered, takes the first
-// `shards` of them by address, gives each a shard with an even share of the
-// 16384 slots (Redis's split: 0-5460, 5461-10922, 10923-16383 for 3), and
-// writes the map (epoch 1) only if none exists. Returns the state read after.
+// Waits until at least shards * (1 + replicas) nodes are registered, takes
+// that many of them by address, makes the first `shards` primaries, each of
+// a shard with an even share of the 16384 slots (Redis's split: 0-5460,
+// 5461-10922, 10923-16383 for 3), and the next ones, `replicas` per shard in
+// order, its replicas (in the in-sync set from the start; a primary must have
+// registered a replication address), and writes the map (epoch 1) only if
+// none exists. Returns the state read after.
 result<cluster_state> create_cluster(const cluster_admin_options& a,
                                      const cluster_create_options& c);
 

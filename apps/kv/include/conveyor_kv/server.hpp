@@ -93,6 +93,13 @@ struct server_options {
   // which then must not be a wildcard (0.0.0.0, ::).
   std::string cluster_announce;
   unsigned cluster_lease_s = 5;  // 1..3600: how soon a dead node's registration goes
+  // Synchronous replication (cluster mode): the replication listener's port
+  // (a Conveyor listener on `bind` with the device's provider, announced with
+  // cluster_announce; 0: any free port), and how long a reply (any reply of
+  // a connection, reads too) waits for every in-sync replica to acknowledge
+  // the writes before it; past it the reply is -NOREPLICAS.
+  std::uint16_t cluster_repl_port = 0;
+  unsigned repl_timeout_ms = 5000;
 
   bool quiet = false;  // no start-up lines on stderr
   // Called on the loop thread once both front ends listen.

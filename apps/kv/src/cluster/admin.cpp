@@ -202,11 +202,10 @@ std::string to_json(const cluster_state& s) {
 
 result<cluster_state> create_cluster(const cluster_admin_options& a,
                                      const cluster_create_options& c) {
-  if (c.replicas > 0)
-    return make_error(errc::invalid_argument,
-                      "--replicas " + std::to_string(c.replicas) +
-                          ": replicas need synchronous replication, the next step of issue 35; "
-                          "create the cluster with --replicas 0 for now");
+  if (c.replicas > cluster::max_replicas)
+    return make_error(errc::invalid_argument, "--replicas " + std::to_string(c.replicas) +
+                                                  ": 0 to " +
+                                                  std::to_string(cluster::max_replicas));
   if (c.shards < 1 || c.shards > cluster::max_shards)
     return make_error(errc::invalid_argument, "--shards " + std::to_string(c.shards) + ": 1 to " +
                                                   std::to_string(cluster::max_shards));
@@ -219,6 +218,8 @@ result<cluster_state> create_cluster(const cluster_admin_options& a,
   if (*existing)
     return make_error(errc::invalid_argument, "cluster " + a.name + " already has a shard map (" +
                                                   key + "); `conveyor kv cluster status` shows it");
+  // Each shard takes a primary and `replicas` replicas.
+  const std::size_t want = c.shards * (1 + c.replicas);
   const auto deadline = std::chrono::steady_clock::now() + c.wait;
   std::size_t last_seen = static_cast<std::size_t>(-1);
   std::vector<cluster::node_registration> nodes;
@@ -227,13 +228,13 @@ result<cluster_state> create_cluster(const cluster_admin_options& a,
     if (!regs) return std::unexpected(regs.error());
     nodes = std::move(regs->nodes);
     if (nodes.size() != last_seen && c.progress)
-      c.progress(std::to_string(nodes.size()) + " of " + std::to_string(c.shards) +
+      c.progress(std::to_string(nodes.size()) + " of " + std::to_string(want) +
                  " node(s) registered");
     last_seen = nodes.size();
-    if (nodes.size() >= c.shards) break;
+    if (nodes.size() >= want) break;
     if (std::chrono::steady_clock::now() >= deadline)
       return make_error(errc::timed_out,
-                        std::to_string(nodes.size()) + " of " + std::to_string(c.shards) +
+                        std::to_string(nodes.size()) + " of " + std::to_string(want) +
                             " node(s) registered in cluster " + a.name + " after " +
                             std::to_string(c.wait.count()) +
                             " s: start more with `conveyor kv serve --cluster ...`");
@@ -241,7 +242,13 @@ result<cluster_state> create_cluster(const cluster_admin_options& a,
   }
   std::sort(nodes.begin(), nodes.end(),
             [](const auto& x, const auto& y) { return address_less(x.resp, y.resp); });
-  nodes.resize(c.shards);
+  nodes.resize(want);
+  // Replicas need a replication listener to connect to on their primary.
+  for (std::size_t i = 0; c.replicas > 0 && i < c.shards; ++i)
+    if (nodes[i].repl.empty())
+      return make_error(errc::invalid_argument,
+                        "node " + nodes[i].id + " (" + nodes[i].resp +
+                            ") registered no replication address: it cannot have replicas");
   cluster::shard_map m;
   m.epoch = 1;
   // Redis's split (redis-cli --cluster create): the last slot of shard i is
@@ -256,8 +263,16 @@ result<cluster_state> create_cluster(const cluster_admin_options& a,
     sh.slots.push_back({static_cast<std::uint16_t>(first), static_cast<std::uint16_t>(last)});
     sh.primary = nodes[i].id;
     sh.isr = {nodes[i].id};
+    m.nodes.push_back({nodes[i].id, nodes[i].resp, nodes[i].rdma, nodes[i].repl});
+    // The nodes after the primaries, in address order, c.replicas per shard:
+    // in sync from the start (they catch up before any write is acknowledged).
+    for (std::size_t j = 0; j < c.replicas; ++j) {
+      const auto& r = nodes[c.shards + i * c.replicas + j];
+      sh.replicas.push_back(r.id);
+      sh.isr.push_back(r.id);
+      m.nodes.push_back({r.id, r.resp, r.rdma, r.repl});
+    }
     m.shards.push_back(std::move(sh));
-    m.nodes.push_back({nodes[i].id, nodes[i].resp, nodes[i].rdma});
     first = last + 1;
   }
   if (auto v = cluster::validate(m); !v) return std::unexpected(v.error());

@@ -178,7 +178,8 @@ struct cluster_node::state {
   void run() {
     const std::string reg_key = nodes_prefix(opts.cluster_name) + id;
     const std::string cfg_key = config_key(opts.cluster_name);
-    const std::string reg = to_json(node_registration{id, opts.resp, opts.rdma, boot_id});
+    const std::string reg =
+        to_json(node_registration{id, opts.resp, opts.rdma, boot_id, opts.repl});
     bool registered = false;
     steady::time_point renew_at{};
     std::chrono::milliseconds renew_every = 1000ms;
@@ -282,6 +283,9 @@ result<std::unique_ptr<cluster_node>> cluster_node::start(node_options opts) {
   if (!valid_address(opts.resp))
     return make_error(errc::invalid_argument,
                       "cluster: announced address '" + opts.resp + "' is not host:port");
+  if (!opts.repl.empty() && !valid_address(opts.repl))
+    return make_error(errc::invalid_argument,
+                      "cluster: replication address '" + opts.repl + "' is not host:port");
   if (!opts.rdma.empty() && !valid_address(opts.rdma))
     return make_error(errc::invalid_argument,
                       "cluster: RDMA address '" + opts.rdma + "' is not host:port");

@@ -71,6 +71,7 @@ struct node_options {
   std::string dir = ".";  // where the node id is kept
   std::string resp;       // host:port clients are sent to (registrations, MOVED)
   std::string rdma;       // host:port of the RDMA front end; empty: none
+  std::string repl;       // host:port of the replication listener; empty: none
   std::chrono::seconds lease_ttl{5};
   std::chrono::milliseconds request_timeout{1000};  // each etcd call but the watch
   std::function<void(std::shared_ptr<const cluster_view>)> on_view;

@@ -1,6 +1,7 @@
 // Redis Cluster's routing rule (routing.hpp).
 #include "cluster/routing.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include "cluster/slots.hpp"
@@ -19,7 +20,8 @@ result<std::shared_ptr<const cluster_view>> make_view(shard_map map, std::string
   return std::shared_ptr<const cluster_view>(std::move(v));
 }
 
-std::string route_keys(std::span<const std::string_view> keys, const cluster_view* view) {
+std::string route_keys(std::span<const std::string_view> keys, const cluster_view* view,
+                       bool replica_read) {
   if (keys.empty()) return {};
   const std::uint16_t slot = slot_of(keys[0]);
   // Redis answers for the first key's slot before it looks at the others.
@@ -30,10 +32,25 @@ std::string route_keys(std::span<const std::string_view> keys, const cluster_vie
     if (slot_of(keys[i]) != slot) return std::string(err_crossslot);
   const auto& sh = view->map.shards[*owner];
   if (sh.primary == view->my_id) return {};
+  if (replica_read &&
+      std::find(sh.replicas.begin(), sh.replicas.end(), view->my_id) != sh.replicas.end())
+    return {};
   const node_info* n = find_node(view->map, sh.primary);
   // A valid map names every primary in its nodes; an empty address would
   // still be a redirect the client can report.
   return "MOVED " + std::to_string(slot) + " " + (n ? n->resp : std::string());
+}
+
+const shard* replica_of(const cluster_view& v) noexcept {
+  for (const auto& sh : v.map.shards)
+    if (std::find(sh.replicas.begin(), sh.replicas.end(), v.my_id) != sh.replicas.end()) return &sh;
+  return nullptr;
+}
+
+const shard* primary_of(const cluster_view& v) noexcept {
+  for (const auto& sh : v.map.shards)
+    if (sh.primary == v.my_id) return &sh;
+  return nullptr;
 }
 
 std::pair<std::string_view, std::uint16_t> split_address(std::string_view addr) noexcept {

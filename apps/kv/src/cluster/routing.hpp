@@ -10,8 +10,9 @@
 // shard (else CLUSTERDOWN Hash slot not served), every other key must hash to
 // the same slot (else CROSSSLOT), and the owner must be this node (else MOVED
 // <slot> <host>:<port> of the owning shard's primary). No map yet is a slot
-// nobody serves. Replicas, ASK and TRYAGAIN come with replication and slot
-// migration (issue 35's later steps).
+// nobody serves. A replica serves reads of its shard to READONLY
+// connections. ASK and TRYAGAIN come with slot migration (issue 35's later
+// steps).
 //
 // A cluster_view is immutable once built: the node's etcd thread builds one
 // per valid map and hands the shared_ptr to the loop thread, which only reads
@@ -47,8 +48,16 @@ inline constexpr std::string_view err_crossslot =
 inline constexpr std::string_view err_slot_not_served = "CLUSTERDOWN Hash slot not served";
 
 // "" when a command with these keys may run on this node; otherwise the error
-// reply's text. `view` null: no map yet.
-std::string route_keys(std::span<const std::string_view> keys, const cluster_view* view);
+// reply's text. `view` null: no map yet. replica_read: the command only
+// reads and its connection asked READONLY, so a replica of the owning shard
+// serves it too (Redis's rule); otherwise a replica redirects to its primary.
+std::string route_keys(std::span<const std::string_view> keys, const cluster_view* view,
+                       bool replica_read = false);
+
+// The shard of which this view's node is a replica (null: none).
+const shard* replica_of(const cluster_view& v) noexcept;
+// The shard whose primary this view's node is (null: none).
+const shard* primary_of(const cluster_view& v) noexcept;
 
 // "host:port" split at the last ':' (brackets of an IPv6 host removed); port 0
 // when it does not parse. For replies that give host and port apart.

@@ -101,6 +101,8 @@ result<void> validate(const shard_map& m) {
       return invalid(where + " (" + n.id + "): resp " + shown(n.resp) + " is not host:port");
     if (!n.rdma.empty() && !valid_address(n.rdma))
       return invalid(where + " (" + n.id + "): rdma " + shown(n.rdma) + " is not host:port");
+    if (!n.repl.empty() && !valid_address(n.repl))
+      return invalid(where + " (" + n.id + "): repl " + shown(n.repl) + " is not host:port");
   }
 
   std::set<std::string_view> shard_ids, serving;
@@ -162,6 +164,8 @@ result<void> validate(const node_registration& r) {
     return invalid(where + ": resp " + shown(r.resp) + " is not host:port");
   if (!r.rdma.empty() && !valid_address(r.rdma))
     return invalid(where + ": rdma " + shown(r.rdma) + " is not host:port");
+  if (!r.repl.empty() && !valid_address(r.repl))
+    return invalid(where + ": repl " + shown(r.repl) + " is not host:port");
   bool boot_ok = !r.boot_id.empty() && r.boot_id.size() <= max_boot_id_bytes &&
                  std::all_of(r.boot_id.begin(), r.boot_id.end(), [](char c) {
                    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
@@ -205,9 +209,11 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-json node_json(std::string_view id, std::string_view resp, std::string_view rdma) {
+json node_json(std::string_view id, std::string_view resp, std::string_view rdma,
+               std::string_view repl) {
   json j = {{"id", id}, {"resp", resp}};
   if (!rdma.empty()) j["rdma"] = rdma;
+  if (!repl.empty()) j["repl"] = repl;
   return j;
 }
 
@@ -309,12 +315,12 @@ std::string to_json(const shard_map& m) {
                       {"replicas", s.replicas}});
   }
   json nodes = json::array();
-  for (const auto& n : m.nodes) nodes.push_back(node_json(n.id, n.resp, n.rdma));
+  for (const auto& n : m.nodes) nodes.push_back(node_json(n.id, n.resp, n.rdma, n.repl));
   return dump({{"epoch", m.epoch}, {"shards", std::move(shards)}, {"nodes", std::move(nodes)}});
 }
 
 std::string to_json(const node_registration& r) {
-  json j = node_json(r.id, r.resp, r.rdma);
+  json j = node_json(r.id, r.resp, r.rdma, r.repl);
   j["boot_id"] = r.boot_id;
   return dump(j);
 }
@@ -327,9 +333,10 @@ result<shard_map> parse_shard_map(std::string_view text) {
     out.epoch = doc.unsigned_number("epoch");
     std::size_t i = 0;
     for (const auto& nj : doc.array("nodes", max_nodes)) {
-      object_reader n(nj, "shard map: node " + std::to_string(i++), {"id", "resp", "rdma"});
+      object_reader n(nj, "shard map: node " + std::to_string(i++), {"id", "resp", "rdma", "repl"});
       out.nodes.push_back({n.string("id"), n.string("resp", true, max_address_bytes),
-                           n.string("rdma", false, max_address_bytes)});
+                           n.string("rdma", false, max_address_bytes),
+                           n.string("repl", false, max_address_bytes)});
     }
     i = 0;
     std::size_t ranges = 0;
@@ -365,10 +372,11 @@ result<shard_map> parse_shard_map(std::string_view text) {
 result<node_registration> parse_node_registration(std::string_view text) {
   auto r = guarded<node_registration>([&] {
     json j = parse_document(text, "node registration");
-    object_reader n(j, "node registration", {"id", "resp", "rdma", "boot_id"});
+    object_reader n(j, "node registration", {"id", "resp", "rdma", "boot_id", "repl"});
     return node_registration{n.string("id"), n.string("resp", true, max_address_bytes),
                              n.string("rdma", false, max_address_bytes),
-                             n.string("boot_id", true, max_boot_id_bytes)};
+                             n.string("boot_id", true, max_boot_id_bytes),
+                             n.string("repl", false, max_address_bytes)};
   });
   if (!r) return r;
   if (auto v = validate(*r); !v) return std::unexpected(std::move(v.error()));

@@ -5,7 +5,8 @@
 //   {"epoch": 7,
 //    "shards": [{"id": "<40 hex>", "slots": [[0, 5460]], "primary": "<node id>",
 //                "isr": ["<node id>", ...], "replicas": ["<node id>", ...]}, ...],
-//    "nodes":  [{"id": "<40 hex>", "resp": "10.0.0.1:7000", "rdma": "10.0.0.1:17000"}, ...]}
+//    "nodes":  [{"id": "<40 hex>", "resp": "10.0.0.1:7000", "rdma": "10.0.0.1:17000",
+//               "repl": "10.0.0.1:27000"}, ...]}
 //
 //   auto m = parse_shard_map(text);               // result<shard_map>, validated
 //   auto t = slot_table::build(*m).value();
@@ -62,6 +63,9 @@ struct node_info {
   std::string id;    // 40 hex
   std::string resp;  // "host:port" of its Redis protocol listener
   std::string rdma;  // "host:port" of its RDMA listener; empty when it has none
+  // "host:port" of its replication listener (a Conveyor listener its replicas
+  // connect to, replication.hpp); empty when it has none
+  std::string repl;
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
@@ -87,6 +91,7 @@ struct node_registration {
   std::string resp;     // as node_info
   std::string rdma;     // as node_info
   std::string boot_id;  // changes at every start: 1..64 of [A-Za-z0-9_-]
+  std::string repl;     // as node_info
   friend bool operator==(const node_registration&, const node_registration&) = default;
 };
 

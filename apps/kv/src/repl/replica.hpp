@@ -1,0 +1,70 @@
+// conveyor::kv::repl::replica — a replica's side of synchronous replication
+// (issue 35, docs/KV-CLUSTER.md): one link to its shard's primary over
+// Conveyor, the snapshot applied then the stream, each record in order, and
+// the applied offset acknowledged.
+//
+//   auto r = replica::start(dev, pd, loop, exec, {.primary = "10.0.0.1:27001", ...});
+//
+// A thread connects (and, after a failure, connects again every 500 ms) with
+// the hello (wire.hpp) and hands the connected link to the loop thread, which
+// alone touches the store. Every message from the primary is copied once out
+// of its receive buffer and checked once (wire.hpp's decode, then the order:
+// snap_begin, snap_data..., snap_end, then stream messages whose offsets
+// follow each other exactly); the records are parsed by the RESP parser with
+// the store's bounds; MULTI ... EXEC blocks are applied whole when their EXEC
+// arrives (bounded like a client's MULTI). A message that breaks a rule, a
+// record the store refuses, or a failed link closes the link with a log line
+// naming why; the replica connects again and starts over from a snapshot
+// (snap_begin empties its keyspace).
+//
+// Thread safety: start, the destructor and info() on the loop thread.
+#pragma once
+
+#include <conveyor/conveyor.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "commands.hpp"
+#include "resp.hpp"
+
+namespace conveyor::kv {
+class server_loop;
+}
+
+namespace conveyor::kv::repl {
+
+struct replica_options {
+  std::string primary;       // the primary's replication listener, host:port (or shm @name)
+  std::string primary_resp;  // its RESP address (INFO's master_host, master_port)
+  std::string node_id, shard_id;
+  parser_limits limits;  // the records' bounds (the store's key and value sizes)
+  std::size_t max_block_bytes = std::size_t{512} << 20;  // one MULTI ... EXEC block
+  std::chrono::milliseconds connect_timeout{2000};
+  std::function<void(const std::string&)> log;  // one line; null: silent
+};
+
+class replica {
+ public:
+  static result<std::unique_ptr<replica>> start(device& dev, protection_domain& pd,
+                                                server_loop& loop, executor& exec,
+                                                replica_options opts);
+  ~replica();
+  replica(const replica&) = delete;
+  replica& operator=(const replica&) = delete;
+
+  const replica_options& options() const noexcept;
+  // INFO's # Replication lines as a slave (master_host, master_port,
+  // master_link_status, slave_repl_offset...).
+  void info(std::string& out) const;
+
+  struct impl;
+
+ private:
+  explicit replica(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> p_;
+};
+
+}  // namespace conveyor::kv::repl
