@@ -1,0 +1,259 @@
+// The primary's side of replication in-process (apps/kv/src/repl/primary.hpp)
+// against a replica played by the test over the soft provider: the snapshot,
+// the stream and its offsets, the acknowledged offset the front ends wait on;
+// and hostile peers (a foreign hello, a node that is no replica, garbage,
+// acks past what was sent, credits never given) that lose their link and
+// leave the primary serving the next one.
+#include <gtest/gtest.h>
+#include <conveyor/conveyor.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "../kv_fixture.hpp"
+#include "repl/primary.hpp"
+#include "repl/wire.hpp"
+#include "server_loop.hpp"
+
+namespace kv = conveyor::kv;
+namespace repl = conveyor::kv::repl;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string shard_id(40, 'c'), replica_id(40, 'a'), stranger_id(40, 'b');
+
+// A server's loop thread with a store, an executor and a primary on it.
+struct node {
+  kvtest::kv_env env;
+  std::unique_ptr<kv::store> st = env.make_store();
+  kv::server_config cfg;
+  kv::executor ex{*st, nullptr, cfg};
+  kv::server_loop loop;
+  std::unique_ptr<repl::primary> p;
+  std::thread thread;
+
+  node() {
+    p = repl::primary::start(env.dev, env.pd, loop, ex, {.address = "127.0.0.1:0"}).value();
+    ex.set_replication(p.get(), &p->sync());
+    p->set_shard(shard_id, {replica_id}, {replica_id});
+    thread = std::thread([this] { loop.run(); });
+  }
+  template <class F>
+  auto on_loop(F f) {
+    std::packaged_task<decltype(f())()> t(std::move(f));
+    auto fut = t.get_future();
+    loop.post([&t] { t(); });
+    return fut.get();
+  }
+  ~node() {
+    on_loop([this] { p.reset(); });
+    loop.stop();
+    thread.join();
+  }
+  std::string run(std::initializer_list<std::string_view> argv) {
+    return on_loop([&] {
+      kv::session s;
+      s.authenticated = true;
+      return kvtest::run(ex, s, argv);
+    });
+  }
+  kv::sync_point sync() {
+    return on_loop([this] { return p->sync(); });
+  }
+  std::string info() {
+    return on_loop([this] {
+      std::string t;
+      p->info(t, "x");
+      return t;
+    });
+  }
+};
+
+// The test's side: one QP with the replica's receive buffers.
+struct fake_replica {
+  conveyor::device dev = conveyor::device::open("soft").value();
+  conveyor::protection_domain pd = dev.alloc_pd().value();
+  conveyor::completion_queue cq = dev.create_cq({.depth = 64}).value();
+  conveyor::queue_pair qp;
+  conveyor::memory_region recv =
+      pd.allocate_memory(std::size_t{repl::replica_slots} * repl::max_message,
+                         conveyor::access::local_write)
+          .value();
+  conveyor::memory_region send = pd.allocate_memory(4096, conveyor::access::local_write).value();
+  std::uint32_t returned = 0;
+
+  fake_replica() {
+    conveyor::qp_init_attr qa{.send_cq = &cq, .recv_cq = &cq};
+    qa.cap.max_send_wr = 16;
+    qa.cap.max_recv_wr = repl::replica_slots;
+    qa.cap.max_send_sge = 1;
+    qa.cap.max_recv_sge = 1;
+    qp = pd.create_qp(qa).value();
+    for (std::uint32_t i = 0; i < repl::replica_slots; ++i)
+      EXPECT_EQ(qp.post_recv(recv.slice(std::size_t{i} * repl::max_message, repl::max_message), i),
+                conveyor::errc::ok);
+  }
+  conveyor::result<conveyor::connection_info> connect(const std::string& addr,
+                                                      std::span<const std::byte> hello) {
+    return conveyor::connect(qp, addr, {.private_data = hello, .timeout = 3s});
+  }
+  conveyor::result<conveyor::connection_info> connect(const std::string& addr,
+                                                      const std::string& id = replica_id) {
+    const auto h = repl::encode_hello({id, shard_id});
+    return connect(addr, h);
+  }
+  // The next message from the primary (its buffer posted again), or nullopt
+  // when the link failed or nothing came within the wait.
+  std::optional<std::pair<repl::header, std::string>> next(std::chrono::milliseconds wait = 3s) {
+    for (;;) {
+      auto wc = cq.wait_one(wait);
+      if (!wc || wc->status != conveyor::wc_status::success) return std::nullopt;
+      if (wc->opcode != conveyor::wc_opcode::recv) continue;  // our sends
+      const auto slot = static_cast<std::uint32_t>(wc->wr_id);
+      const auto* p = recv.data() + std::size_t{slot} * repl::max_message;
+      std::string why;
+      auto h =
+          repl::decode(std::span<const std::byte>(p, wc->byte_len), repl::reader::replica, why);
+      EXPECT_TRUE(h.has_value()) << why;
+      if (!h) return std::nullopt;
+      std::string payload(reinterpret_cast<const char*>(p) + repl::header_bytes, h->len);
+      EXPECT_EQ(
+          qp.post_recv(recv.slice(std::size_t{slot} * repl::max_message, repl::max_message), slot),
+          conveyor::errc::ok);
+      ++returned;
+      return std::pair(*h, std::move(payload));
+    }
+  }
+  void send_raw(std::span<const std::byte> bytes) {
+    std::memcpy(send.data(), bytes.data(), bytes.size());
+    EXPECT_EQ(qp.post_send_msg(send.slice(0, bytes.size()), 1), conveyor::errc::ok);
+  }
+  void ack(std::uint64_t offset, std::uint32_t credits) {
+    std::array<std::byte, repl::header_bytes> m;
+    repl::encode({repl::msg_type::ack, credits, 0, offset}, m);
+    send_raw(m);
+  }
+  // True once the primary has dropped the link (a flushed or failed completion).
+  bool dropped(std::chrono::milliseconds wait = 3s) {
+    const auto until = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < until) {
+      auto wc = cq.wait_one(100ms);
+      if (wc && wc->status != conveyor::wc_status::success) return true;
+    }
+    return false;
+  }
+};
+
+// Reads snap_begin .. snap_end; returns the snapshot's offset and bytes.
+std::pair<std::uint64_t, std::string> read_snapshot(fake_replica& r) {
+  auto b = r.next();
+  EXPECT_TRUE(b && b->first.type == repl::msg_type::snap_begin);
+  std::string bytes;
+  for (;;) {
+    auto m = r.next();
+    EXPECT_TRUE(m.has_value());
+    if (!m) return {0, bytes};
+    if (m->first.type == repl::msg_type::snap_end) {
+      EXPECT_EQ(m->first.offset, b->first.offset);
+      return {m->first.offset, bytes};
+    }
+    EXPECT_EQ(m->first.type, repl::msg_type::snap_data);
+    bytes += m->second;
+  }
+}
+
+}  // namespace
+
+TEST(kv_repl_primary, snapshot_then_stream_and_the_acked_offset_waits_for_the_replica) {
+  node n;
+  EXPECT_EQ(n.run({"SET", "before", "1"}), "+OK\r\n");
+  EXPECT_TRUE(n.sync().waiting());  // the in-sync replica has acknowledged nothing
+  fake_replica r;
+  ASSERT_TRUE(r.connect(n.p->address()));
+  auto [snap_offset, snap] = read_snapshot(r);
+  EXPECT_EQ(snap_offset, n.sync().offset);
+  EXPECT_NE(snap.find("before"), std::string::npos);
+  r.ack(snap_offset, std::exchange(r.returned, 0));
+  // A write after the snapshot: streamed from the snapshot's offset on.
+  EXPECT_EQ(n.run({"SET", "after", "2"}), "+OK\r\n");
+  auto m = r.next();
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.type, repl::msg_type::stream);
+  EXPECT_EQ(m->first.offset, snap_offset);
+  EXPECT_EQ(m->second, "*3\r\n$3\r\nSET\r\n$5\r\nafter\r\n$1\r\n2\r\n");
+  const auto end = snap_offset + m->second.size();
+  EXPECT_EQ(n.sync().offset, end);
+  EXPECT_LT(n.sync().acked, end);
+  r.ack(end, std::exchange(r.returned, 0));
+  for (int i = 0; i < 100 && n.sync().acked < end; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(n.sync().acked, end);
+  EXPECT_NE(n.info().find("state=online,offset=" + std::to_string(end)), std::string::npos);
+  // A transaction's records arrive as one MULTI ... EXEC block.
+  kv::session s;
+  s.authenticated = true;
+  n.on_loop([&] {
+    kvtest::run(n.ex, s, {"MULTI"});
+    kvtest::run(n.ex, s, {"SET", "t", "1"});
+    kvtest::run(n.ex, s, {"INCR", "u"});
+    return kvtest::run(n.ex, s, {"EXEC"});
+  });
+  m = r.next();
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.offset, end);
+  EXPECT_EQ(m->second.rfind("*1\r\n$5\r\nMULTI\r\n", 0), 0u);
+  EXPECT_NE(m->second.find("*1\r\n$4\r\nEXEC\r\n"), std::string::npos);
+}
+
+TEST(kv_repl_primary, a_foreign_hello_is_rejected_and_a_stranger_is_dropped) {
+  node n;
+  fake_replica foreign;
+  std::array<std::byte, 16> junk{};
+  auto c = foreign.connect(n.p->address(), junk);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().to_string().find("not a conveyor-kv replica hello"), std::string::npos)
+      << c.error().to_string();
+  fake_replica stranger;  // a well-formed hello from a node the map does not name
+  ASSERT_TRUE(stranger.connect(n.p->address(), stranger_id));
+  EXPECT_TRUE(stranger.dropped());
+  EXPECT_NE(n.info().find("connected_slaves:0"), std::string::npos);
+}
+
+TEST(kv_repl_primary, protocol_violations_close_the_link_and_the_next_replica_is_served) {
+  node n;
+  EXPECT_EQ(n.run({"SET", "k", "v"}), "+OK\r\n");
+  auto violate = [&](const std::function<void(fake_replica&, std::uint64_t)>& bad) {
+    fake_replica r;
+    EXPECT_TRUE(r.connect(n.p->address()));
+    auto [off, snap] = read_snapshot(r);
+    bad(r, off);
+    EXPECT_TRUE(r.dropped());
+  };
+  violate([](fake_replica& r, std::uint64_t) {
+    std::array<std::byte, 40> g;
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<std::byte>(i * 37);
+    r.send_raw(g);  // not a message
+  });
+  violate([](fake_replica& r, std::uint64_t off) { r.ack(off + 1000, 0); });  // past what was sent
+  violate([](fake_replica& r, std::uint64_t off) {
+    r.ack(off, repl::replica_slots);  // credits for messages never sent
+  });
+  violate([](fake_replica& r, std::uint64_t off) {
+    r.ack(off, 0);
+    r.ack(off > 0 ? off - 1 : 0, 0);  // an ack that goes back
+    if (off == 0) r.ack(1, 0);        // (or, at 0, one past what was sent)
+  });
+  // The primary is whole: a good replica gets its snapshot and the stream.
+  fake_replica good;
+  ASSERT_TRUE(good.connect(n.p->address()));
+  auto [off, snap] = read_snapshot(good);
+  EXPECT_NE(snap.find("$1\r\nk\r\n"), std::string::npos);
+  good.ack(off, std::exchange(good.returned, 0));
+  EXPECT_EQ(n.run({"SET", "k2", "v"}), "+OK\r\n");
+  auto m = good.next();
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.offset, off);
+}
