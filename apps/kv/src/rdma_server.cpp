@@ -8,6 +8,7 @@
 #include <array>
 #include <charconv>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <new>
@@ -60,6 +61,14 @@ struct connection {
   session sess;
   bool closing = false;
   std::uint64_t reply_bytes = 0;  // SEND payloads posted (the RPC replies)
+  // Replies waiting for replication (at most rpc_slots: a client sends a
+  // request only for a reply it has had).
+  struct held_reply {
+    std::string bytes;
+    std::uint64_t need = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::deque<held_reply> held;
 };
 
 class rdma_server_impl final : public rdma_server {
@@ -295,6 +304,22 @@ class rdma_server_impl final : public rdma_server {
       close(c);
       return;
     }
+    // Synchronous replication: the reply waits until the writes before it
+    // are on every in-sync replica (and any reply held before it goes first).
+    if (sync_ != nullptr && (sync_->waiting() || !c.held.empty())) {
+      if (c.held.size() >= opts_.rpc_slots) {  // only a client that breaks the credit rule
+        close(c);
+        return;
+      }
+      c.held.push_back(
+          {reply, sync_->offset,
+           std::chrono::steady_clock::now() + std::chrono::milliseconds(sync_->timeout_ms)});
+      return release(c);
+    }
+    send_reply(c, reply);
+  }
+
+  void send_reply(connection& c, std::string_view reply) {
     if (c.free_send.empty()) {  // only a client that breaks the credit rule gets here
       close(c);
       return;
@@ -307,7 +332,32 @@ class rdma_server_impl final : public rdma_server {
                            out) != errc::ok)
       close(c);
     else
-      c.reply_bytes += reply_.size();
+      c.reply_bytes += reply.size();
+  }
+
+  // Sends the held replies whose writes are replicated, in order; one past
+  // its deadline is answered -NOREPLICAS instead (the write may or may not
+  // be applied).
+  void release(connection& c) {
+    const auto now = std::chrono::steady_clock::now();
+    while (!c.held.empty() && !c.closing) {
+      auto& h = c.held.front();
+      if (sync_ != nullptr && h.need > sync_->acked) {
+        if (h.deadline > now) break;
+        h.bytes = "-NOREPLICAS Not enough good replicas to write: no acknowledgement within " +
+                  std::to_string(sync_->timeout_ms) +
+                  " ms (the write may or may not be applied)\r\n";
+      }
+      send_reply(c, h.bytes);
+      c.held.pop_front();
+    }
+  }
+
+  void set_sync(sync_point* sp) override { sync_ = sp; }
+
+  void replicated() override {
+    for (auto& [id, c] : conns_)
+      if (!c->closing && !c->held.empty()) release(*c);
   }
 
   // What the device served to the clients' READs (qp_counters): the QPs that
@@ -362,6 +412,7 @@ class rdma_server_impl final : public rdma_server {
   mutable std::mutex stats_mu_;
   std::mutex pass_mu_;  // opts_.requirepass: CONFIG SET (loop thread) and the acceptor
   rdma_server_stats stats_;
+  sync_point* sync_ = nullptr;  // loop thread
 };
 
 }  // namespace

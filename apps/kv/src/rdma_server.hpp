@@ -87,6 +87,13 @@ class rdma_server {
   virtual bool set_requirepass(std::string_view pass) = 0;
   // Loop thread only.
   virtual rdma_served served() const = 0;
+  // Synchronous replication (sync_point, commands.hpp; null: none): a reply
+  // waits until every in-sync replica has acknowledged the records written
+  // up to its request's execution, as a RESP reply does; past the sync
+  // point's timeout it becomes -NOREPLICAS. replicated() (loop thread) sends
+  // what may go now; the server calls it when the sync point moves.
+  virtual void set_sync(sync_point* sp) = 0;
+  virtual void replicated() = 0;
 };
 
 // Parses one RESP array of bulk strings that fills `msg` exactly (the RPC request

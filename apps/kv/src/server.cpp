@@ -315,7 +315,12 @@ int serve(const server_options& so) {
                   ": " + r.error().to_string());
     }
     role = std::move(*r);
-    exec.sync()->on_advance = [&resp] { resp.replicated(); };
+    // Held replies of both front ends go out as the replicas acknowledge.
+    if (rdma) rdma->set_sync(exec.sync());
+    exec.sync()->on_advance = [&resp, &rdma] {
+      resp.replicated();
+      if (rdma) rdma->replicated();
+    };
     exec.stats().replication_info = [&role](std::string& t) { role->info(t); };
   }
 
@@ -401,7 +406,8 @@ int serve(const server_options& so) {
   loop.run();
   stopper->detach();
   if (node) node->stop();  // the registration goes now, not a lease later
-  role.reset();            // replies still held for replication are never sent
+  if (rdma) rdma->set_sync(nullptr);
+  role.reset();  // replies still held for replication are never sent
   rdma.reset();
   if (log && !log->sync())
     std::fprintf(stderr, "conveyor kv serve: the AOF's last sync failed: %s\n",

@@ -8,7 +8,8 @@ a real etcd and a 1-shard x 1-replica cluster (`kv cluster create --replicas
   - the replica redirects writes (-MOVED), refuses keyless ones (-READONLY)
     and INFO # Replication says who is who, with offsets;
   - a SIGSTOPped replica holds a SET's reply until it resumes, or past
-    --repl-timeout-ms turns it into -NOREPLICAS (no hang, no false OK);
+    --repl-timeout-ms turns it into -NOREPLICAS (no hang, no false OK), on
+    RESP and on the RDMA write RPC (`conveyor kv set`);
   - a SIGKILLed replica, restarted, catches up (snapshot + stream) with the
     writes made while it was down;
   - garbage sent to the replication endpoint (raw TCP bytes, a silent peer,
@@ -78,7 +79,8 @@ class Replication(unittest.TestCase):
             for i in range(2):
                 d = os.path.join(cls.dir, "n%d" % i)
                 os.mkdir(d)
-                cls.nodes.append(start_node(cls.etcd, d, "--repl-timeout-ms", str(TIMEOUT_MS)))
+                cls.nodes.append(start_node(cls.etcd, d, "--repl-timeout-ms", str(TIMEOUT_MS),
+                                            "--rdma-listen", "127.0.0.1:0"))
             r = kv_cluster.run("kv", "cluster", "create", "--etcd", cls.etcd.endpoint, "--name",
                                NAME, "--shards", "1", "--replicas", "1", "--wait-s", "20")
             if r.returncode != 0:
@@ -222,6 +224,37 @@ class Replication(unittest.TestCase):
         self.assertTrue(self.p.set("held", "3"))
         self.assertEqual(self.reader().get("held"), b"3")
         self.assert_same()
+
+    def test_3b_an_rdma_write_rpc_waits_for_the_replica_too(self):
+        addr = self.p.info("conveyor")["rdma_address"]
+        pid = self.replica.proc.pid
+
+        def kv_set(value):
+            return subprocess.Popen([kv_cluster.BIN, "kv", "set", "rk", value, "--address", addr,
+                                     "--timeout", "20"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            c = kv_set("1")
+            time.sleep(0.6)
+            self.assertIsNone(c.poll(), "the RPC was answered while the replica was stopped")
+            os.kill(pid, signal.SIGCONT)
+            out, _ = c.communicate(timeout=20)
+            self.assertEqual(c.returncode, 0, out)
+            self.assertEqual(self.reader().get("rk"), b"1")
+            os.kill(pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            c = kv_set("2")
+            out, _ = c.communicate(timeout=20)
+            took = time.monotonic() - t0
+            self.assertNotEqual(c.returncode, 0, out)
+            self.assertIn("NOREPLICAS", out)
+            self.assertGreaterEqual(took, TIMEOUT_MS / 1000.0 - 0.05)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        self.assertTrue(self.p.set("rk", "3"))
+        self.assertEqual(self.reader().get("rk"), b"3")
 
     def test_4_a_killed_replica_catches_up_when_it_comes_back(self):
         self.replica.proc.kill()
