@@ -22,6 +22,7 @@
 #include "commands.hpp"
 #include "rdma_server.hpp"
 #include "repl/node_role.hpp"
+#include "repl/wire.hpp"
 #include "resp_server.hpp"
 #include "script.hpp"
 #include "server_loop.hpp"
@@ -73,6 +74,10 @@ int serve(const server_options& so) {
     if (announce.empty() || announce == "0.0.0.0" || announce == "::" || announce == "[::]")
       return bad("cluster mode needs the address clients reach this node at: bind " + so.bind +
                  " is a wildcard, set --cluster-announce");
+    if (so.requirepass.size() > repl::max_hello_password)
+      return bad("requirepass is " + std::to_string(so.requirepass.size()) + " bytes: at most " +
+                 std::to_string(repl::max_hello_password) +
+                 " in cluster mode (replicas present it in their connection request)");
     if (so.cluster_lease_s < 1 || so.cluster_lease_s > 3600)
       return bad("cluster-lease " + std::to_string(so.cluster_lease_s) + ": 1 to 3600 seconds");
     if (announce.find(':') != std::string::npos && announce.front() != '[')

@@ -222,6 +222,24 @@ TEST(kv_repl_primary, a_foreign_hello_is_rejected_and_a_stranger_is_dropped) {
   EXPECT_NE(n.info().find("connected_slaves:0"), std::string::npos);
 }
 
+TEST(kv_repl_primary, a_replica_without_the_clusters_password_is_dropped) {
+  node n;
+  n.on_loop([&] {
+    n.cfg.requirepass = "sekrit";
+    return 0;
+  });
+  fake_replica wrong;
+  const auto h = repl::encode_hello({replica_id, shard_id, "guess"});
+  ASSERT_TRUE(wrong.connect(n.p->address(), h));
+  EXPECT_TRUE(wrong.dropped());
+  fake_replica right;
+  const auto g = repl::encode_hello({replica_id, shard_id, "sekrit"});
+  ASSERT_TRUE(right.connect(n.p->address(), g));
+  auto m = right.next();
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.type, repl::msg_type::snap_begin);
+}
+
 TEST(kv_repl_primary, protocol_violations_close_the_link_and_the_next_replica_is_served) {
   node n;
   EXPECT_EQ(n.run({"SET", "k", "v"}), "+OK\r\n");

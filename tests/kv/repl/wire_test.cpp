@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include <conveyor/cm.hpp>
+
 #include "repl/wire.hpp"
 
 namespace repl = conveyor::kv::repl;
@@ -107,6 +109,16 @@ TEST(kv_repl_wire, hello_round_trips_and_refuses_anything_else) {
   ASSERT_TRUE(d.has_value()) << why;
   EXPECT_EQ(d->node_id, id_a);
   EXPECT_EQ(d->shard_id, id_b);
+  EXPECT_EQ(d->password, "");
+  auto hp = repl::encode_hello({id_a, id_b, "sekrit"});
+  d = repl::decode_hello(hp, why);
+  ASSERT_TRUE(d.has_value()) << why;
+  EXPECT_EQ(d->password, "sekrit");
+  EXPECT_LE(repl::encode_hello({id_a, id_b, std::string(300, 'p')}).size(),
+            conveyor::max_private_data);
+  hp.pop_back();  // the password runs past the end
+  EXPECT_FALSE(repl::decode_hello(hp, why).has_value());
+  EXPECT_NE(why.find("password"), std::string::npos);
   EXPECT_FALSE(repl::decode_hello(std::span(h).first(20), why).has_value());
   auto bad = h;
   bad[8] = std::byte{2};

@@ -61,6 +61,7 @@ void node_role::set_view(const cluster::cluster_view& v) {
   ro.primary_resp = p->resp;
   ro.node_id = v.my_id;
   ro.shard_id = sh->id;
+  ro.password = exec_.config().requirepass;
   ro.limits = opts_.limits;
   ro.log = opts_.log;
   auto r = replica::start(dev_, pd_, loop_, exec_, std::move(ro));

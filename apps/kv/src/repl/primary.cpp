@@ -25,7 +25,7 @@ using clock = std::chrono::steady_clock;
 
 struct link {
   std::uint64_t id = 0;
-  std::string node_id, shard_id, peer;
+  std::string node_id, shard_id, peer, password;
   completion_queue cq;
   queue_pair qp;
   memory_region recv_mr, send_mr;
@@ -41,7 +41,8 @@ struct link {
   std::uint64_t sent = 0;  // stream bytes sent up to this offset (once end_sent)
   std::uint64_t ack = 0;   // the replica's applied offset
   bool caught_up = false;  // acked its snapshot: its acks count
-  clock::time_point last_ack = clock::now();
+  bool ping_due = false;   // the heartbeat: a ping, which the replica answers with an ack
+  clock::time_point last_ack = clock::now(), last_ping = clock::now();
   std::uint64_t position() const { return end_sent ? sent : snap_offset; }
 };
 
@@ -115,6 +116,7 @@ struct primary::impl {
     l->id = next_id.fetch_add(1) + 1;
     l->node_id = h.node_id;
     l->shard_id = h.shard_id;
+    l->password = h.password;
     l->peer = std::move(peer);
     auto cq = dev.create_cq({.depth = replica_slots + primary_slots + 8});
     if (!cq) return std::unexpected(cq.error());
@@ -154,6 +156,15 @@ struct primary::impl {
     k.adopted = true;
     loop.add_fd(k.cq.fd(), EPOLLIN, [this, id](unsigned) { on_ready(id); });
     k.cq.arm();
+    // The cluster's password (requirepass, shared by its nodes), in constant time.
+    const auto& want = exec.config().requirepass;
+    const bool pass_ok = want.empty() || password_equal(want, k.password);
+    std::string().swap(k.password);
+    if (!pass_ok) {
+      say("replication: refused a link from " + k.peer + " (node " + k.node_id.substr(0, 8) +
+          "): wrong password (replicas present the cluster's requirepass)");
+      return close(k);
+    }
     if (k.shard_id != shard_id || !is_replica(k.node_id)) {
       say("replication: refused a link from " + k.peer + ": node " + k.node_id.substr(0, 8) +
           " is not a replica of this node's shard");
@@ -265,8 +276,10 @@ struct primary::impl {
         h.offset = k.sent;
         const std::size_t from = static_cast<std::size_t>(k.sent - backlog_start);
         payload = std::string_view(backlog).substr(from, max_payload);
-      } else if (k.to_return >= primary_slots / 2 && k.credits >= 1) {
+      } else if ((k.to_return >= primary_slots / 2 || k.ping_due) && k.credits >= 1) {
         h.type = msg_type::ping;
+        k.ping_due = false;
+        k.last_ping = clock::now();
       } else {
         break;
       }
@@ -389,8 +402,16 @@ result<std::unique_ptr<primary>> primary::start(device& dev, protection_domain& 
   raw->callbacks.push_back(loop.before_wait([raw] { raw->before_wait(); }));
   // Replies waiting past their bound are answered by the front end's timer;
   // this one wakes it even when no ack comes.
+  // A heartbeat each second: the replica's answer keeps INFO's lag (seconds
+  // since its last ack) meaningful while no write flows.
   raw->callbacks.push_back(loop.every(std::chrono::milliseconds(100), [raw] {
     if (raw->sync.waiting() && raw->sync.on_advance) raw->sync.on_advance();
+    const auto now = clock::now();
+    for (auto& [id, k] : raw->links)
+      if (!k->closing && k->end_sent && now - k->last_ping >= std::chrono::seconds(1)) {
+        k->ping_due = true;
+        raw->pump(*k);
+      }
   }));
   raw->acceptor = std::thread([raw] { raw->accept_loop(); });
   ::pthread_setname_np(raw->acceptor.native_handle(), "kv-repl-accept");

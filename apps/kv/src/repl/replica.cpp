@@ -79,17 +79,23 @@ struct replica::impl {
 
   void connect_loop() {
     std::string last_failure;
+    auto last_try = clock::now() - std::chrono::seconds(1);
     for (;;) {
       {
         std::unique_lock lk(mu);
         cv.wait_for(lk, std::chrono::milliseconds(500), [&] { return stopping || want_connect; });
         if (stopping) return;
         if (!want_connect) continue;
+        // At most one attempt each 500 ms, also after a link that failed at
+        // once (a record the store refuses would otherwise resync in a loop).
+        cv.wait_until(lk, last_try + std::chrono::milliseconds(500), [&] { return stopping; });
+        if (stopping) return;
       }
+      last_try = clock::now();
       auto c = make_conn();
       std::string why;
       if (c) {
-        const auto h = encode_hello({opts.node_id, opts.shard_id});
+        const auto h = encode_hello({opts.node_id, opts.shard_id, opts.password});
         auto info = conveyor::connect((*c)->qp, opts.primary,
                                       {.private_data = h, .timeout = opts.connect_timeout});
         if (info) {
@@ -112,8 +118,6 @@ struct replica::impl {
       if (why != last_failure)
         say("replication: connecting to primary " + opts.primary + ": " + why);
       last_failure = why;
-      std::unique_lock lk(mu);
-      cv.wait_for(lk, std::chrono::milliseconds(500), [&] { return stopping; });
     }
   }
 
@@ -220,7 +224,7 @@ struct replica::impl {
       return fail("the primary returned more credits than it was sent messages");
     c.credits += h->credits;
     const std::string_view payload = std::string_view(msg).substr(header_bytes);
-    if (h->type != msg_type::ping) data_seen = true;
+    data_seen = true;  // every message is answered (a ping too: the heartbeat)
     switch (h->type) {
       case msg_type::snap_begin: {
         if (ph != phase::wait_snapshot) return fail("a second snap_begin");
@@ -301,7 +305,7 @@ struct replica::impl {
 
   void maybe_ack(conn& c) {
     const bool more = ph == phase::streaming && applied > ack_sent;
-    const bool credits = c.to_return > 0 && (data_seen || c.to_return >= replica_slots / 2);
+    const bool credits = c.to_return > 0 && data_seen;
     if (!(more || credits) || c.credits == 0 || c.free_send.empty()) return;
     header h;
     h.type = msg_type::ack;

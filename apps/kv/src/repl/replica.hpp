@@ -40,6 +40,7 @@ struct replica_options {
   std::string primary;       // the primary's replication listener, host:port (or shm @name)
   std::string primary_resp;  // its RESP address (INFO's master_host, master_port)
   std::string node_id, shard_id;
+  std::string password;  // presented to the primary: the cluster's requirepass
   parser_limits limits;  // the records' bounds (the store's key and value sizes)
   std::size_t max_block_bytes = std::size_t{512} << 20;  // one MULTI ... EXEC block
   std::chrono::milliseconds connect_timeout{2000};

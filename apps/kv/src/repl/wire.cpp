@@ -110,12 +110,15 @@ std::optional<header> decode(std::span<const std::byte> bytes, reader who, std::
   return h;
 }
 
-std::array<std::byte, hello_bytes> encode_hello(const hello& h) noexcept {
-  std::array<std::byte, hello_bytes> out{};
+std::vector<std::byte> encode_hello(const hello& h) {
+  const std::size_t pass = std::min(h.password.size(), max_hello_password);
+  std::vector<std::byte> out(hello_bytes + pass);
   std::memcpy(out.data(), hello_magic, 8);
   out[8] = std::byte{1};
   std::memcpy(out.data() + 9, h.node_id.data(), std::min<std::size_t>(h.node_id.size(), 40));
   std::memcpy(out.data() + 49, h.shard_id.data(), std::min<std::size_t>(h.shard_id.size(), 40));
+  out[89] = static_cast<std::byte>(pass);
+  std::memcpy(out.data() + hello_bytes, h.password.data(), pass);
   return out;
 }
 
@@ -136,6 +139,12 @@ std::optional<hello> decode_hello(std::span<const std::byte> bytes, std::string&
     why = "a replica hello whose node or shard id is not 40 hex";
     return std::nullopt;
   }
+  const auto pass = std::to_integer<std::size_t>(bytes[89]);
+  if (pass > max_hello_password || bytes.size() < hello_bytes + pass) {
+    why = "a replica hello whose password runs past its end";
+    return std::nullopt;
+  }
+  h.password.assign(reinterpret_cast<const char*>(bytes.data()) + hello_bytes, pass);
   return h;
 }
 

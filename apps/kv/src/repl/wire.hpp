@@ -38,6 +38,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace conveyor::kv::repl {
 
@@ -73,12 +74,18 @@ enum class reader { primary, replica };
 std::optional<header> decode(std::span<const std::byte> bytes, reader who, std::string& why);
 
 // The hello in the connection request's private data: "CVKVREPL", version 1,
-// the replica's node id and the id of the shard it replicates (40 hex each).
-inline constexpr std::size_t hello_bytes = 8 + 1 + 40 + 40;
+// the replica's node id and the id of the shard it replicates (40 hex each),
+// then the password's length (one byte) and the password (the cluster's
+// requirepass, which the primary compares in constant time; at most
+// max_hello_password bytes, so the hello fits the 251 bytes of private data).
+inline constexpr std::size_t hello_bytes = 8 + 1 + 40 + 40 + 1;
+inline constexpr std::size_t max_hello_password = 160;
 struct hello {
-  std::string node_id, shard_id;
+  std::string node_id, shard_id, password;
 };
-std::array<std::byte, hello_bytes> encode_hello(const hello& h) noexcept;
+// The password is cut at max_hello_password bytes (the server refuses a
+// longer requirepass in cluster mode).
+std::vector<std::byte> encode_hello(const hello& h);
 std::optional<hello> decode_hello(std::span<const std::byte> bytes, std::string& why);
 
 }  // namespace conveyor::kv::repl
