@@ -18,9 +18,30 @@ using kvtest::hex_id;
 using kvtest::key_in;
 using kvtest::three_shards;
 
-std::string route(std::vector<std::string> keys, const cluster_view* v) {
+std::string route(std::vector<std::string> keys, const cluster_view* v, bool replica_read = false) {
   std::vector<std::string_view> sv(keys.begin(), keys.end());
-  return route_keys(sv, v);
+  return route_keys(sv, v, replica_read);
+}
+
+TEST(routing, a_replica_serves_its_shards_reads_only_when_asked_and_redirects_the_rest) {
+  auto m = three_shards();
+  m.nodes.push_back({hex_id('7'), "127.0.0.1:7007", "", "127.0.0.1:27007"});
+  m.shards[1].replicas = {hex_id('7')};
+  m.shards[1].isr = {hex_id('1'), hex_id('7')};
+  auto v = make_view(m, hex_id('7')).value();
+  const auto k = key_in(5461, 10922);
+  const auto moved = "MOVED " + std::to_string(slot_of(k)) + " 127.0.0.1:7002";
+  EXPECT_EQ(route({k}, v.get()), moved);     // a write, or a read without READONLY
+  EXPECT_EQ(route({k}, v.get(), true), "");  // READONLY's read
+  EXPECT_EQ(route({key_in(10923, 16383)}, v.get(), true),
+            "MOVED " + std::to_string(slot_of(key_in(10923, 16383))) + " 127.0.0.1:7003");
+  ASSERT_NE(replica_of(*v), nullptr);
+  EXPECT_EQ(replica_of(*v)->id, hex_id('b'));
+  EXPECT_EQ(primary_of(*v), nullptr);
+  auto p = make_view(m, hex_id('1')).value();
+  EXPECT_EQ(replica_of(*p), nullptr);
+  ASSERT_NE(primary_of(*p), nullptr);
+  EXPECT_EQ(primary_of(*p)->replicas, std::vector<std::string>{hex_id('7')});
 }
 
 TEST(routing, keys_of_this_nodes_slots_run_here_and_commands_without_keys_run_anywhere) {

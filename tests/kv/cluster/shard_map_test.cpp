@@ -63,6 +63,17 @@ TEST(cluster_shard_map, round_trips_through_json) {
   EXPECT_EQ(to_json(*back), text);
 }
 
+TEST(cluster_shard_map, nodes_carry_their_replication_address) {
+  auto m = three_shards();
+  m.nodes[0].repl = "127.0.0.1:27001";
+  auto back = parse_shard_map(to_json(m));
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(back->nodes[0].repl, "127.0.0.1:27001");
+  EXPECT_EQ(back->nodes[1].repl, "");
+  m.nodes[1].repl = "not an address";
+  EXPECT_NE(validate_error(m).find("repl"), std::string::npos);
+}
+
 TEST(cluster_shard_map, reads_the_documented_shape) {
   const std::string a = hex_id('a'), n = hex_id('1');
   auto m = parse_shard_map(R"({"epoch": 3, "shards": [{"id": ")" + a + R"(", "slots": [[0, 16383]],
@@ -278,6 +289,18 @@ TEST(cluster_node_registration, round_trips_and_refuses_garbage) {
   back = parse_node_registration(to_json(r));
   ASSERT_TRUE(back.has_value()) << back.error().to_string();
   EXPECT_EQ(*back, r);
+
+  // The replication listener's address: optional, host:port when present.
+  r.repl = "10.0.0.1:27000";
+  text = to_json(r);
+  EXPECT_NE(text.find(R"("repl":"10.0.0.1:27000")"), std::string::npos);
+  back = parse_node_registration(text);
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(*back, r);
+  r.repl = "10.0.0.1";
+  EXPECT_FALSE(validate(r).has_value());
+  EXPECT_FALSE(parse_node_registration(to_json(r)).has_value());
+  r.repl.clear();
 
   for (std::size_t n = 0; n < text.size(); ++n)
     EXPECT_FALSE(parse_node_registration(std::string_view(text).substr(0, n)).has_value()) << n;
