@@ -178,6 +178,38 @@ TEST_F(cluster_mode, getkeysinslot_counts_only_live_keys_toward_count) {
   EXPECT_EQ(r({"CLUSTER", "COUNTKEYSINSLOT", slot}), ":1\r\n");
 }
 
+TEST_F(cluster_mode, a_replica_reads_with_readonly_redirects_writes_and_refuses_keyless_ones) {
+  auto m = three_shards();
+  m.nodes.push_back({hex_id('7'), "127.0.0.1:7007", "", "127.0.0.1:27007"});
+  m.shards[1].replicas = {hex_id('7')};
+  m.shards[1].isr = {hex_id('1'), hex_id('7')};
+  ex->set_cluster(make_view(m, hex_id('7')).value());
+  EXPECT_TRUE(ex->is_replica());
+  const std::string moved = "-MOVED " + std::to_string(slot_of(mine)) + " 127.0.0.1:7002\r\n";
+  // The primary's stream writes here; a client does not.
+  std::string why;
+  const std::string_view set[] = {"SET", mine, "v"};
+  ASSERT_TRUE(ex->apply_replicated(set, why)) << why;
+  EXPECT_EQ(run(*ex, s, {"GET", mine}), moved);
+  EXPECT_EQ(run(*ex, s, {"SET", mine, "w"}), moved);
+  EXPECT_EQ(run(*ex, s, {"FLUSHALL"}),
+            "-READONLY You can't write against a read only replica.\r\n");
+  EXPECT_EQ(run(*ex, s, {"READONLY"}), "+OK\r\n");
+  EXPECT_EQ(run(*ex, s, {"GET", mine}), "$1\r\nv\r\n");
+  EXPECT_EQ(run(*ex, s, {"SET", mine, "w"}), moved);    // READONLY does not make writes local
+  EXPECT_EQ(run(*ex, s, {"GET", other}), moved_other);  // another shard's slot
+  // A transaction that only reads runs here; one with a write is redirected.
+  EXPECT_EQ(run(*ex, s, {"MULTI"}), "+OK\r\n");
+  EXPECT_EQ(run(*ex, s, {"GET", mine}), "+QUEUED\r\n");
+  EXPECT_EQ(run(*ex, s, {"EXEC"}), "*1\r\n$1\r\nv\r\n");
+  EXPECT_EQ(run(*ex, s, {"READWRITE"}), "+OK\r\n");
+  EXPECT_EQ(run(*ex, s, {"GET", mine}), moved);
+  // The primary of that shard is no replica and serves both.
+  ex->set_cluster(make_view(m, hex_id('1')).value());
+  EXPECT_FALSE(ex->is_replica());
+  EXPECT_EQ(run(*ex, s, {"SET", mine, "w"}), "+OK\r\n");
+}
+
 TEST(not_a_cluster, cluster_commands_say_cluster_support_is_disabled) {
   kvtest::kv_env env;
   auto st = env.make_store();
