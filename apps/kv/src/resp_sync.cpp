@@ -38,6 +38,12 @@ void resp_server::impl::replicated() {
       it = gated.erase(it);
       continue;
     }
+    // A client whose command is executing (a long script serving the others)
+    // is building its reply in c.out: it is looked at after it returns.
+    if (id == running) {
+      ++it;
+      continue;
+    }
     client& c = *ci->second;
     const std::size_t end = sendable(c);  // drops the gates passed
     // The waits past their bound, oldest first: each reply becomes the error.

@@ -14,7 +14,9 @@ a real etcd and a 1-shard x 1-replica cluster (`kv cluster create --replicas
     writes made while it was down;
   - garbage sent to the replication endpoint (raw TCP bytes, a silent peer,
     a Conveyor peer with a foreign hello) neither crashes nor stalls the
-    primary.
+    primary;
+  - `kv cluster up --shards 1 --replicas 1` starts a primary and its
+    replica, linked, and SIGINT stops them.
 
 Every process is started here and stopped here; every wait is bounded.
 
@@ -302,6 +304,39 @@ class Replication(unittest.TestCase):
         self.assertEqual(self.reader().get("after-garbage"), b"ok")
         silent.close()
         self.assertIsNone(self.primary.proc.poll())
+
+
+    def test_6_cluster_up_starts_replicas(self):
+        base = kv_cluster.consecutive_free_ports(2)
+        up = subprocess.Popen([kv_cluster.BIN, "kv", "cluster", "up", "--shards", "1",
+                               "--replicas", "1", "--port", str(base)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out = ""
+            deadline = time.monotonic() + 60
+            while "redis-cli -c -p" not in out and time.monotonic() < deadline:
+                line = up.stdout.readline()
+                if not line:
+                    break
+                out += line
+            self.assertIn("1 shard(s) x 1 replica(s)", out, out)
+            self.assertIn("replica of", out)
+            p = redis.Redis(host="127.0.0.1", port=base, socket_timeout=10)
+            r = redis.Redis(host="127.0.0.1", port=base + 1, socket_timeout=10,
+                            single_connection_client=True)
+            wait_until(lambda: info(r).get("master_link_status") == "up", 15, "the link up")
+            self.assertEqual(info(p)["role"], "master")
+            self.assertTrue(p.set("up", "1"))
+            r.execute_command("READONLY")
+            self.assertEqual(r.get("up"), b"1")
+            up.send_signal(signal.SIGINT)
+            self.assertEqual(up.wait(20), 0, up.stderr.read())
+        finally:
+            if up.poll() is None:
+                up.kill()
+                up.wait(10)
+            up.stdout.close()
+            up.stderr.close()
 
 
 if __name__ == "__main__":

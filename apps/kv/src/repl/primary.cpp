@@ -289,7 +289,7 @@ struct primary::impl {
       const auto slot = k.free_send.back();
       std::byte* p = k.send_mr.data() + std::size_t{slot} * max_message;
       encode(h, std::span<std::byte, header_bytes>(p, header_bytes));
-      std::memcpy(p + header_bytes, payload.data(), payload.size());
+      if (!payload.empty()) std::memcpy(p + header_bytes, payload.data(), payload.size());
       if (k.qp.post_send_msg(
               k.send_mr.slice(std::size_t{slot} * max_message, header_bytes + payload.size()),
               slot) != errc::ok)
