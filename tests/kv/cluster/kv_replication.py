@@ -162,6 +162,7 @@ class Replication(unittest.TestCase):
         self.assertEqual(i["role"], "master")
         self.assertEqual(i["connected_slaves"], "1")
         self.assertEqual(i["slave0"]["state"], "online")
+        self.assertEqual(str(i["slave0"]["port"]), str(self.replica.port))  # its RESP port
         off = int(i["master_repl_offset"])
         self.assertGreater(off, 0)
         self.assertEqual(int(i["slave0"]["offset"]), off)

@@ -38,7 +38,10 @@ void node_role::set_view(const cluster::cluster_view& v) {
     std::vector<std::string> in_sync;
     for (const auto& id : sh->isr)
       if (id != v.my_id) in_sync.push_back(id);
-    primary_->set_shard(sh->id, sh->replicas, std::move(in_sync));
+    std::map<std::string, std::string, std::less<>> resp;
+    for (const auto& id : sh->replicas)
+      if (const auto* n = cluster::find_node(v.map, id)) resp[id] = n->resp;
+    primary_->set_shard(sh->id, sh->replicas, std::move(in_sync), std::move(resp));
   } else {
     primary_->set_shard({}, {}, {});
   }

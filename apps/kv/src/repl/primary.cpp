@@ -67,6 +67,7 @@ struct primary::impl {
   std::uint64_t backlog_start = 0;
   std::string shard_id;
   std::vector<std::string> replicas, in_sync;
+  std::map<std::string, std::string, std::less<>> resp;  // replica id -> its RESP address
   std::vector<server_loop::callback_id> callbacks;
   std::string scratch;
 
@@ -439,7 +440,9 @@ std::string primary::address() const {
 }
 
 void primary::set_shard(std::string shard_id, std::vector<std::string> replicas,
-                        std::vector<std::string> in_sync) {
+                        std::vector<std::string> in_sync,
+                        std::map<std::string, std::string, std::less<>> resp) {
+  p_->resp = std::move(resp);
   p_->shard_id = std::move(shard_id);
   p_->replicas = std::move(replicas);
   p_->in_sync = std::move(in_sync);
@@ -461,8 +464,11 @@ void primary::info(std::string& t, const std::string& replid) const {
   const auto now = clock::now();
   for (const auto& [id, k] : p_->links) {
     if (k->closing) continue;
-    const auto [host, port] =
-        std::pair(k->peer.substr(0, k->peer.rfind(':')), k->peer.substr(k->peer.rfind(':') + 1));
+    // Redis gives the replica's listening address: its RESP address from the map.
+    const auto r = p_->resp.find(k->node_id);
+    const std::string& addr = r != p_->resp.end() ? r->second : k->peer;
+    const auto colon = addr.rfind(':');
+    const std::string host = addr.substr(0, colon), port = addr.substr(colon + 1);
     const auto lag = std::chrono::duration_cast<std::chrono::seconds>(now - k->last_ack).count();
     slaves += "slave" + std::to_string(n++) + ":ip=" + host + ",port=" + port +
               ",state=" + (k->caught_up ? "online" : "wait_bgsave") +

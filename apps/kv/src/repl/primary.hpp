@@ -33,6 +33,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,8 +74,11 @@ class primary final : public record_sink {
   // From the shard map: this node's shard, its replicas (who may connect) and
   // the in-sync ones (whose acks a reply waits for). A link of a node no
   // longer a replica is closed.
+  // resp: each replica's RESP address (INFO's slaveN ip and port; a replica
+  // not in it is shown with its link's address).
   void set_shard(std::string shard_id, std::vector<std::string> replicas,
-                 std::vector<std::string> in_sync);
+                 std::vector<std::string> in_sync,
+                 std::map<std::string, std::string, std::less<>> resp = {});
   // INFO's # Replication lines as a master (role, connected_slaves, slaveN, offsets).
   void info(std::string& out, const std::string& replid) const;
 

@@ -22,6 +22,7 @@
 
 #include <conveyor/conveyor.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
