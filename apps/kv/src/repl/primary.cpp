@@ -133,14 +133,10 @@ struct primary::impl {
     auto r = pd.allocate_memory(std::size_t{primary_slots} * ack_message, access::local_write);
     if (!r) return std::unexpected(r.error());
     l->recv_mr = std::move(*r);
-    auto s = pd.allocate_memory(std::size_t{replica_slots} * max_message, access::local_write);
-    if (!s) return std::unexpected(s.error());
-    l->send_mr = std::move(*s);
     for (std::uint32_t i = 0; i < primary_slots; ++i)
       if (auto st = l->qp.post_recv(l->recv_mr.slice(std::size_t{i} * ack_message, ack_message), i);
           st != errc::ok)
         return make_error(st, "kv replication: post_recv");
-    for (std::uint32_t i = 0; i < replica_slots; ++i) l->free_send.push_back(i);
     return l;
   }
 
@@ -171,6 +167,15 @@ struct primary::impl {
           " is not a replica of this node's shard");
       return close(k);
     }
+    // Only now, for a replica of this shard, the send buffers (4 MiB).
+    auto sm = pd.allocate_memory(std::size_t{replica_slots} * max_message, access::local_write);
+    if (!sm) {
+      say("replication: no send buffers for replica " + k.node_id.substr(0, 8) + ": " +
+          sm.error().to_string());
+      return close(k);
+    }
+    k.send_mr = std::move(*sm);
+    for (std::uint32_t i = 0; i < replica_slots; ++i) k.free_send.push_back(i);
     // A restarted replica: its old link goes.
     for (auto& [oid, o] : links)
       if (oid != id && o->node_id == k.node_id) close(*o);
