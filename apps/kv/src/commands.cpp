@@ -483,20 +483,28 @@ void executor::execute(session& sess, std::span<const std::string_view> argv, st
   after_command(c, *k, usec);
 }
 
-bool executor::replay(std::span<const std::string_view> argv, std::string& why) {
-  if (argv.empty()) return true;
+// One record of the AOF or of the replication stream, run as the server
+// itself: no client, not counted; false (why set) for what is no write command.
+bool executor::run_record(std::span<const std::string_view> argv, std::string& out,
+                          std::string& why, std::string_view source) {
   const command* k = lookup(argv[0]);
   if (k == nullptr || !k->write) {
-    why = "not a logged command: " + std::string(argv[0].substr(0, 64));
+    why = "not a " + std::string(source) + " command: " + std::string(argv[0].substr(0, 64));
     return false;
   }
   session sess;
   sess.authenticated = true;
-  std::string out;
   replaying_ = true;
   execute(sess, argv, out);
   replaying_ = false;
   --stats_.commands;
+  return true;
+}
+
+bool executor::replay(std::span<const std::string_view> argv, std::string& why) {
+  if (argv.empty()) return true;
+  std::string out;
+  if (!run_record(argv, out, why, "logged")) return false;
   // No reader exists before the front ends start: what this command replaced
   // is freed now, not a grace time later (back to back, the overwrites of a
   // log would otherwise all be in grace at once and run the store out).
@@ -506,19 +514,8 @@ bool executor::replay(std::span<const std::string_view> argv, std::string& why) 
 
 bool executor::apply_replicated(std::span<const std::string_view> argv, std::string& why) {
   if (argv.empty()) return true;
-  const command* k = lookup(argv[0]);
-  if (k == nullptr || !k->write) {
-    why = "not a replicated command: " + std::string(argv[0].substr(0, 64));
-    return false;
-  }
-  session sess;
-  sess.authenticated = true;
   std::string out;
-  replaying_ = true;
-  execute(sess, argv, out);
-  replaying_ = false;
-  --stats_.commands;
-  return replayed_ok(argv, out, why);
+  return run_record(argv, out, why, "replicated") && replayed_ok(argv, out, why);
 }
 
 bool executor::replayed_ok(std::span<const std::string_view> argv, const std::string& out,

@@ -286,6 +286,8 @@ class executor {
  private:
   void log(std::span<const std::string_view> argv);
   void emit(std::span<const std::string_view> argv);  // to the AOF and the replication stream
+  bool run_record(std::span<const std::string_view> argv, std::string& out, std::string& why,
+                  std::string_view source);
   static bool replayed_ok(std::span<const std::string_view> argv, const std::string& out,
                           std::string& why);
   bool logging() const noexcept { return (aof_ != nullptr || repl_ != nullptr) && !replaying_; }

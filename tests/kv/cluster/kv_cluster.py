@@ -182,21 +182,36 @@ def run(*args, timeout=60):
     return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def start_cluster(prefix, count, shards, replicas, *extra):
+    """A local etcd, `count` nodes (each given `extra`) in a new temporary
+    folder, and the map `kv cluster create` writes for them: (etcd, folder,
+    nodes). What was started is stopped again if any of it fails."""
+    etcd = Etcd()
+    folder = tempfile.mkdtemp(prefix=prefix)
+    nodes = []
+    try:
+        for i in range(count):
+            d = os.path.join(folder, "n%d" % i)
+            os.mkdir(d)
+            nodes.append(start_node(etcd, d, *extra))
+        r = run("kv", "cluster", "create", "--etcd", etcd.endpoint, "--name", NAME,
+                "--shards", str(shards), "--replicas", str(replicas), "--wait-s", "20")
+        if r.returncode != 0:
+            raise RuntimeError("cluster create: " + r.stderr)
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        etcd.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return etcd, folder, nodes
+
+
 class Cluster(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.etcd = Etcd()
-        cls.dir = tempfile.mkdtemp(prefix="conveyor-kv-cluster.")
-        cls.nodes = []
+        cls.etcd, cls.dir, cls.nodes = start_cluster("conveyor-kv-cluster.", 3, 3, 0)
         try:
-            for i in range(3):
-                d = os.path.join(cls.dir, "n%d" % i)
-                os.mkdir(d)
-                cls.nodes.append(start_node(cls.etcd, d))
-            r = run("kv", "cluster", "create", "--etcd", cls.etcd.endpoint, "--name", NAME,
-                    "--shards", "3", "--wait-s", "20")
-            if r.returncode != 0:
-                raise RuntimeError("cluster create: " + r.stderr)
             cls.map_json = cls.etcd.get("/conveyor-kv/%s/config" % NAME)
             for n in cls.nodes:  # every node has the map
                 wait_until(lambda n=n: n.client().execute_command("CLUSTER", "INFO").find(

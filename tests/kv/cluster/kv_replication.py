@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
@@ -38,7 +37,7 @@ import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kv_cluster  # noqa: E402
-from kv_cluster import Etcd, start_node, wait_until  # noqa: E402
+from kv_cluster import wait_until  # noqa: E402
 
 NAME = kv_cluster.NAME
 TIMEOUT_MS = 1500  # --repl-timeout-ms of the nodes
@@ -74,19 +73,10 @@ def dump(client):
 class Replication(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.etcd = Etcd()
-        cls.dir = tempfile.mkdtemp(prefix="conveyor-kv-repl.")
-        cls.nodes = []
+        cls.etcd, cls.dir, cls.nodes = kv_cluster.start_cluster(
+            "conveyor-kv-repl.", 2, 1, 1, "--repl-timeout-ms", str(TIMEOUT_MS), "--rdma-listen",
+            "127.0.0.1:0")
         try:
-            for i in range(2):
-                d = os.path.join(cls.dir, "n%d" % i)
-                os.mkdir(d)
-                cls.nodes.append(start_node(cls.etcd, d, "--repl-timeout-ms", str(TIMEOUT_MS),
-                                            "--rdma-listen", "127.0.0.1:0"))
-            r = kv_cluster.run("kv", "cluster", "create", "--etcd", cls.etcd.endpoint, "--name",
-                               NAME, "--shards", "1", "--replicas", "1", "--wait-s", "20")
-            if r.returncode != 0:
-                raise RuntimeError("cluster create: " + r.stderr)
             # create takes the primaries first by address: the lower port.
             cls.nodes.sort(key=lambda n: n.port)
             cls.primary, cls.replica = cls.nodes
