@@ -182,6 +182,31 @@ def run(*args, timeout=60):
     return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def start_up(*args):
+    """`conveyor kv cluster up ARGS`, read until it prints how to connect (at
+    most 60 s): (the process, what it printed). The caller stops it."""
+    up = subprocess.Popen([BIN, "kv", "cluster", "up", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    out = ""
+    deadline = time.monotonic() + 60
+    while "redis-cli -c -p" not in out and time.monotonic() < deadline:
+        line = up.stdout.readline()
+        if not line:
+            break
+        out += line
+    return up, out
+
+
+def reap_up(up):
+    """Kills a `cluster up` that is still running (a test that failed early)
+    and closes its pipes."""
+    if up.poll() is None:
+        up.kill()
+        up.wait(10)
+    up.stdout.close()
+    up.stderr.close()
+
+
 def start_cluster(prefix, count, shards, replicas, *extra):
     """A local etcd, `count` nodes (each given `extra`) in a new temporary
     folder, and the map `kv cluster create` writes for them: (etcd, folder,
@@ -525,16 +550,8 @@ class Up(unittest.TestCase):
 
     def test_cluster_up_starts_a_working_cluster_and_sigint_stops_everything(self):
         base = consecutive_free_ports(3)
-        up = subprocess.Popen([BIN, "kv", "cluster", "up", "--shards", "3", "--port", str(base)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        up, out = start_up("--shards", "3", "--port", str(base))
         try:
-            out = ""
-            deadline = time.monotonic() + 60
-            while "redis-cli -c -p" not in out and time.monotonic() < deadline:
-                line = up.stdout.readline()
-                if not line:
-                    break
-                out += line
             self.assertIn("redis-cli -c -p %d" % base, out, out)
             kids = self.children(up.pid)
             self.assertEqual(len(kids), 4, kids)  # etcd and three nodes
@@ -550,11 +567,7 @@ class Up(unittest.TestCase):
                                  open("/proc/%d/stat" % k).read().split()[2] != "Z",
                                  "child %d still runs" % k)
         finally:
-            if up.poll() is None:
-                up.kill()
-                up.wait(10)
-            up.stdout.close()
-            up.stderr.close()
+            reap_up(up)
 
     def test_cluster_up_reports_a_node_that_cannot_start_and_leaves_nothing(self):
         base = consecutive_free_ports(2)

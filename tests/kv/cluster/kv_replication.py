@@ -299,17 +299,8 @@ class Replication(unittest.TestCase):
 
     def test_6_cluster_up_starts_replicas(self):
         base = kv_cluster.consecutive_free_ports(2)
-        up = subprocess.Popen([kv_cluster.BIN, "kv", "cluster", "up", "--shards", "1",
-                               "--replicas", "1", "--port", str(base)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        up, out = kv_cluster.start_up("--shards", "1", "--replicas", "1", "--port", str(base))
         try:
-            out = ""
-            deadline = time.monotonic() + 60
-            while "redis-cli -c -p" not in out and time.monotonic() < deadline:
-                line = up.stdout.readline()
-                if not line:
-                    break
-                out += line
             self.assertIn("1 shard(s) x 1 replica(s)", out, out)
             self.assertIn("replica of", out)
             p = redis.Redis(host="127.0.0.1", port=base, socket_timeout=10)
@@ -323,11 +314,7 @@ class Replication(unittest.TestCase):
             up.send_signal(signal.SIGINT)
             self.assertEqual(up.wait(20), 0, up.stderr.read())
         finally:
-            if up.poll() is None:
-                up.kill()
-                up.wait(10)
-            up.stdout.close()
-            up.stderr.close()
+            kv_cluster.reap_up(up)
 
 
 if __name__ == "__main__":
