@@ -141,8 +141,10 @@ class store {
   // one is deleted (Redis's semantics); otherwise its version moves, its memory
   // is counted, and a small hash's item is published anew.
   virtual void changed(std::string_view key, time_ms now) = 0;
-  // Makes room for `bytes` more under maxmemory (allkeys-lru evicts other keys,
-  // never `key`); false: the write must answer OOM.
+  // Makes room under maxmemory for `bytes` more of `key`'s collection and for
+  // what its item grows by with them: a new key's item, a small hash's
+  // republished encoding (allkeys-lru evicts other keys, never `key`); false:
+  // the write must answer OOM.
   virtual bool reserve(std::string_view key, std::size_t bytes, time_ms now) = 0;
   // Before a write to a hash that is published for one-sided readers: whether
   // the store can allocate its next item (its encoding grown by up to `extra`

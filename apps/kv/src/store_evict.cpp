@@ -28,7 +28,24 @@ std::size_t store_impl::expire_some(time_ms now, std::size_t budget) {
   return n;
 }
 
+// What `key`'s item grows by when its collection gains `bytes`: a new key
+// takes an item (a hash's holds its empty encoding, 5 bytes; the others',
+// nothing); a small hash's item is its encoding, which grows by each field's
+// bytes and 8 of lengths, less than the 48 per element `bytes` counts.
+std::size_t store_impl::item_growth(std::string_view key, std::size_t bytes, time_ms now) {
+  const auto f = find_live(key, now);
+  if (!f) return L::round_units(L::item_bytes(key.size(), 5)) * L::unit;
+  if (type_at(f->item) != value_type::hash) return 0;
+  const auto it = objects_.find(key);
+  if (it == objects_.end() || it->second->big) return 0;
+  const std::size_t now_len = f->item->value_len;
+  return (L::round_units(L::item_bytes(key.size(), now_len + bytes)) -
+          L::round_units(L::item_bytes(key.size(), now_len))) *
+         L::unit;
+}
+
 bool store_impl::reserve(std::string_view key, std::size_t bytes, time_ms now) {
+  bytes += item_growth(key, bytes, now);
   while (live_units_ * L::unit + object_bytes_ + bytes > limit_) {
     if (opts_.policy == eviction_policy::noeviction) return false;
     if (!evict_other(key, now)) return false;

@@ -68,6 +68,7 @@ class store_impl final : public store {
   // ---- expiry and eviction (store_evict.cpp) -----------------------------
   std::size_t expire_some(time_ms now, std::size_t budget) override;
   bool reserve(std::string_view key, std::size_t bytes, time_ms now) override;
+  std::size_t item_growth(std::string_view key, std::size_t bytes, time_ms now);
 
  private:
   struct found {
