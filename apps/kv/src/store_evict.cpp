@@ -45,6 +45,10 @@ std::size_t store_impl::item_growth(std::string_view key, std::size_t bytes, tim
 }
 
 bool store_impl::reserve(std::string_view key, std::size_t bytes, time_ms now) {
+  // Far enough below the limit, no lookup: the item grows by less than one
+  // item holding `bytes` more (item_growth's largest answer).
+  const std::size_t bound = L::round_units(L::item_bytes(key.size(), 5 + bytes)) * L::unit;
+  if (live_units_ * L::unit + object_bytes_ + bytes + bound <= limit_) return true;
   bytes += item_growth(key, bytes, now);
   while (live_units_ * L::unit + object_bytes_ + bytes > limit_) {
     if (opts_.policy == eviction_policy::noeviction) return false;
