@@ -90,6 +90,12 @@ regcache() {  # regcache <device>: ibv_reg_mr + dereg against a registration cac
   local bin="$BUILD/bench/conveyor-regcache-bench"
   [ -x "$bin" ] || { summary "SKIP regcache-$1: conveyor-regcache-bench not built"; return; }
   step "regcache-$1" "$bin" --providers "verbs:$1" --runs 3 --ms 20
+  # The cache must have cached: a monitor that did not start serves every
+  # acquire uncached, which the benchmark alone would time without failing.
+  if ! grep -qE "^verbs:$1 stats: hits [1-9][0-9]* .* monitor $" "$R/regcache-$1.log"; then
+    summary "FAIL regcache-$1-hits: no hits or no monitor ($(grep -m1 'stats:' "$R/regcache-$1.log"))"
+    fails=$((fails + 1))
+  fi
   # The table (TCG-emulated: compare the columns, not the absolute times).
   grep -E "^verbs:$1 " "$R/regcache-$1.log" | tee -a "$R/summary"
 }
