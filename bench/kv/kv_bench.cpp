@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
                  "pipelined, instead of one SET RPC per key");
   app.add_option("--clients", o.clients, "client threads, one connection each")
       ->check(CLI::Range(1u, 1024u));
+  app.add_option("--wait", o.wait,
+                 "resp: send WAIT N 0 after each SET step, in the same write, and count it in "
+                 "the SET's time (Redis with asynchronous replicas made to wait for N of them)")
+      ->check(CLI::Range(0u, 16u));
   app.add_option("--server-pid", o.server_pid,
                  "report this process's CPU time over the measured interval (/proc)");
   try {

@@ -39,6 +39,9 @@ struct bench_options {
   std::uint16_t load_port = 0;    // rdma: load over RESP at host:load_port (same store)
   unsigned clients = 1;           // threads, one connection each
   int server_pid = 0;             // read this process's CPU time around the run
+  // resp: each SET step is followed by WAIT <wait> 0 in the same write (Redis's
+  // nearest equivalent to a synchronous replica); a reply below it is an error.
+  unsigned wait = 0;
 };
 
 using clk = std::chrono::steady_clock;
@@ -75,8 +78,9 @@ class bench_conn {
 // The RDMA provider the options name: --provider, else from the address.
 std::string rdma_provider(const bench_options& o);
 // A RESP or memcached connection to host:port; nullptr with `err` set.
+// `wait`: resp only, bench_options::wait.
 std::unique_ptr<bench_conn> open_socket(const std::string& protocol, const std::string& host,
-                                        std::uint16_t port, std::string& err);
+                                        std::uint16_t port, std::string& err, unsigned wait = 0);
 // The connection --protocol names; nullptr with `err` set.
 std::unique_ptr<bench_conn> open_conn(const bench_options& o, std::string& err);
 

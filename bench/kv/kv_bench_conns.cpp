@@ -241,6 +241,11 @@ class resp_conn final : public bench_conn {
       append_bulk(out_, k);
       append_bulk(out_, value);
     }
+    if (wait > 0) {
+      out_ += "*3\r\n$4\r\nWAIT\r\n";
+      append_bulk(out_, std::to_string(wait));
+      append_bulk(out_, "0");
+    }
     if (!s.send_all(out_, err_)) return t.error(err_), false;
     for (const auto& k : keys) {
       std::string_view line;
@@ -250,8 +255,18 @@ class resp_conn final : public bench_conn {
         t.error("SET " + k + ": " + std::string(line));
       }
     }
+    if (wait > 0) {
+      std::string_view line;
+      long long n = 0;
+      if (!s.read_line(line, err_)) return t.error("WAIT: " + err_), false;
+      if (!line.starts_with(':') || !parse_size(line.substr(1), n))
+        return t.error("WAIT: " + std::string(line)), false;
+      if (n < static_cast<long long>(wait))
+        t.error("WAIT " + std::to_string(wait) + ": " + std::to_string(n) + " replicas");
+    }
     return true;
   }
+  unsigned wait = 0;
 
  private:
   std::string out_, err_;
@@ -332,19 +347,20 @@ std::string rdma_provider(const bench_options& o) {
 }
 
 std::unique_ptr<bench_conn> open_socket(const std::string& protocol, const std::string& host,
-                                        std::uint16_t port, std::string& err) {
+                                        std::uint16_t port, std::string& err, unsigned wait) {
   if (protocol == "memcached") {
     auto c = std::make_unique<memcached_conn>();
     if (!c->s.connect(host, port, err)) return nullptr;
     return c;
   }
   auto c = std::make_unique<resp_conn>();
+  c->wait = wait;
   if (!c->s.connect(host, port, err)) return nullptr;
   return c;
 }
 
 std::unique_ptr<bench_conn> open_conn(const bench_options& o, std::string& err) {
-  if (o.protocol != "rdma") return open_socket(o.protocol, o.host, socket_port(o), err);
+  if (o.protocol != "rdma") return open_socket(o.protocol, o.host, socket_port(o), err, o.wait);
   auto c = open_kv_client(o);
   if (!c) {
     err = c.error().to_string();

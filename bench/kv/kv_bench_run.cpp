@@ -218,6 +218,8 @@ int run(const bench_options& o) {
                  o.protocol.c_str());
     return 2;
   }
+  if (o.wait > 0 && o.protocol != "resp")
+    return std::fprintf(stderr, "conveyor-kv-bench: --wait is for --protocol resp\n"), 2;
   if (o.keys == 0 || o.clients == 0)
     return std::fprintf(stderr, "conveyor-kv-bench: --keys and --clients must be above 0\n"), 2;
   const std::string value(o.value_size, 'v');
@@ -286,6 +288,7 @@ int run(const bench_options& o) {
                       {"get_ratio", o.get_ratio},
                       {"zipf", o.zipf},
                       {"depth", o.depth},
+                      {"wait", o.wait},
                       {"seconds", secs},
                       {"warmup_s", o.warmup},
                       {"load_s", load_s},

@@ -92,6 +92,16 @@ int run_create(const kv_cluster_options& o) {
 
 // ---- up ------------------------------------------------------------------------
 
+// Whether the file at `path` holds `needle` (a log line; reads at most 1 MiB).
+bool file_contains(const std::string& path, const std::string& needle) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return false;
+  std::string text(1u << 20, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  return text.find(needle) != std::string::npos;
+}
+
 int free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -227,30 +237,52 @@ int run_up(kv_cluster_options o) {
     return 1;
   };
   if (o.etcd.empty()) {
-    const int client = free_loopback_port(), peer = free_loopback_port();
-    if (client <= 0 || peer <= 0 || client == peer) return fail("no free loopback ports for etcd");
-    const std::string curl = "http://127.0.0.1:" + std::to_string(client);
-    const std::string purl = "http://127.0.0.1:" + std::to_string(peer);
-    child e{"etcd", -1, o.dir + "/etcd.log"};
-    e.pid = spawn("/usr/bin/etcd",
-                  {"/usr/bin/etcd", "--name", "kv", "--data-dir", o.dir + "/etcd",
-                   "--listen-client-urls", curl, "--advertise-client-urls", curl,
-                   "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-                   "--initial-cluster", "kv=" + purl, "--log-outputs", "stderr"},
-                  e.log);
-    if (e.pid < 0) return fail("fork failed");
-    kids.push_back(e);
-    o.etcd = "127.0.0.1:" + std::to_string(client);
-    const auto until = steady::now() + 15s;
-    for (;;) {
-      if (kv::read_cluster_state(admin(o))) break;
-      if (::waitpid(kids[0].pid, nullptr, WNOHANG) == kids[0].pid) {
-        kids[0].pid = -1;
-        return fail("etcd exited at start (is /usr/bin/etcd installed? Debian's etcd-server)");
+    // The ports are free when chosen, not when etcd binds them: another
+    // process (another cluster's etcd) may take one meanwhile, and etcd then
+    // exits while that process answers on the port. So the etcd is trusted
+    // only once its own log says it serves on the chosen port; one that exits
+    // first is started again on other ports (at most 5 tries).
+    bool up = false;
+    for (int attempt = 0; attempt < 5 && !up; ++attempt) {
+      const int client = o.etcd_port ? int(o.etcd_port) : free_loopback_port();
+      const int peer = free_loopback_port();
+      if (client <= 0 || peer <= 0 || client == peer)
+        return fail("no free loopback ports for etcd");
+      const std::string curl = "http://127.0.0.1:" + std::to_string(client);
+      const std::string purl = "http://127.0.0.1:" + std::to_string(peer);
+      child e{"etcd", -1, o.dir + "/etcd.log"};
+      std::filesystem::remove_all(o.dir + "/etcd", ec);
+      e.pid = spawn("/usr/bin/etcd",
+                    {"/usr/bin/etcd", "--name", "kv", "--data-dir", o.dir + "/etcd",
+                     "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                     "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                     "--initial-cluster", "kv=" + purl, "--log-outputs", "stderr"},
+                    e.log);
+      if (e.pid < 0) return fail("fork failed");
+      kids.assign(1, e);
+      o.etcd = "127.0.0.1:" + std::to_string(client);
+      const std::string serving =
+          "serving insecure client requests on 127.0.0.1:" + std::to_string(client);
+      const auto until = steady::now() + 15s;
+      for (;;) {
+        if (file_contains(e.log, serving) && kv::read_cluster_state(admin(o))) {
+          up = true;
+          break;
+        }
+        if (::waitpid(kids[0].pid, nullptr, WNOHANG) == kids[0].pid) {
+          kids[0].pid = -1;
+          if (!file_contains(e.log, "address already in use"))
+            return fail("etcd exited at start (is /usr/bin/etcd installed? Debian's etcd-server)");
+          if (o.etcd_port)
+            return fail("etcd could not listen on 127.0.0.1:" + std::to_string(o.etcd_port) +
+                        " (address already in use)");
+          break;  // a port was taken meanwhile: other ports
+        }
+        if (steady::now() >= until) return fail("etcd did not answer within 15 s");
+        std::this_thread::sleep_for(100ms);
       }
-      if (steady::now() >= until) return fail("etcd did not answer within 15 s");
-      std::this_thread::sleep_for(100ms);
     }
+    if (!up) return fail("etcd could not bind free loopback ports in 5 tries");
     std::fprintf(stderr, "conveyor kv cluster up: etcd on %s (data in %s/etcd)\n", o.etcd.c_str(),
                  o.dir.c_str());
   }
@@ -362,6 +394,10 @@ kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o)
   c.status->add_flag("--json", o.json, "JSON output");
   c.up->add_option("--port", o.port, "the first node's RESP port (then +1 for each)")
       ->capture_default_str();
+  c.up->add_option("--etcd-port", o.etcd_port,
+                   "the local etcd's client port (default: a free one; not with --etcd)")
+      ->check(CLI::Range(1, 65535))
+      ->excludes(c.up->get_option("--etcd"));
   c.up->add_option("--dir", o.dir,
                    "where the nodes and etcd keep their files (default: a temporary directory, "
                    "removed at exit)");

@@ -17,8 +17,9 @@ struct kv_cluster_options {
   std::size_t replicas = 0;
   unsigned wait_s = 30;
   bool json = false;
-  std::uint16_t port = 7001;  // up: the first node's RESP port
-  std::string dir;            // up: where the nodes and etcd keep their files (empty: a temp dir)
+  std::uint16_t port = 7001;    // up: the first node's RESP port
+  std::uint16_t etcd_port = 0;  // up: the local etcd's client port (0: a free one)
+  std::string dir;              // up: where the nodes and etcd keep their files (empty: a temp dir)
 };
 
 struct kv_cluster_commands {

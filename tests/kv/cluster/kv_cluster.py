@@ -71,12 +71,18 @@ class Etcd:
                  "--election-timeout", "250"],
                 stdout=self.log, stderr=subprocess.STDOUT)
             deadline = time.monotonic() + 15
+            # Ours once its own log says it serves on the port: a port taken
+            # between free_port() and etcd's bind would have another etcd answer.
+            serving = ("serving insecure client requests on " + self.endpoint).encode()
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
                     self.call("kv/range", {"key": b64("/probe")})
-                    return
+                    with open(os.path.join(self.dir, "etcd.log"), "rb") as f:
+                        if serving in f.read():
+                            return
                 except OSError:
-                    time.sleep(0.1)
+                    pass
+                time.sleep(0.1)
             stop_process(self.proc)
         raise RuntimeError("etcd did not start")
 
@@ -595,6 +601,26 @@ class Up(unittest.TestCase):
                     pass
         self.assertEqual(left, [], "processes of the failed `up` still run")
         shutil.rmtree(m.group(1), ignore_errors=True)
+
+    def test_cluster_up_never_uses_an_etcd_it_did_not_start(self):
+        # Another cluster's etcd on the port `up` gives its own etcd (a free port
+        # taken between its choice and etcd's bind): `up` must see that its etcd
+        # could not listen, not write its map into the other one (it used to
+        # answer "cluster default already has a shard map" or, worse, join it).
+        other = Etcd()
+        try:
+            port = int(other.endpoint.rsplit(":", 1)[1])
+            r = subprocess.run([BIN, "kv", "cluster", "up", "--shards", "1", "--etcd-port",
+                                str(port), "--port", str(consecutive_free_ports(1))],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("etcd could not listen on 127.0.0.1:%d (address already in use)" % port,
+                          r.stderr)
+            reply = other.call("kv/range", {"key": b64("/conveyor-kv/"),
+                                            "range_end": b64("/conveyor-kv0")})
+            self.assertNotIn("kvs", reply, "up wrote into an etcd it did not start")
+        finally:
+            other.stop()
 
 
 if __name__ == "__main__":
