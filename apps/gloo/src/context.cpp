@@ -21,9 +21,14 @@ constexpr std::chrono::milliseconds cancel_wait_max{1000};
 
 }  // namespace
 
+// The pairs leave the shared queues first (shutdown), then the progress
+// threads stop; the pairs' QPs go before the queues they completed on.
 Context::~Context() {
   for (auto& p : pairs_)
     if (p) static_cast<Pair*>(p.get())->shutdown();
+  for (auto& p : pollers_) p.stop.store(true, std::memory_order_release);
+  for (auto& p : pollers_)
+    if (p.thread.joinable()) p.thread.join();
   pairs_.clear();
 }
 

@@ -1,8 +1,10 @@
-// context.hpp — a Gloo context: its pairs, and the matching of unbound
-// buffers' operations across them (recv-from-any, notifications, debts);
-// one mutex for all protocol state of its pairs.
+// context.hpp — a Gloo context: its pairs, the completion queue they share
+// and the one progress thread that drives them all (per provider in use),
+// and the matching of unbound buffers' operations across them (recv-from-any,
+// notifications, debts); one mutex for all protocol state of its pairs.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -11,19 +13,35 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "device.hpp"
 #include "ops.hpp"
 
 #pragma GCC visibility push(hidden)
 namespace conveyor_gloo::detail {
 
-class Device;
 class Pair;
+
+// One provider's completion queue, shared by the pairs of a context that use
+// that provider, and the thread that waits on it and hands each completion to
+// its pair (progress.cpp). A context has one per provider it uses (more only
+// where the device's max_cqe cannot hold every pair's work requests).
+struct poller {
+  Device::provider* prov = nullptr;
+  conveyor::completion_queue cq;
+  std::uint32_t room = 0;  // completions not reserved by a pair (mu_)
+  bool dead = false;       // the queue failed (overflow): no new pairs (mu_)
+  // qp_num -> the pair and the serial of its current QP (mu_).
+  std::map<std::uint32_t, std::pair<Pair*, std::uint32_t>> by_qp;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
 
 class Context final : public ::gloo::transport::Context,
                       public std::enable_shared_from_this<Context> {
@@ -52,10 +70,18 @@ class Context final : public ::gloo::transport::Context,
   // Fails the recv-from-any operations that could be served by `rank` (mu_ held).
   void fail_any(int rank, const std::string& msg);
 
+  // A completion queue of `prov` with room for one more pair's work requests
+  // (reserved), its progress thread started with it (mu_ held).
+  poller& poller_for(Device::provider& prov);
+  // Gives a pair's reservation back (mu_ held).
+  static void release(poller& p) { p.room += per_pair_cqes; }
+  static constexpr std::uint32_t per_pair_cqes = sq_depth + recv_depth;
+
   std::shared_ptr<Device> device_;
   std::mutex mu_;  // all protocol state of every pair of this context
   std::condition_variable bound_cv_;
   std::uint64_t next_token_ = 1;
+  std::uint32_t next_serial_ = 1;  // of the QPs the pairs make (mu_)
 
  private:
   struct any_recv {
@@ -70,6 +96,10 @@ class Context final : public ::gloo::transport::Context,
   // takes the oldest), and notifications already accounted for by a directed recv.
   std::map<std::uint64_t, std::deque<int>> available_;
   std::map<std::pair<std::uint64_t, int>, std::uint64_t> debt_;
+  // Appended under mu_ only; stopped and joined in ~Context, after the pairs
+  // have left them (stable addresses: the pairs point into it).
+  std::list<poller> pollers_;
+  void poll_loop(poller& p);
   friend class Pair;
 };
 

@@ -102,15 +102,26 @@ Pair::Pair(Context& ctx, int peer) : ctx_(ctx), peer_(peer) {
   self_ = std::make_unique<Address>(std::move(a));
 }
 
+// A fresh QP on the context's shared completion queue of this provider (the
+// first call reserves the pair's room in it). A replaced QP leaves the
+// poller's map first, and its work requests carry the old serial, so its
+// flushes are dropped rather than taken for the new connection's.
 void Pair::make_qp() {
+  {
+    std::lock_guard g(ctx_.mu_);
+    if (poller_ && poller_->by_qp.erase(qpn_) > 0) qpn_ = 0;
+    if (poller_ && poller_->dead) {
+      Context::release(*poller_);
+      poller_ = nullptr;
+    }
+    if (!poller_) poller_ = &ctx_.poller_for(*prov_);
+    serial_ = ctx_.next_serial_++;
+    early_.clear();
+  }
   qp_ = {};
-  cq_ = {};
-  auto cq = prov_->dev.create_cq({.depth = sq_depth + recv_depth + 64});
-  if (!cq) GLOO_THROW_IO_EXCEPTION("conveyor-gloo: create_cq: ", cq.error().to_string());
-  cq_ = std::move(*cq);
   conveyor::qp_init_attr qa;
-  qa.send_cq = &cq_;
-  qa.recv_cq = &cq_;
+  qa.send_cq = &poller_->cq;
+  qa.recv_cq = &poller_->cq;
   qa.cap.max_send_wr = sq_depth;
   qa.cap.max_recv_wr = recv_depth;
   qa.cap.max_send_sge = 1;
@@ -119,9 +130,14 @@ void Pair::make_qp() {
   auto qp = prov_->pd.create_qp(qa);
   if (!qp) GLOO_THROW_IO_EXCEPTION("conveyor-gloo: create_qp: ", qp.error().to_string());
   qp_ = std::move(*qp);
+  {
+    std::lock_guard g(ctx_.mu_);
+    qpn_ = qp_.qp_num();
+    poller_->by_qp[qpn_] = {this, serial_};
+  }
   for (std::uint32_t i = 0; i < recv_depth; ++i) {
-    auto s =
-        qp_.post_recv(recv_mem_.slice(i * staging_size, staging_size), make_wr(wr_kind::recv, i));
+    auto s = qp_.post_recv(recv_mem_.slice(i * staging_size, staging_size),
+                           make_wr(wr_kind::recv, serial_, i));
     if (s != conveyor::errc::ok)
       GLOO_THROW_IO_EXCEPTION("conveyor-gloo: post_recv: ", conveyor::to_string(s));
   }
@@ -194,11 +210,16 @@ void Pair::establish(const std::vector<char>& bytes) {
   verbs_lis_ = {};
   peer_name_ = "rank " + std::to_string(peer_) + " (" + kind + " " + target + ")";
   {
+    // From now on the context's progress thread handles this pair's
+    // completions as they come; those that came before, now.
     std::lock_guard g(ctx_.mu_);
     credits_ = recv_depth;
     connected_ = true;
+    auto early = std::move(early_);
+    early_.clear();
+    for (auto& wc : early) handle(wc);
+    pump();
   }
-  thread_ = std::thread([this] { progress_loop(); });
   if (log_enabled(log_level::info))
     log_line(log_level::info, "rank " + std::to_string(ctx_.rank) + " <-> rank " +
                                   std::to_string(peer_) + ": connected over " + kind + " (" +

@@ -33,9 +33,16 @@ constexpr std::size_t write_chunk = 4u << 20;  // one WRITE's length at most
 constexpr std::size_t max_peer_entries =
     1u << 16;  // RTRs / notifications / announcements a peer may park
 
+// A work request's id: its kind (bits 56..63), the serial of the QP that
+// posted it (bits 24..55: the pairs of a context share a completion queue, and
+// a replaced or closed QP's late completions must not reach the pair's new
+// one) and a staging slot (bits 0..23).
 enum class wr_kind : std::uint64_t { send = 1, recv = 2, write = 3 };
-inline std::uint64_t make_wr(wr_kind k, std::uint64_t idx) {
-  return (std::uint64_t(k) << 56) | idx;
+inline std::uint64_t make_wr(wr_kind k, std::uint32_t serial, std::uint64_t idx) {
+  return (std::uint64_t(k) << 56) | (std::uint64_t(serial) << 24) | idx;
+}
+inline std::uint32_t wr_serial(std::uint64_t wr_id) {
+  return std::uint32_t(wr_id >> 24);
 }
 
 // Completion state of one unbound buffer, shared with the operations in flight

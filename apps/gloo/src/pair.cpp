@@ -12,12 +12,41 @@
 #pragma GCC visibility push(hidden)
 namespace conveyor_gloo::detail {
 
+// Closing a pair (Gloo's close(), its destructor, the context's): it leaves
+// the shared queue's map under the context's lock first, so the progress
+// thread never touches it again, and posts nothing more (stop_); then the
+// connection is closed and what was outstanding fails, as before. Idempotent.
 void Pair::shutdown() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard g(ctx_.mu_);
+    if (stop_) return;
+    stop_ = true;
+    if (poller_) {
+      auto it = poller_->by_qp.find(qpn_);
+      if (it != poller_->by_qp.end() && it->second.first == this) poller_->by_qp.erase(it);
+    }
+  }
   if (qp_) qp_.disconnect();
   std::lock_guard g(ctx_.mu_);
   if (connected_ && !failed_) fail("connection to " + peer_name_ + " closed locally");
+}
+
+Pair::~Pair() {
+  shutdown();
+  // Its flushes land in the shared queue and are dropped there (the QP left
+  // the poller's map); then its room in the queue is free for another pair.
+  qp_ = {};
+  if (poller_) {
+    std::lock_guard g(ctx_.mu_);
+    Context::release(*poller_);
+  }
+}
+
+void Pair::on_completion(const conveyor::work_completion& wc) {
+  if (connected_) return handle(wc);
+  if (early_.size() >= std::size_t(sq_depth) + recv_depth)
+    return fail("more completions before the connection than work requests posted");
+  early_.push_back(wc);
 }
 
 void Pair::fail(const std::string& why) {
@@ -133,7 +162,7 @@ bool Pair::post_item(out_item& it) {
     std::size_t len = std::min<std::size_t>(max_write_, it.write_len - off);
     conveyor::sge s{it.write_src + off, std::uint32_t(len), it.write_lkey};
     conveyor::send_wr w;
-    w.wr_id = make_wr(wr_kind::write, 0);
+    w.wr_id = make_wr(wr_kind::write, serial_, 0);
     w.opcode = conveyor::wr_opcode::rdma_write;
     w.sg_list = std::span(&s, 1);
     w.remote_addr = it.write_dst + off;
@@ -156,7 +185,7 @@ bool Pair::post_item(out_item& it) {
   staging_[idx] = {std::move(it.op), std::move(it.bsend)};
   auto st = qp_.post_send_msg(
       send_mem_.slice(std::size_t(idx) * staging_size, wire::header_size + it.payload_len),
-      make_wr(wr_kind::send, idx));
+      make_wr(wr_kind::send, serial_, idx));
   if (st != conveyor::errc::ok) {
     fail("post SEND: " + std::string(conveyor::to_string(st)));
     return false;
@@ -167,7 +196,7 @@ bool Pair::post_item(out_item& it) {
 }
 
 void Pair::pump() {
-  if (failed_ || !connected_) return;
+  if (failed_ || !connected_ || stop_) return;
   while (!out_.empty()) {
     if (!post_item(out_.front())) return;
     out_.pop_front();

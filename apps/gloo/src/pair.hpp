@@ -1,6 +1,7 @@
 // pair.hpp — a Gloo pair: one RC queue pair to one peer rank, its staging
-// memory, credits and queue of messages to post. pair.cpp has the data path,
-// handshake.cpp the listeners and connection setup, progress.cpp the
+// memory, credits and queue of messages to post; its completions arrive on
+// the context's shared queue (context.hpp's poller). pair.cpp has the data
+// path, handshake.cpp the listeners and connection setup, progress.cpp the
 // completions and incoming messages.
 #pragma once
 
@@ -10,7 +11,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gloo/common/error.h>
@@ -30,7 +30,7 @@ namespace conveyor_gloo::detail {
 class Pair final : public ::gloo::transport::Pair {
  public:
   Pair(Context& ctx, int peer);
-  ~Pair() override { shutdown(); }
+  ~Pair() override;
 
   const ::gloo::transport::Address& address() const override { return *self_; }
   void connect(const std::vector<char>& bytes) override;
@@ -64,6 +64,9 @@ class Pair final : public ::gloo::transport::Pair {
   }
   void pump();
   void fail(const std::string& why);
+  // A completion of this pair's current QP, from the context's progress
+  // thread: handled, or kept until the connection is made.
+  void on_completion(const conveyor::work_completion& wc);
   int peer() const { return peer_; }
   // Whether a large send from `st`'s memory is posted and not completed.
   bool sending_from(const std::shared_ptr<buf_state>& st) const {
@@ -103,7 +106,6 @@ class Pair final : public ::gloo::transport::Pair {
                                             const std::string& target,
                                             clock_type::time_point deadline, Remaining remaining,
                                             std::string& last);
-  void progress_loop();
   void handle(const conveyor::work_completion& wc);
   void handle_message(std::uint32_t idx, std::uint32_t len);
   void transmit(const std::shared_ptr<send_op>& op, const rtr_info& r, std::uint8_t flags);
@@ -115,7 +117,13 @@ class Pair final : public ::gloo::transport::Pair {
   std::unique_ptr<Address> self_;
   conveyor::listener soft_lis_, shm_lis_, verbs_lis_;
   Device::provider* prov_ = nullptr;
-  conveyor::completion_queue cq_;
+  poller* poller_ = nullptr;  // the shared queue this pair reserved room in
+  std::uint32_t serial_ = 0;  // of the current QP, in every wr_id it posts (mu_)
+  std::uint32_t qpn_ = 0;     // its number, under which the poller knows it
+  // Completions that arrived before the connection was made (a message the
+  // peer sent as soon as its side connected): handled once it is. At most
+  // one QP's work requests; cleared when the QP is replaced.
+  std::vector<conveyor::work_completion> early_;
   conveyor::queue_pair qp_;
   conveyor::memory_region recv_mem_, send_mem_;
   std::vector<staging_meta> staging_;
@@ -123,8 +131,7 @@ class Pair final : public ::gloo::transport::Pair {
   std::uint32_t credits_ = 0, to_return_ = 0, sq_used_ = 0;
   std::uint32_t max_write_ = write_chunk;
   bool connected_ = false;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::atomic<bool> stop_{false};  // shut down: nothing is posted or handled any more
 };
 
 }  // namespace conveyor_gloo::detail

@@ -1,6 +1,9 @@
-// progress.cpp — a pair's progress thread: completions (sends done, receives
-// arrived, errors) and every message from the peer, decoded once into a
-// validated header and acted on (docs/GLOO.md, "Data path").
+// progress.cpp — a context's progress thread: it waits on the completion
+// queue its pairs share and hands each completion (sends done, receives
+// arrived, errors) to its pair; every message from a peer is decoded once
+// into a validated header and acted on (docs/GLOO.md, "Data path").
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -11,20 +14,62 @@
 #pragma GCC visibility push(hidden)
 namespace conveyor_gloo::detail {
 
-void Pair::progress_loop() {
+// One queue for every pair of the provider: room for each pair's send and
+// receive queues (a pair reserves its share, so the queue cannot overflow),
+// one pair's more for the flushes of a QP a retried handshake replaced (they
+// are drained and dropped), and a margin.
+poller& Context::poller_for(Device::provider& prov) {
+  for (auto& p : pollers_) {
+    if (p.prov == &prov && !p.dead && p.room >= per_pair_cqes) {
+      p.room -= per_pair_cqes;
+      return p;
+    }
+  }
+  std::uint64_t want = std::uint64_t(std::max(size - 1, 1) + 1) * per_pair_cqes + 64;
+  std::uint64_t max = prov.dev.attr().max_cqe ? prov.dev.attr().max_cqe : want;
+  auto depth = std::uint32_t(std::max<std::uint64_t>(std::min(want, max), per_pair_cqes + 64));
+  auto cq = prov.dev.create_cq({.depth = depth});
+  if (!cq) GLOO_THROW_IO_EXCEPTION("conveyor-gloo: create_cq: ", cq.error().to_string());
+  auto& p = pollers_.emplace_back();
+  p.prov = &prov;
+  p.cq = std::move(*cq);
+  std::uint32_t usable = depth >= 2 * per_pair_cqes + 64 ? depth - 64 - per_pair_cqes : 0;
+  // The first pair takes it even where max_cqe leaves only its own share.
+  p.room = usable >= per_pair_cqes ? usable - per_pair_cqes : 0;
+  p.thread = std::thread([this, &p] { poll_loop(p); });
+  return p;
+}
+
+// The thread sleeps in cq.wait (which spins briefly first, and in manual
+// progress drives the device's engine), wakes for a batch of completions,
+// hands them out under the context's lock and posts what they made possible.
+// A completion of a QP the map does not know, or of an older QP of the pair
+// (another serial), belongs to a closed or replaced connection: dropped.
+void Context::poll_loop(poller& p) {
+  ::pthread_setname_np(::pthread_self(), "cvgloo-progress");
   std::array<conveyor::work_completion, 32> wcs;
-  while (!stop_) {
-    auto n = cq_.wait(wcs, 50ms);
+  std::array<Pair*, 32> touched;
+  while (!p.stop.load(std::memory_order_acquire)) {
+    auto n = p.cq.wait(wcs, 50ms);
     if (!n) {
       if (n.error() == conveyor::errc::timed_out) continue;
-      std::lock_guard g(ctx_.mu_);
-      fail("completion queue of the pair with " + peer_name_ + ": " +
-           std::string(conveyor::to_string(n.error())));
+      std::lock_guard g(mu_);
+      p.dead = true;
+      for (auto& [qpn, e] : p.by_qp)
+        e.first->fail("completion queue: " + std::string(conveyor::to_string(n.error())));
       return;
     }
-    std::lock_guard g(ctx_.mu_);
-    for (std::size_t i = 0; i < *n; ++i) handle(wcs[i]);
-    pump();
+    std::lock_guard g(mu_);
+    std::size_t nt = 0;
+    for (std::size_t i = 0; i < *n; ++i) {
+      auto it = p.by_qp.find(wcs[i].qp_num);
+      if (it == p.by_qp.end() || it->second.second != wr_serial(wcs[i].wr_id)) continue;
+      Pair* pr = it->second.first;
+      pr->on_completion(wcs[i]);
+      if (std::find(touched.begin(), touched.begin() + nt, pr) == touched.begin() + nt)
+        touched[nt++] = pr;
+    }
+    for (std::size_t i = 0; i < nt; ++i) touched[i]->pump();
   }
 }
 
