@@ -3,6 +3,7 @@
 // them with; CreateDevice, the library's entry point.
 #include "device.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
@@ -50,14 +51,21 @@ Device::Device(const attr& a) : forced_(forced_from_env(a.device)) {
   conveyor::device_options opts;
   opts.handshake_timeout_ms = 30000;
   opts.software.max_pending_handshakes = max_half_open;
-  // The pair's progress thread sleeps in cq.wait between bursts; a parked
+  // The context's progress thread sleeps in cq.wait between bursts; a parked
   // engine thread would then resume only after its 1 ms grace period, which
   // put a millisecond on every small message.
   opts.software.engine_park = false;
   // cq.wait busy-polls this long before sleeping (CONVEYOR_GLOO_SPIN_US).
   if (const char* sp = std::getenv("CONVEYOR_GLOO_SPIN_US"))
     opts.spin_us = std::uint32_t(std::atoi(sp));
-  // The pairs' progress threads drive the engine themselves (manual
+  // A waiting application thread looks for its completion this long before
+  // sleeping (CONVEYOR_GLOO_WAIT_SPIN_US, default 50, at most 1 s): torch
+  // all_reduce of 4 KiB over shm, 4 ranks on 2 cores, 1.56 ms -> 0.60 ms, and
+  // thread wake-ups per segment 4.4 -> 0.65 at 2 ranks
+  // (docs/performance/2026-12-07-gloo-progress.md).
+  if (const char* ws = std::getenv("CONVEYOR_GLOO_WAIT_SPIN_US"))
+    wait_spin_ = std::chrono::microseconds(std::clamp(std::atol(ws), 0L, 1000000L));
+  // The contexts' progress threads drive the engine themselves (manual
   // progress): one thread hand-off less per message each side (4 KiB
   // all_reduce over soft, 2 ranks: 1.5 ms -> 0.27 ms on the 2-core build
   // machine). CONVEYOR_GLOO_PROGRESS=thread keeps the device's engine thread.

@@ -2,6 +2,7 @@
 // verbs), the address it advertises and its host identity; makes contexts.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,10 +39,14 @@ class Device final : public ::gloo::transport::Device, public std::enable_shared
   const std::string& forced_base() const { return forced_base_; }
   const std::string& ip() const { return ip_; }
   const std::uint8_t* host_id() const { return host_id_; }
+  // How long a thread waiting for an unbound buffer's operation looks for its
+  // completion before sleeping (CONVEYOR_GLOO_WAIT_SPIN_US).
+  std::chrono::microseconds wait_spin() const { return wait_spin_; }
 
  private:
   std::string forced_, forced_base_, ip_, ip_from_, str_, pci_;
   std::uint8_t host_id_[24];
+  std::chrono::microseconds wait_spin_{50};
   std::vector<provider> providers_;
 };
 

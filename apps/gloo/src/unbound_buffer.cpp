@@ -4,11 +4,13 @@
 #include "unbound_buffer.hpp"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gloo/common/error.h>
 
 #include "context.hpp"
+#include "device.hpp"
 #include "ops.hpp"
 
 #pragma GCC visibility push(hidden)
@@ -81,6 +83,16 @@ class UnboundBuffer final : public ::gloo::transport::UnboundBuffer {
     auto& count = is_recv ? st_->recv_completions : st_->send_completions;
     auto& abort = is_recv ? st_->abort_recv : st_->abort_send;
     auto ready = [&] { return count > 0 || abort || st_->ex; };
+    // The progress thread usually completes the operation within
+    // microseconds (it spins in cq.wait too): look again for a short while,
+    // yielding, before sleeping on the condition variable, so that it need
+    // not wake this thread (a futex wake and a reschedule per operation).
+    auto spin_end = clock_type::now() + ctx_->device_->wait_spin();
+    while (!ready() && clock_type::now() < spin_end) {
+      l.unlock();
+      std::this_thread::yield();
+      l.lock();
+    }
     if (!st_->cv.wait_for(l, timeout, ready)) {
       GLOO_THROW_IO_EXCEPTION("Timed out waiting ", timeout.count(), "ms for ",
                               is_recv ? "recv" : "send", " operation to complete (",
