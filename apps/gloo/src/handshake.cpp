@@ -109,7 +109,7 @@ Pair::Pair(Context& ctx, int peer) : ctx_(ctx), peer_(peer) {
 void Pair::make_qp() {
   {
     std::lock_guard g(ctx_.mu_);
-    if (poller_ && poller_->by_qp.erase(qpn_) > 0) qpn_ = 0;
+    leave_poller();
     if (poller_ && poller_->dead) {
       Context::release(*poller_);
       poller_ = nullptr;

@@ -21,10 +21,7 @@ void Pair::shutdown() {
     std::lock_guard g(ctx_.mu_);
     if (stop_) return;
     stop_ = true;
-    if (poller_) {
-      auto it = poller_->by_qp.find(qpn_);
-      if (it != poller_->by_qp.end() && it->second.first == this) poller_->by_qp.erase(it);
-    }
+    leave_poller();
   }
   if (qp_) qp_.disconnect();
   std::lock_guard g(ctx_.mu_);
@@ -40,6 +37,13 @@ Pair::~Pair() {
     std::lock_guard g(ctx_.mu_);
     Context::release(*poller_);
   }
+}
+
+void Pair::leave_poller() {
+  if (!poller_) return;
+  auto it = poller_->by_qp.find(qpn_);
+  if (it != poller_->by_qp.end() && it->second.first == this) poller_->by_qp.erase(it);
+  qpn_ = 0;
 }
 
 void Pair::on_completion(const conveyor::work_completion& wc) {

@@ -97,6 +97,9 @@ class Pair final : public ::gloo::transport::Pair {
  private:
   void establish(const std::vector<char>& bytes);
   void make_qp();
+  // The current QP's entry leaves the poller's map: its completions are
+  // dropped from now on (ctx_.mu_ held).
+  void leave_poller();
   template <class Remaining>
   conveyor::qp_connection_attr accept_peer(const std::string& kind, const std::string& target,
                                            clock_type::time_point deadline, Remaining remaining,
