@@ -28,6 +28,11 @@ once (every rank gets the sum of 1..n); a wrong result stops the run.
                                    auto, the per-pair choice)
     --format lines                 "label ranks bytes median_us busbw_GBps"
                                    (bench/allreduce/plot reads these)
+    --hosts NS:IF,NS:IF            ranks on "hosts": rank r runs in network
+                                   namespace NS of entry r % count (ip netns
+                                   exec; root), with GLOO_SOCKET_IFNAME=IF, as
+                                   users select the network on real hosts
+                                   (bench/allreduce/two-hosts makes them)
 """
 import argparse
 import os
@@ -101,14 +106,19 @@ def worker(label, rank, nproc, store, timeout_s):
 class Group:
     """The ranks of one transport, driven through their stdin/stdout."""
 
-    def __init__(self, label, env, nproc, tmp, timeout_s):
+    def __init__(self, label, env, nproc, tmp, timeout_s, hosts=()):
         self.label = label
         store = os.path.join(tmp, label + ".store")
         self.procs = []
         for r in range(nproc):
             cmd = [sys.executable, "-m", "conveyor_gloo.bench", "--worker", label, str(r),
                    str(nproc), store, str(timeout_s)]
-            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+            renv = env
+            if hosts:  # (namespace, interface): this rank's "host"
+                ns, iface = hosts[r % len(hosts)]
+                cmd = [shutil.which("ip") or "/usr/sbin/ip", "netns", "exec", ns] + cmd
+                renv = {**env, "GLOO_SOCKET_IFNAME": iface}
+            self.procs.append(subprocess.Popen(cmd, env=renv, stdin=subprocess.PIPE,
                                                stdout=subprocess.PIPE, text=True, bufsize=1))
 
     def wait_ready(self):
@@ -174,7 +184,15 @@ def main(argv=None):
                     help="conveyor provider(s): auto, soft, shm, verbs[:name]; comma-separated")
     ap.add_argument("--format", choices=["table", "lines"], default="table")
     ap.add_argument("--timeout", type=int, default=120, help="seconds (torch's gloo timeout)")
+    ap.add_argument("--hosts", help="NS:IFACE,...: rank r runs in network namespace NS of entry "
+                                    "r %% count with GLOO_SOCKET_IFNAME=IFACE (root)")
     a = ap.parse_args(argv)
+    hosts = []
+    for h in (a.hosts.split(",") if a.hosts else []):
+        ns, sep, iface = h.partition(":")
+        if not ns or not sep or not iface:
+            ap.error(f"--hosts: {h!r} is not NAMESPACE:INTERFACE")
+        hosts.append((ns, iface))
     if a.nproc < 2 or a.stepfactor < 2 or a.iters < 1 or a.rounds < 1:
         ap.error("needs -n >= 2, -f >= 2, --iters >= 1, --rounds >= 1")
     if a.sizes:
@@ -207,14 +225,16 @@ def main(argv=None):
     groups = []
     try:
         for label, extra in transports:
-            groups.append(Group(label, {**base, **extra}, n, tmp, a.timeout))
+            groups.append(Group(label, {**base, **extra}, n, tmp, a.timeout, hosts))
         for g in groups:  # all started at once: their imports and rendezvous overlap
             g.wait_ready()
         labels = [g.label for g in groups]
         if a.format == "table":
             auto = " (CONVEYOR_GLOO_DEVICE unset: shm between ranks on one host)" \
                 if a.device == "auto" else ""
-            print(f"# conveyor_gloo.bench: torch all_reduce (sum, float32), {n} ranks on this host, "
+            where = f"on {len(hosts)} hosts (network namespaces {', '.join(h[0] for h in hosts)})" \
+                if hosts else "on this host"
+            print(f"# conveyor_gloo.bench: torch all_reduce (sum, float32), {n} ranks {where}, "
                   f"{' vs '.join(labels)}{auto}")
             print(f"# median of {a.iters} iterations per size and transport, alternated in {rounds} "
                   f"rounds; time in us, busbw in GB/s; ratio = gloo-tcp time / conveyor time")
