@@ -50,6 +50,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "conveyor_gloo/transport.hpp"
+#include "fork_ranks.hpp"
 
 namespace {
 
@@ -513,26 +514,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  char tmpl[] = "/tmp/conveyor-gloo-XXXXXX";
-  if (!::mkdtemp(tmpl)) return 2;
-  std::string dir = tmpl;
+  const std::string dir = conveyor_gloo_test::make_rank_dir("conveyor-gloo");
+  if (dir.empty()) return 2;
   g_size = ranks;
-  std::vector<pid_t> kids;
-  for (int r = 0; r < ranks; ++r) {
-    pid_t p = ::fork();
-    if (p == 0) {
-      g_rank = r;
-      int rc = 1;
-      try {
-        rc = fault.empty() ? run_rank(dir, device, large) : run_fault(dir, device, fault);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: FAILED exception: %s\n", r, e.what());
-      }
-      std::fflush(stderr);
-      ::_exit(rc);
-    }
-    kids.push_back(p);
-  }
+  const auto kids = conveyor_gloo_test::fork_ranks(ranks, [&](int r) {
+    g_rank = r;
+    return fault.empty() ? run_rank(dir, device, large) : run_fault(dir, device, fault);
+  });
   int failed = 0;
   auto deadline = std::chrono::steady_clock::now() + 240s;
   std::vector<bool> done(ranks, false);

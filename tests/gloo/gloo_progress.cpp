@@ -41,6 +41,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 
 #include "conveyor_gloo/transport.hpp"
+#include "fork_ranks.hpp"
 
 namespace {
 
@@ -245,26 +246,13 @@ int main(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  char tmpl[] = "/tmp/conveyor-gloo-progress-XXXXXX";
-  if (!::mkdtemp(tmpl)) return 2;
-  std::string dir = tmpl;
+  const std::string dir = conveyor_gloo_test::make_rank_dir("conveyor-gloo-progress");
+  if (dir.empty()) return 2;
   g_size = ranks;
-  std::vector<pid_t> kids;
-  for (int r = 0; r < ranks; ++r) {
-    pid_t p = ::fork();
-    if (p == 0) {
-      g_rank = r;
-      int rc = 1;
-      try {
-        rc = kase == "threads" ? run_threads(dir, device) : run_close_order(dir, device);
-      } catch (const std::exception& e) {
-        rc = fail(std::string("exception: ") + e.what());
-      }
-      std::fflush(stderr);
-      ::_exit(rc);
-    }
-    kids.push_back(p);
-  }
+  const auto kids = conveyor_gloo_test::fork_ranks(ranks, [&](int r) {
+    g_rank = r;
+    return kase == "threads" ? run_threads(dir, device) : run_close_order(dir, device);
+  });
   int failed = 0;
   auto deadline = std::chrono::steady_clock::now() + 100s;
   for (int r = 0; r < ranks; ++r) {
