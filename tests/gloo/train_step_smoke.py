@@ -59,6 +59,9 @@ for label, r in by.items():
         check(abs(sps - r["samples_per_s"]) <= 0.01 * sps + 0.01,
               f"{label}: samples/s {r['samples_per_s']} does not follow from step_ms ({sps:.2f})")
         ratio = r["step_ms"] / by["gloo-tcp"]["step_ms"]
+        check(abs(ratio - r["vs_tcp_of_medians"]) <= 0.01 * ratio + 0.001,
+              f"{label}: vs_tcp_of_medians {r['vs_tcp_of_medians']}")
+        # one round: the median of the rounds' ratios is that round's, the same
         check(abs(ratio - r["vs_tcp"]) <= 0.01 * ratio + 0.001, f"{label}: vs_tcp {r['vs_tcp']}")
         check(r["checksum"] == by["gloo-tcp"]["checksum"],
               f"{label}: parameters differ from gloo-tcp's ({r['checksum']})")
