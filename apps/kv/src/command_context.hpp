@@ -146,6 +146,7 @@ void cmd_info(exec_context& c);
 void cmd_dbsize(exec_context& c);
 void cmd_flushall(exec_context& c);
 void cmd_time(exec_context& c);
+void cmd_wait(exec_context& c);
 void cmd_cluster(exec_context& c);  // CLUSTER, READONLY, READWRITE, ASKING (cluster_commands.cpp)
 void cmd_bgrewriteaof(exec_context& c);
 

@@ -38,6 +38,7 @@ const executor::command commands[] = {
     {"flushall", -1, true, 0, 0, 0, "write", cmd_flushall},
     {"flushdb", -1, true, 0, 0, 0, "write", cmd_flushall},
     {"time", 1, false, 0, 0, 0, "loading stale fast", cmd_time},
+    {"wait", 3, false, 0, 0, 0, "noscript", cmd_wait},
     {"cluster", -2, false, 0, 0, 0, "loading stale", cmd_cluster},
     {"readonly", 1, false, 0, 0, 0, "loading stale fast", cmd_cluster},
     {"readwrite", 1, false, 0, 0, 0, "loading stale fast", cmd_cluster},

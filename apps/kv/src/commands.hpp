@@ -51,6 +51,8 @@ struct sync_point {
   std::int64_t timeout_ms = 5000;
   // The front end's: called when `acked` moves (and from the primary's timer).
   std::function<void()> on_advance;
+  // The in-sync set's size (the primary's): WAIT's answer.
+  std::function<std::size_t()> in_sync;
   bool waiting() const noexcept { return acked < offset; }
 };
 

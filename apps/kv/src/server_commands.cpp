@@ -152,6 +152,23 @@ void cmd_flushall(exec_context& c) {
   c.r.simple("OK");
 }
 
+// WAIT numreplicas timeout. Replication here is synchronous: when WAIT runs,
+// every write acknowledged to this connection is on every in-sync replica,
+// and WAIT's own reply is held like any other until they have applied what
+// came before it. So it answers at once with the in-sync set's size (0 on a
+// node that replicates to nobody) and never blocks for more replicas: one
+// joins the in-sync set by a shard-map change, not within a WAIT
+// (docs/KV-CLUSTER.md).
+void cmd_wait(exec_context& c) {
+  std::int64_t want = 0, timeout = 0;
+  if (!to_i64(c.argv[1], want)) return c.r.error(err_int);  // Redis 7.0's order
+  if (!to_i64(c.argv[2], timeout))
+    return c.r.error("ERR timeout is not an integer or out of range");
+  if (timeout < 0) return c.r.error("ERR timeout is negative");
+  const sync_point* sp = c.ex.sync();
+  c.r.integer(sp != nullptr && sp->in_sync ? static_cast<std::int64_t>(sp->in_sync()) : 0);
+}
+
 void cmd_time(exec_context& c) {
   auto ms = now_ms();
   c.r.array(2);

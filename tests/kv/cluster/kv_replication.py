@@ -162,6 +162,16 @@ class Replication(unittest.TestCase):
         self.assertEqual(r["master_link_status"], "up")
         self.assertEqual(int(r["slave_repl_offset"]), off)
 
+    def test_1b_wait_counts_the_in_sync_replica(self):
+        # Synchronous: WAIT answers the in-sync set's size at once, after the
+        # write before it is on the replica; on the replica itself there is
+        # nobody to wait for.
+        self.p.set("{w}k", "v")
+        self.assertEqual(self.p.execute_command("WAIT", 1, 0), 1)
+        self.assertEqual(self.p.execute_command("WAIT", 0, 0), 1)
+        self.assertEqual(self.reader().get("{w}k"), b"v")
+        self.assertEqual(self.reader().execute_command("WAIT", 0, 0), 0)
+
     def test_2_a_replica_redirects_writes_and_serves_readonly_reads(self):
         self.p.set("{r}k", "v")
         plain = self.replica.client()

@@ -143,6 +143,17 @@ class Transactions(SideBySide):
             ("MULTI",), ("EXEC",),                       # empty
         ])
 
+    def test_wait_without_replicas_replies_as_redis(self):
+        # A server with no replica: 0 at once (Redis waits out a timeout
+        # first when asked for more; the bytes are the same), errors in
+        # Redis's order (the replica count is checked first), inside MULTI too.
+        self.both([
+            ("SET", "k", "1"), ("WAIT", "0", "0"), ("WAIT", "1", "50"),
+            ("WAIT", "x", "0"), ("WAIT", "1", "-1"), ("WAIT", "1", "y"), ("WAIT", "x", "y"),
+            ("WAIT",), ("WAIT", "1"),
+            ("MULTI",), ("SET", "k", "2"), ("WAIT", "0", "0"), ("EXEC",),
+        ])
+
     def test_resp3_null_exec_and_queued(self):
         self.both([("WATCH", "k"), ("SET", "k", "1"), ("MULTI",), ("GET", "k"), ("EXEC",),
                    ("MULTI",), ("GET", "k"), ("EXEC",)], proto=3)

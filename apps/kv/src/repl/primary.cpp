@@ -75,6 +75,7 @@ struct primary::impl {
       : dev(d), pd(p), loop(l), exec(e), opts(std::move(o)), lis(std::move(li)) {
     address = lis.address();
     sync.timeout_ms = opts.ack_timeout_ms;
+    sync.in_sync = [this] { return in_sync.size(); };
   }
 
   void say(const std::string& line) const {
