@@ -138,6 +138,11 @@ class rdma_server_impl final : public rdma_server {
                                         : "WRONGPASS invalid password");
         continue;
       }
+      if (fenced_.load()) {
+        count_reject();
+        (void)req->reject("CLUSTERDOWN this node's lease in etcd is not confirmed");
+        continue;
+      }
       if (live_.load() >= opts_.max_connections) {
         count_reject();
         (void)req->reject("conveyor-kv: max number of clients reached");
@@ -355,6 +360,21 @@ class rdma_server_impl final : public rdma_server {
 
   void set_sync(sync_point* sp) override { sync_ = sp; }
 
+  void set_fenced(bool fenced) override {
+    fenced_.store(fenced);
+    if (!fenced) return;
+    for (auto& [id, c] : conns_) {
+      if (c->closing) continue;
+      close(*c);
+      c->held.clear();
+      c->qp.disconnect();  // the QP errors: one-sided READs stop now
+      loop_.remove_fd(c->cq.fd());
+      loop_.post([this, id, alive = std::weak_ptr<bool>(alive_)] {
+        if (alive.lock()) drop(id);
+      });
+    }
+  }
+
   void replicated() override {
     for (auto& [id, c] : conns_)
       if (!c->closing && !c->held.empty()) release(*c);
@@ -399,6 +419,7 @@ class rdma_server_impl final : public rdma_server {
   std::thread acceptor_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> accepting_{true};
+  std::atomic<bool> fenced_{false};
   rdma_served closed_;  // served() of the connections gone
   std::atomic<std::uint32_t> live_{0};
   std::atomic<std::uint64_t> next_id_{0};

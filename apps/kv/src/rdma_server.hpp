@@ -94,6 +94,10 @@ class rdma_server {
   // what may go now; the server calls it when the sync point moves.
   virtual void set_sync(sync_point* sp) = 0;
   virtual void replicated() = 0;
+  // Cluster fencing (cluster/controller.hpp): true closes every connection
+  // (their QPs disconnected: one-sided READs fail from then on, held
+  // replies are never sent) and refuses new ones until false. Loop thread.
+  virtual void set_fenced(bool fenced) = 0;
 };
 
 // Parses one RESP array of bulk strings that fills `msg` exactly (the RPC request
