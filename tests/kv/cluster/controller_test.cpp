@@ -88,6 +88,14 @@ TEST(controller, waits_for_every_live_in_sync_replica_to_report_until_the_grace_
   EXPECT_EQ(d->map.shards[1].primary, hex_id('7'));
   // '8' is live and in the isr: it stays there (the new primary resyncs it).
   EXPECT_EQ(d->map.shards[1].isr, (std::vector<std::string>{hex_id('7'), hex_id('8')}));
+  // After the grace, a link still up with its snapshot applied counts (its
+  // keyspace is whole), at its snapshot's offset.
+  report_map synced_up{{hex_id('7'), down(100)},
+                       {hex_id('8'), {hex_id('b'), hex_id('1'), 500, true, true}}};
+  EXPECT_FALSE(decide_failover(m, alive(m, hex_id('1')), synced_up, {}));
+  auto e = decide_failover(m, alive(m, hex_id('1')), synced_up, {hex_id('b')});
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->map.shards[1].primary, hex_id('8'));
 }
 
 TEST(controller, never_promotes_a_replica_that_is_out_of_sync_dead_or_reporting_another_primary) {

@@ -192,7 +192,7 @@ struct cluster_node::state {
 
   void claim_controller(std::int64_t l) {
     if (!opts.controller || controlling.load() || steady::now() < next_claim) return;
-    next_claim = steady::now() + 1000ms;
+    next_claim = steady::now() + 500ms;
     auto r = etcd->put_if(controller_key(opts.cluster_name), id, 0, l);
     if (r && r->succeeded) {
       controlling.store(true);
@@ -417,7 +417,9 @@ struct cluster_node::state {
       }
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(renew_at - steady::now());
-      auto wait = std::clamp<std::chrono::milliseconds>(left, 50ms, 1000ms);
+      // At most 500 ms: a report or an isr addition queued meanwhile waits
+      // for the poll to end (the failover's time includes it).
+      auto wait = std::clamp<std::chrono::milliseconds>(left, 50ms, 500ms);
       if (control_due && controlling.load()) wait = std::min(wait, 250ms);
       if (work_queued() || (opts.controller && !controlling.load())) wait = std::min(wait, 250ms);
       auto w = etcd->watch_prefix(opts.controller ? prefix : cfg_key, watch_from, wait);

@@ -20,8 +20,8 @@
 // One background thread does everything with etcd, each call bounded in time
 // (etcd.hpp): it grants a lease of lease_ttl, puts the registration on it,
 // renews it every third of its TTL, and between renewals long-polls the
-// config key (at most 1 s per poll, so stop() returns within about two
-// seconds). When the lease is found gone (expired while etcd was unreachable,
+// config key (at most 500 ms per poll, so stop() returns within about
+// two seconds). When the lease is found gone (expired while etcd was unreachable,
 // or revoked) it registers again with a new lease, same id. When etcd cannot
 // be reached it retries every 500 ms and logs an error when its kind changes.
 //

@@ -94,13 +94,10 @@ std::optional<failover_decision> decide_failover(
       if (id == sh.primary || !live.contains(id)) continue;
       keep.push_back(id);
       auto r = reports.find(id);
-      const bool down = r != reports.end() && r->second.shard == sh.id &&
-                        r->second.primary == sh.primary && !r->second.link_up;
-      if (!down) {
-        waiting = true;
-        continue;
-      }
-      if (!r->second.synced) continue;
+      const bool ours =
+          r != reports.end() && r->second.shard == sh.id && r->second.primary == sh.primary;
+      if (!ours || r->second.link_up) waiting = true;  // its final offset is still to come
+      if (!ours || !r->second.synced) continue;
       const auto off = r->second.offset;
       if (!best || off > best_offset || (off == best_offset && id < *best)) {
         best = id;

@@ -49,7 +49,8 @@ std::string offsets_prefix(std::string_view cluster_name);  // ".../offsets/"
 
 // What a replica publishes under offsets/<its id>, bound to its lease, each
 // time its link to its primary goes up (link_up, synced false: its keyspace
-// is about to be replaced by a snapshot) or down (the offset it applied from
+// is about to be replaced by a snapshot), finishes its snapshot (link_up,
+// synced, the snapshot's offset) or goes down (the offset it applied from
 // that primary's stream, and whether its keyspace is whole: it was streaming,
 // not in the middle of a snapshot).
 struct offset_report {
@@ -73,10 +74,11 @@ struct failover_decision {
 
 // The controller's rule. For each shard whose primary has no registration
 // (not in `live`): the candidates are the live members of its isr (not the
-// primary) whose report names this shard and primary with the link down and
-// the keyspace whole. It waits (no change for that shard) while a live isr
-// replica has no such down report, unless the shard is in `grace_over` (it
-// waited long enough: then it chooses among those that reported). The chosen
+// primary) whose report names this shard and primary with the keyspace
+// whole. It waits (no change for that shard) while a live isr replica has no
+// such report with the link down (its final offset), unless the shard is in
+// `grace_over` (it waited long enough: then it chooses among the candidates,
+// a link still up counting with its snapshot's offset). The chosen
 // one (highest offset, then lowest id) becomes the primary; the isr becomes
 // it and the other live isr members; the old primary becomes a replica (not
 // in sync: it catches up when it returns). Also, a node of the map whose

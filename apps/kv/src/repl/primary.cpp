@@ -170,6 +170,11 @@ struct primary::impl {
           "): wrong password (replicas present the cluster's requirepass)");
       return close(k);
     }
+    if (exec.fenced()) {  // it may have been replaced: no replica follows it
+      say("replication: refused a link from " + k.peer + " (node " + k.node_id.substr(0, 8) +
+          "): this node is fenced");
+      return close(k);
+    }
     if (k.shard_id != shard_id || !is_replica(k.node_id)) {
       say("replication: refused a link from " + k.peer + ": node " + k.node_id.substr(0, 8) +
           " is not a replica of this node's shard");

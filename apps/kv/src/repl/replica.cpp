@@ -249,6 +249,7 @@ struct replica::impl {
         ph = phase::streaming;
         parser = request_parser(opts.limits);
         stream_base = applied = snap_offset;
+        if (opts.on_link) opts.on_link(true, applied, true);
         fed = 0;
         ++syncs;
         say("replication: snapshot applied (" + std::to_string(exec.data().size()) +
