@@ -264,8 +264,9 @@ class executor {
   // Cluster mode's fencing (cluster/controller.hpp): until this time (the
   // loop's steady clock) the node's lease in etcd is known to hold; past it
   // the node serves no key and no write (-CLUSTERDOWN) and its front ends
-  // release no held reply. Starts in the past: nothing is served before the
-  // first lease. Loop thread.
+  // release no held reply. Starts unfenced (tests of the executor alone); the
+  // server sets it to the past before it joins, so that nothing is served
+  // before the first lease. Loop thread.
   void set_fence(std::chrono::steady_clock::time_point until) noexcept { fence_until_ = until; }
   bool fenced() const noexcept {
     return cfg_.cluster_enabled && std::chrono::steady_clock::now() >= fence_until_;
@@ -329,7 +330,7 @@ class executor {
   bool abandon_exec_ = false;
   blocking_registry blocking_;
   std::shared_ptr<const cluster::cluster_view> cluster_;
-  std::chrono::steady_clock::time_point fence_until_ = std::chrono::steady_clock::time_point::min();
+  std::chrono::steady_clock::time_point fence_until_ = std::chrono::steady_clock::time_point::max();
   mutable std::vector<std::string_view>
       route_keys_;  // route()'s scratch: no allocation per command
   friend struct exec_context;

@@ -367,6 +367,7 @@ int serve(const server_options& so) {
     no.log = [](const std::string& line) {
       std::fprintf(stderr, "conveyor kv serve: cluster: %s\n", line.c_str());
     };
+    exec.set_fence(std::chrono::steady_clock::time_point::min());  // until the first lease
     auto n = cluster::cluster_node::start(std::move(no));
     if (!n) {
       loop.remove_fd(sfd);
