@@ -361,13 +361,18 @@ int serve(const server_options& so) {
       });
     };
     // Fencing: the deadline comes in order with the maps (both posted).
-    no.on_lease = [&loop, &exec](std::chrono::steady_clock::time_point until) {
-      loop.post([&exec, until] { exec.set_fence(until); });
+    no.on_lease = [&loop, &exec, &rdma](std::chrono::steady_clock::time_point until) {
+      loop.post([&exec, &rdma, until] {
+        exec.set_fence(until);
+        if (rdma) rdma->set_fence(until);
+      });
     };
     no.log = [](const std::string& line) {
       std::fprintf(stderr, "conveyor kv serve: cluster: %s\n", line.c_str());
     };
-    exec.set_fence(std::chrono::steady_clock::time_point::min());  // until the first lease
+    // Fenced until the first lease.
+    exec.set_fence(std::chrono::steady_clock::time_point::min());
+    if (rdma) rdma->set_fence(std::chrono::steady_clock::time_point::min());
     auto n = cluster::cluster_node::start(std::move(no));
     if (!n) {
       loop.remove_fd(sfd);
@@ -393,7 +398,7 @@ int serve(const server_options& so) {
       if (f) resp.replicated();
       if (f == *was) return;
       *was = f;
-      if (rdma) rdma->set_fenced(f);
+      if (rdma && f) rdma->close_all();
       std::fprintf(
           stderr, "conveyor kv serve: cluster: %s\n",
           f ? "fenced: the lease is not confirmed; serving nothing" : "lease confirmed: serving");

@@ -226,6 +226,13 @@ class Failover(unittest.TestCase):
         again."""
         wait_until(lambda: self.in_sync(2), 20, "both nodes in the in-sync set")
         p = self.primary()
+
+        def primary_serves():
+            try:
+                return p.client().set("fence:k", "v1")
+            except redis.RedisError:
+                return False
+        wait_until(primary_serves, 20, "the primary serving writes")
         reg = json.loads(self.etcd.get("/conveyor-kv/%s/nodes/%s" % (NAME, p.id)))
         rdma = reg["rdma"]
         p.client().set("fence:k", "v1")
