@@ -129,6 +129,21 @@ struct cluster_node::state {
   std::vector<std::string> isr_adds;    // under mu: to write
   std::atomic<bool> controlling{false};
   std::atomic<std::int64_t> lease{0};
+  // The lease's renewals run on their own thread (keeper), so that a slow
+  // etcd call of the node's thread (a controller pass, a watch) never delays
+  // one. Under lease_mu: the lease renewed, its fence deadline, whether the
+  // node's thread still holds it back (it must read the map first), whether
+  // the keeper found the lease gone. fence() is called under lease_mu so that
+  // the deadlines reach the loop in order.
+  std::thread keeper;
+  std::unique_ptr<etcd_coord> keeper_etcd;  // its own client, with a shorter timeout
+  std::chrono::milliseconds renew_every{1000};
+  std::mutex lease_mu;
+  std::int64_t cur_lease = 0;
+  std::chrono::seconds cur_ttl{0};
+  steady::time_point fence_until = steady::time_point::min();
+  bool held = true;
+  bool lease_lost = false;
   std::string last_log;  // the node's thread only: the last error's kind (log_error)
 
   void log(const std::string& line) {
@@ -320,6 +335,68 @@ struct cluster_node::state {
     return report.has_value() || !isr_adds.empty();
   }
 
+  // The keeper thread: renews the current lease every quarter of its TTL,
+  // each request bounded by that quarter (a failed one again after 100 ms:
+  // the fence, at TTL - margin after a renewal was sent, leaves room for
+  // about three), and moves the fence deadline.
+  void keep() {
+    std::string last_error;  // this thread's: logged when its kind changes
+    auto next = steady::now();
+    for (;;) {
+      {
+        std::unique_lock lk(mu);
+        if (cv.wait_until(lk, next, [&] { return stopping; })) return;
+      }
+      std::int64_t l;
+      std::chrono::seconds ttl;
+      {
+        std::lock_guard lk(lease_mu);
+        l = cur_lease;
+        ttl = cur_ttl;
+      }
+      if (l == 0) {
+        next = steady::now() + 50ms;
+        continue;
+      }
+      const auto sent = steady::now();
+      auto k = keeper_etcd->keep_alive(l);
+      if (!k && k.error().code == errc::not_found) {
+        {
+          std::lock_guard lk(lease_mu);
+          if (cur_lease == l) {
+            cur_lease = 0;
+            lease_lost = true;
+            fence(fence_until = steady::time_point::min());
+          }
+        }
+        log("the lease " + std::to_string(l) +
+            " is gone (expired or revoked): fenced; registering again");
+        next = steady::now() + 50ms;
+        continue;
+      }
+      if (!k) {
+        std::string kind(to_string(k.error().code));
+        if (kind != last_error) log("etcd: renewing the lease: " + k.error().to_string());
+        last_error = std::move(kind);
+        next = steady::now() + 100ms;  // the lease may still hold: again soon
+        continue;
+      }
+      if (!last_error.empty()) log("the lease is renewed again");
+      last_error.clear();
+      {
+        std::lock_guard lk(lease_mu);
+        if (cur_lease == l) {
+          const auto d = fence_deadline(sent, std::min(*k, ttl));
+          if (d > fence_until) {
+            fence_until = d;
+            if (!held) fence(d);
+          }
+        }
+      }
+      next = sent + renew_every;
+    }
+  }
+
   void run() {
     const std::string reg_key = nodes_prefix(opts.cluster_name) + id;
     const std::string cfg_key = config_key(opts.cluster_name);
@@ -328,16 +405,22 @@ struct cluster_node::state {
     const std::string reg =
         to_json(node_registration{id, opts.resp, opts.rdma, boot_id, opts.repl});
     bool registered = false;
-    steady::time_point renew_at{};
-    std::chrono::milliseconds renew_every = 1000ms;
-    std::chrono::seconds ttl{0};
     std::int64_t watch_from = 0;  // 0: read the key first
     std::int64_t applied = 0;     // the revision of the last map delivered
-    // The fence deadline of the last grant, given only once the map was read
-    // after it (a node that lost its lease may have been deposed meanwhile).
-    std::optional<steady::time_point> held_deadline;
-    steady::time_point deadline = steady::time_point::min();
+    // After a registration the fence stays down (held) until the map was
+    // read again (a node that lost its lease may have been deposed meanwhile).
+    bool holding = false;
     while (!stopped()) {
+      {
+        std::lock_guard lk(lease_mu);
+        if (lease_lost) {  // the keeper found it gone
+          lease_lost = false;
+          registered = false;
+          holding = false;
+          controlling.store(false);
+          lease.store(0);
+        }
+      }
       if (!registered) {
         const auto sent = steady::now();
         auto g = etcd->grant_lease(opts.lease_ttl);
@@ -357,42 +440,20 @@ struct cluster_node::state {
         }
         registered = true;
         answered();
-        ttl = g->ttl;
-        held_deadline = fence_deadline(sent, ttl);
+        {
+          std::lock_guard lk(lease_mu);
+          cur_lease = g->id;
+          cur_ttl = g->ttl;
+          fence_until = fence_deadline(sent, g->ttl);
+          held = true;
+          lease_lost = false;
+        }
+        cv.notify_all();  // the keeper renews from now on
+        holding = true;
         watch_from = 0;  // read the map again before acting on this lease
         next_claim = {};
-        renew_every = std::max<std::chrono::milliseconds>(
-            std::chrono::duration_cast<std::chrono::milliseconds>(g->ttl) / 3, 200ms);
-        renew_at = steady::now() + renew_every;
         log("registered as " + id + " (" + opts.resp + ") under " + reg_key + ", lease " +
             std::to_string(g->id) + " of " + std::to_string(g->ttl.count()) + " s");
-      }
-      if (steady::now() >= renew_at) {
-        const auto sent = steady::now();
-        auto k = etcd->keep_alive(lease.load());
-        if (!k && k.error().code == errc::not_found) {
-          log("the lease " + std::to_string(lease.load()) +
-              " is gone (expired or revoked): fenced; registering again");
-          fence(deadline = steady::time_point::min());
-          held_deadline.reset();
-          controlling.store(false);
-          lease.store(0);
-          registered = false;
-          continue;
-        }
-        if (!k)
-          log_error("renewing the lease", k.error());
-        else
-          answered();
-        if (k) {
-          const auto d = fence_deadline(sent, std::min(*k, ttl));
-          if (held_deadline)
-            held_deadline = d;
-          else if (d > deadline)
-            fence(deadline = d);
-        }
-        // A failed renewal is tried again soon: the lease may still hold.
-        renew_at = steady::now() + (k ? renew_every : 300ms);
       }
       if (watch_from == 0) {
         auto r = etcd->range_prefix(cfg_key);
@@ -405,21 +466,24 @@ struct cluster_node::state {
           if (kv.key == cfg_key) deliver(kv, applied);
         watch_from = r->revision + 1;
       }
-      if (held_deadline) {  // the map as of after the registration was delivered
-        fence(deadline = *held_deadline);
-        held_deadline.reset();
+      bool in_time;
+      {
+        std::lock_guard lk(lease_mu);
+        if (holding) {  // the map as of after the registration was delivered
+          holding = false;
+          held = false;
+          fence(fence_until);
+        }
+        in_time = !held && steady::now() < fence_until;
       }
-      const bool in_time = steady::now() < deadline;
       if (in_time) {
         claim_controller(lease.load());
         if (work_queued()) publish(lease.load());
         if (controlling.load() && control_due) control();
       }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(renew_at - steady::now());
       // At most 500 ms: a report or an isr addition queued meanwhile waits
       // for the poll to end (the failover's time includes it).
-      auto wait = std::clamp<std::chrono::milliseconds>(left, 50ms, 500ms);
+      auto wait = std::chrono::milliseconds(500);
       if (control_due && controlling.load()) wait = std::min(wait, 250ms);
       if (work_queued() || (opts.controller && !controlling.load())) wait = std::min(wait, 250ms);
       auto w = etcd->watch_prefix(opts.controller ? prefix : cfg_key, watch_from, wait);
@@ -493,8 +557,17 @@ result<std::unique_ptr<cluster_node>> cluster_node::start(node_options opts) {
   s->id = std::move(*id);
   s->boot_id = random_id().substr(0, 16);
   s->etcd = std::move(*etcd);
+  s->renew_every = std::max<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(s->opts.lease_ttl) / 4, 200ms);
+  auto ke =
+      etcd_coord::open({.endpoints = s->opts.endpoints,
+                        .connect_timeout = 300ms,
+                        .request_timeout = std::min(s->opts.request_timeout, s->renew_every)});
+  if (!ke) return std::unexpected(ke.error());
+  s->keeper_etcd = std::move(*ke);
   auto* raw = s.get();
   s->thread = std::thread([raw] { raw->run(); });
+  s->keeper = std::thread([raw] { raw->keep(); });
   return std::unique_ptr<cluster_node>(new cluster_node(std::move(s)));
 }
 
@@ -527,6 +600,7 @@ void cluster_node::stop() {
   }
   s_->cv.notify_all();
   s_->thread.join();
+  s_->keeper.join();
   // Leave at once rather than a lease later (a clean stop is not a failure).
   if (const auto l = s_->lease.exchange(0); l != 0) (void)s_->etcd->revoke_lease(l);
 }

@@ -17,13 +17,15 @@
 //   config      the shard map JSON, written by `conveyor kv cluster create` (and
 //               later by the controller) with compare-and-swap
 //
-// One background thread does everything with etcd, each call bounded in time
-// (etcd.hpp): it grants a lease of lease_ttl, puts the registration on it,
-// renews it every third of its TTL, and between renewals long-polls the
-// config key (at most 500 ms per poll, so stop() returns within about
-// two seconds). When the lease is found gone (expired while etcd was unreachable,
-// or revoked) it registers again with a new lease, same id. When etcd cannot
-// be reached it retries every 500 ms and logs an error when its kind changes.
+// Two background threads do everything with etcd, each call bounded in time
+// (etcd.hpp). The node's thread grants a lease of lease_ttl, puts the
+// registration on it, and long-polls the cluster's keys (at most 500 ms per
+// poll, so stop() returns within about two seconds); the keeper thread, with
+// its own client, renews the lease every quarter of its TTL, each request
+// bounded by that quarter, so that no slow call of the other delays a
+// renewal (the fence, below, depends on them). When the lease is found gone (expired while etcd was
+// unreachable, or revoked) it registers again with a new lease, same id. When etcd cannot be
+// reached it retries every 500 ms and logs an error when its kind changes.
 //
 // Every config value is hostile: parse_shard_map + slot_table::build validate
 // it; an invalid one is logged and ignored (the last good view stays). Views
