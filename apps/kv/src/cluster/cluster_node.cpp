@@ -204,12 +204,17 @@ struct cluster_node::state {
   steady::time_point next_claim{};                                 // when to try the key again
   std::map<std::string, steady::time_point, std::less<>> missing;  // shard -> primary gone since
   bool control_due = true;
+  // The revision of this node's claim: events of the controller key at or
+  // before it (the previous holder's key deleted, seen by a watch that
+  // resumes from before the claim) say nothing about this claim.
+  std::int64_t claimed_rev = 0;
 
   void claim_controller(std::int64_t l) {
     if (!opts.controller || controlling.load() || steady::now() < next_claim) return;
     next_claim = steady::now() + 500ms;
     auto r = etcd->put_if(controller_key(opts.cluster_name), id, 0, l);
     if (r && r->succeeded) {
+      claimed_rev = r->revision;
       controlling.store(true);
       control_due = true;
       log("controller: this node holds the controller role");
@@ -501,7 +506,8 @@ struct cluster_node::state {
         if (ev.kv.key != cfg_key) {
           // Registrations, reports, the controller key: the controller looks again.
           control_due = true;
-          if (ev.kv.key == ctl_key && (ev.type == watch_event::kind::del || ev.kv.value != id)) {
+          if (ev.kv.key == ctl_key && ev.kv.mod_revision > claimed_rev &&
+              (ev.type == watch_event::kind::del || ev.kv.value != id)) {
             if (controlling.exchange(false)) log("controller: this node no longer holds the role");
             next_claim = {};
           }
