@@ -213,9 +213,12 @@ class Failover(unittest.TestCase):
             if ts:
                 print("failover after %s: min %.2f s, max %.2f s, mean %.2f s over %d rounds" %
                       (kind, min(ts), max(ts), sum(ts) / len(ts), len(ts)), file=sys.stderr)
-                # Issue 35's aim is the lease + 1 s; a hung primary's replica
-                # needs 2 s of silence to report, and CI's 2 cores are shared.
-                self.assertLess(max(ts), LEASE_S + (1.5 if kind == "kill" else 2.5), ts)
+                # Issue 35's aim is the lease + 1 s (about 2 s and 3 s here on
+                # an idle machine); a hung primary's replica needs 2 s of
+                # silence to report, and CI's 2 cores are shared: the bounds
+                # leave room for a loaded machine, and still catch a failover
+                # that waits for the controller's 4 s grace or never comes.
+                self.assertLess(max(ts), LEASE_S + (2 if kind == "kill" else 4), ts)
 
     def test_etcd_stopped_fences_the_nodes_within_the_lease(self):
         """etcd stopped: no node can renew its lease, so each fences itself
