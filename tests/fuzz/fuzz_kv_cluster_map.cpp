@@ -6,15 +6,22 @@
 // parses back equal, and serializes the same again (to_json is canonical); a
 // parsed map builds a slot table whose every slot is owned exactly as the
 // shards' ranges say, uncovered_slots lists exactly the slots nobody owns, and
-// every node a shard names is found in the map. Errors are invalid_argument
+// every node a shard names is found in the map; the controller's decisions
+// on a parsed map (failover with every primary gone and every replica
+// reporting, an isr re-entry, a manual failover) are valid maps with the
+// epoch bumped. An offset report (parse_offset_report) that parses
+// serializes and parses back equal. Errors are invalid_argument
 // with a context. Hash slots of the bytes (as a key) stay within 0..16383 and
 // hash a part of the key.
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "cluster/controller.hpp"
 #include "cluster/shard_map.hpp"
 #include "cluster/slots.hpp"
 #include "fuzz_check.hpp"
@@ -77,6 +84,37 @@ void check_map(const cl::shard_map& m) {
   for (const auto& n : m.nodes) FUZZ_CHECK(cl::find_node(m, n.id) == &n);
 }
 
+// Failover's decisions on this map keep it valid and bump the epoch.
+void check_decisions(const cl::shard_map& m) {
+  // Every primary gone, every other node registered and reporting its link
+  // down, synced, at an offset from its id.
+  std::map<std::string, cl::node_registration, std::less<>> live;
+  std::map<std::string, cl::offset_report, std::less<>> reports;
+  std::set<std::string, std::less<>> primaries;
+  for (const auto& sh : m.shards) primaries.insert(sh.primary);
+  for (const auto& n : m.nodes)
+    if (!primaries.contains(n.id)) live[n.id] = {n.id, n.resp, n.rdma, "b", n.repl};
+  for (const auto& sh : m.shards)
+    for (const auto& id : sh.replicas)
+      reports[id] = {sh.id, sh.primary, static_cast<std::uint64_t>(id[0]), false, true};
+  if (auto d = cl::decide_failover(m, live, reports, {})) {
+    FUZZ_CHECK(cl::validate(d->map).has_value());
+    FUZZ_CHECK(d->map.epoch == m.epoch + 1);
+    FUZZ_CHECK(d->deposed.size() == d->promoted.size());
+  }
+  for (const auto& sh : m.shards)
+    for (const auto& id : sh.replicas) {
+      if (auto n = cl::add_to_isr(m, sh.primary, id)) {
+        FUZZ_CHECK(cl::validate(*n).has_value());
+        FUZZ_CHECK(n->epoch == m.epoch + 1);
+      }
+      if (auto f = cl::manual_failover(m, sh.id, id)) {
+        FUZZ_CHECK(cl::validate(f->map).has_value());
+        FUZZ_CHECK(f->map.epoch == m.epoch + 1);
+      }
+    }
+}
+
 void check_registration(const cl::node_registration& r) {
   FUZZ_CHECK(cl::validate(r).has_value());
   const std::string text = cl::to_json(r);
@@ -91,15 +129,23 @@ void check_registration(const cl::node_registration& r) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
 
-  if (auto m = cl::parse_shard_map(text))
+  if (auto m = cl::parse_shard_map(text)) {
     check_map(*m);
-  else
+    if (m->epoch < UINT64_MAX) check_decisions(*m);
+  } else
     FUZZ_CHECK(m.error().code == errc::invalid_argument && !m.error().context.empty());
 
   if (auto r = cl::parse_node_registration(text))
     check_registration(*r);
   else
     FUZZ_CHECK(r.error().code == errc::invalid_argument && !r.error().context.empty());
+
+  if (auto o = cl::parse_offset_report(text)) {
+    auto back = cl::parse_offset_report(cl::to_json(*o));
+    FUZZ_CHECK(back.has_value() && *back == *o);
+  } else {
+    FUZZ_CHECK(o.error().code == errc::invalid_argument && !o.error().context.empty());
+  }
 
   // The input as a key: its slot is in range and is the slot of its hash tag.
   const auto tag = cl::hash_tag(text);

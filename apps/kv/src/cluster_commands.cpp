@@ -216,7 +216,11 @@ std::string executor::route(const session& sess, const command& kc,
     for (const auto& q : sess.queued)
       if (const command* qk = q.empty() ? nullptr : find(q[0]); qk == nullptr || qk->write)
         reads_only = false;
-  return cluster::route_keys(keys, cluster_.get(), reads_only);
+  std::string e = cluster::route_keys(keys, cluster_.get(), reads_only);
+  // A node whose lease may have expired in etcd may have been replaced: it
+  // answers nothing it would serve itself (a newer map's MOVED still goes).
+  if (e.empty() && (!keys.empty() || k->write) && fenced()) e = cluster::err_fenced;
+  return e;
 }
 
 bool executor::is_replica() const noexcept {

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -260,6 +261,16 @@ class executor {
     cluster_ = std::move(v);
   }
   const cluster::cluster_view* cluster() const noexcept { return cluster_.get(); }
+  // Cluster mode's fencing (cluster/controller.hpp): until this time (the
+  // loop's steady clock) the node's lease in etcd is known to hold; past it
+  // the node serves no key and no write (-CLUSTERDOWN) and its front ends
+  // release no held reply. Starts unfenced (tests of the executor alone); the
+  // server sets it to the past before it joins, so that nothing is served
+  // before the first lease. Loop thread.
+  void set_fence(std::chrono::steady_clock::time_point until) noexcept { fence_until_ = until; }
+  bool fenced() const noexcept {
+    return cfg_.cluster_enabled && std::chrono::steady_clock::now() >= fence_until_;
+  }
   // "" when this node serves the command's keys (or cluster mode is off);
   // otherwise the error to answer (MOVED, CROSSSLOT, CLUSTERDOWN). For EXEC,
   // the keys of every queued command together, as Redis checks them.
@@ -319,6 +330,7 @@ class executor {
   bool abandon_exec_ = false;
   blocking_registry blocking_;
   std::shared_ptr<const cluster::cluster_view> cluster_;
+  std::chrono::steady_clock::time_point fence_until_ = std::chrono::steady_clock::time_point::max();
   mutable std::vector<std::string_view>
       route_keys_;  // route()'s scratch: no allocation per command
   friend struct exec_context;

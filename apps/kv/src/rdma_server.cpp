@@ -138,6 +138,11 @@ class rdma_server_impl final : public rdma_server {
                                         : "WRONGPASS invalid password");
         continue;
       }
+      if (fenced()) {
+        count_reject();
+        (void)req->reject("CLUSTERDOWN this node's lease in etcd is not confirmed");
+        continue;
+      }
       if (live_.load() >= opts_.max_connections) {
         count_reject();
         (void)req->reject("conveyor-kv: max number of clients reached");
@@ -221,6 +226,8 @@ class rdma_server_impl final : public rdma_server {
     conns_[raw->id] = std::move(c);
     raw->cq.arm();
     loop_.add_fd(fd, EPOLLIN, [this, id = raw->id](unsigned) { on_ready(id); });
+    // Accepted just before the fence fell, adopted after: closed at once.
+    if (fenced()) return fence_close(raw->id, *raw);
     on_ready(raw->id);
   }
 
@@ -355,6 +362,29 @@ class rdma_server_impl final : public rdma_server {
 
   void set_sync(sync_point* sp) override { sync_ = sp; }
 
+  void set_fence(std::chrono::steady_clock::time_point until) override {
+    fence_until_.store(until.time_since_epoch().count());
+  }
+
+  void close_all() override {
+    for (auto& [id, c] : conns_) fence_close(id, *c);
+  }
+
+  bool fenced() const {
+    return std::chrono::steady_clock::now().time_since_epoch().count() >= fence_until_.load();
+  }
+
+  void fence_close(std::uint64_t id, connection& c) {
+    if (c.closing) return;
+    close(c);
+    c.held.clear();
+    loop_.remove_fd(c.cq.fd());
+    // drop() disconnects the QP (next iteration): one-sided READs fail from then on.
+    loop_.post([this, id, alive = std::weak_ptr<bool>(alive_)] {
+      if (alive.lock()) drop(id);
+    });
+  }
+
   void replicated() override {
     for (auto& [id, c] : conns_)
       if (!c->closing && !c->held.empty()) release(*c);
@@ -399,6 +429,8 @@ class rdma_server_impl final : public rdma_server {
   std::thread acceptor_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> accepting_{true};
+  std::atomic<std::chrono::steady_clock::rep> fence_until_{
+      std::chrono::steady_clock::time_point::max().time_since_epoch().count()};
   rdma_served closed_;  // served() of the connections gone
   std::atomic<std::uint32_t> live_{0};
   std::atomic<std::uint64_t> next_id_{0};

@@ -94,6 +94,14 @@ class rdma_server {
   // what may go now; the server calls it when the sync point moves.
   virtual void set_sync(sync_point* sp) = 0;
   virtual void replicated() = 0;
+  // Cluster fencing (cluster/controller.hpp). set_fence: from `until` (the
+  // steady clock) on, connection requests are refused (the acceptor checks
+  // the clock itself, so none slips in before the loop notices); starts
+  // unfenced. close_all: every connection closed, its QP disconnected
+  // (one-sided READs fail from then on, held replies are never sent); the
+  // server calls it when the fence falls. Loop thread.
+  virtual void set_fence(std::chrono::steady_clock::time_point until) = 0;
+  virtual void close_all() = 0;
 };
 
 // Parses one RESP array of bulk strings that fills `msg` exactly (the RPC request

@@ -302,6 +302,7 @@ int serve(const server_options& so) {
   // Cluster mode: the replication listener (its replicas connect to it as
   // soon as the map names them) streams every write; replies wait for the
   // in-sync replicas' acknowledgements (repl/, docs/KV-CLUSTER.md).
+  std::unique_ptr<cluster::cluster_node> node;  // started below; used from the loop thread
   std::unique_ptr<repl::node_role> role;
   if (!so.cluster.empty()) {
     repl::role_options rpo;
@@ -313,6 +314,14 @@ int serve(const server_options& so) {
       std::fprintf(stderr, "conveyor kv serve: %s\n", line.c_str());
     };
     rpo.primary.log = rpo.log;
+    // Failover's inputs: a caught-up replica joins the isr by a map CAS; a
+    // replica's link going up or down is published for the controller.
+    rpo.primary.on_join = [&node](const std::string& id) {
+      if (node) node->request_isr_add(id);
+    };
+    rpo.report = [&node](const cluster::offset_report& r) {
+      if (node) node->report_offset(r);
+    };
     auto r = repl::node_role::start(*dev, *pd, loop, exec, std::move(rpo));
     if (!r) {
       loop.remove_fd(sfd);
@@ -331,7 +340,6 @@ int serve(const server_options& so) {
 
   // Cluster mode: join once the ports are bound and the data is loaded. The
   // node's thread hands each valid shard map to this loop, which alone reads it.
-  std::unique_ptr<cluster::cluster_node> node;
   if (!so.cluster.empty()) {
     cluster::node_options no;
     no.endpoints = so.cluster;
@@ -352,9 +360,19 @@ int serve(const server_options& so) {
         role->set_view(*v);
       });
     };
+    // Fencing: the deadline comes in order with the maps (both posted).
+    no.on_lease = [&loop, &exec, &rdma](std::chrono::steady_clock::time_point until) {
+      loop.post([&exec, &rdma, until] {
+        exec.set_fence(until);
+        if (rdma) rdma->set_fence(until);
+      });
+    };
     no.log = [](const std::string& line) {
       std::fprintf(stderr, "conveyor kv serve: cluster: %s\n", line.c_str());
     };
+    // Fenced until the first lease.
+    exec.set_fence(std::chrono::steady_clock::time_point::min());
+    if (rdma) rdma->set_fence(std::chrono::steady_clock::time_point::min());
     auto n = cluster::cluster_node::start(std::move(no));
     if (!n) {
       loop.remove_fd(sfd);
@@ -367,6 +385,24 @@ int serve(const server_options& so) {
     if (!so.quiet)
       std::fprintf(stderr, "conveyor kv serve: cluster %s, node %s, etcd %zu endpoint(s)\n",
                    so.cluster_name.c_str(), node->id().c_str(), so.cluster.size());
+  }
+
+  // Fencing (cluster/controller.hpp): commands check the deadline
+  // themselves; here, every 20 ms, the held RESP replies of a fenced node
+  // become errors and its RDMA connections are closed (one-sided readers
+  // stop), and they are accepted again once the lease is renewed.
+  if (!so.cluster.empty()) {
+    auto was = std::make_shared<bool>(false);
+    loop.every(std::chrono::milliseconds(20), [&exec, &resp, &rdma, was] {
+      const bool f = exec.fenced();
+      if (f) resp.replicated();
+      if (f == *was) return;
+      *was = f;
+      if (rdma && f) rdma->close_all();
+      std::fprintf(
+          stderr, "conveyor kv serve: cluster: %s\n",
+          f ? "fenced: the lease is not confirmed; serving nothing" : "lease confirmed: serving");
+    });
   }
 
   // Active expiry and reclamation ten times a second (Redis's hz 10), the AOF's

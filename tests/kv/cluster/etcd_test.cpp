@@ -159,6 +159,28 @@ TEST_F(etcd_test, put_if_succeeds_only_with_the_current_mod_revision) {
   EXPECT_EQ(replay->current->value, "v2");
 }
 
+// The controller's failover CAS: the map changes only while the deposed
+// primary's registration is still absent.
+TEST_F(etcd_test, put_if_absent_fails_when_another_key_exists) {
+  const auto k = key("config"), reg = key("nodes/p"), other = key("nodes/q");
+  auto first = c_->put_if(k, "v1", 0).value();
+  ASSERT_TRUE(first.succeeded);
+  ASSERT_TRUE(c_->put(reg, "back").has_value());
+  auto blocked = c_->put_if_absent(k, "v2", first.revision, {reg});
+  ASSERT_TRUE(blocked.has_value()) << blocked.error().to_string();
+  EXPECT_FALSE(blocked->succeeded);
+  ASSERT_TRUE(blocked->current.has_value());
+  EXPECT_EQ(blocked->current->value, "v1");
+  ASSERT_EQ(c_->del(reg).value(), 1);
+  auto stale = c_->put_if_absent(k, "v2", first.revision - 1, {reg, other});
+  ASSERT_TRUE(stale.has_value());
+  EXPECT_FALSE(stale->succeeded);
+  auto ok = c_->put_if_absent(k, "v2", first.revision, {reg, other});
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_TRUE(ok->succeeded);
+  EXPECT_EQ(c_->get(k).value()->value, "v2");
+}
+
 TEST_F(etcd_test, of_two_concurrent_put_ifs_exactly_one_wins) {
   const auto k = key("contended");
   for (int round = 0; round < 10; ++round) {

@@ -561,6 +561,12 @@ class Up(unittest.TestCase):
             self.assertIn("redis-cli -c -p %d" % base, out, out)
             kids = self.children(up.pid)
             self.assertEqual(len(kids), 4, kids)  # etcd and three nodes
+            # `up` prints once the map is in etcd; each node reads it from its
+            # watch a moment later (longer on a loaded machine).
+            for port in range(base, base + 3):
+                wait_until(lambda port=port: b"cluster_state:ok" in redis.Redis(
+                    port=port, socket_timeout=5).execute_command("CLUSTER", "INFO"), 10,
+                    "node %d has the map" % port)
             rc = RedisCluster(host="127.0.0.1", port=base, socket_timeout=10)
             for i in range(100):
                 rc.set("up:%d" % i, i)

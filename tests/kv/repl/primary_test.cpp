@@ -36,10 +36,16 @@ struct node {
   std::unique_ptr<repl::primary> p;
   std::thread thread;
 
-  node() {
-    p = repl::primary::start(env.dev, env.pd, loop, ex, {.address = "127.0.0.1:0"}).value();
+  std::vector<std::string> joins;  // on_join's calls (loop thread)
+
+  // in_sync: the replica is in the map's isr (else it must catch up and join).
+  explicit node(bool in_sync = true) {
+    repl::primary_options o{.address = "127.0.0.1:0"};
+    o.on_join = [this](const std::string& id) { joins.push_back(id); };
+    p = repl::primary::start(env.dev, env.pd, loop, ex, o).value();
     ex.set_replication(p.get(), &p->sync());
-    p->set_shard(shard_id, {replica_id}, {replica_id});
+    p->set_shard(shard_id, {replica_id},
+                 in_sync ? std::vector<std::string>{replica_id} : std::vector<std::string>{});
     thread = std::thread([this] { loop.run(); });
   }
   template <class F>
@@ -206,6 +212,48 @@ TEST(kv_repl_primary, snapshot_then_stream_and_the_acked_offset_waits_for_the_re
   EXPECT_EQ(m->first.offset, end);
   EXPECT_EQ(m->second.rfind("*1\r\n$5\r\nMULTI\r\n", 0), 0u);
   EXPECT_NE(m->second.find("*1\r\n$4\r\nEXEC\r\n"), std::string::npos);
+}
+
+// Failover's isr re-entry: a replica outside the isr that applied its
+// snapshot is waited for at once, and asked into the map's isr only once it
+// holds every write acknowledged so far.
+TEST(kv_repl_primary, a_caught_up_replica_joins_the_in_sync_set_before_it_is_asked_into_the_map) {
+  node n(false);
+  EXPECT_EQ(n.run({"SET", "before", "1"}), "+OK\r\n");
+  EXPECT_FALSE(n.sync().waiting());  // no in-sync replica: acknowledged at once
+  fake_replica r;
+  ASSERT_TRUE(r.connect(n.p->address()));
+  auto [snap_offset, snap] = read_snapshot(r);
+  // Acknowledged without the replica: it is not in sync yet.
+  EXPECT_EQ(n.run({"SET", "during", "2"}), "+OK\r\n");
+  const auto acked = n.sync().acked;
+  EXPECT_GT(acked, snap_offset);
+  EXPECT_FALSE(n.sync().waiting());
+  r.ack(snap_offset, std::exchange(r.returned, 0));
+  // Its snapshot applied, it joins here: the next write waits for it...
+  for (int i = 0; i < 300 && n.info().find("repl_in_sync_replicas:1") == std::string::npos; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_NE(n.info().find("repl_in_sync_replicas:1"), std::string::npos);
+  EXPECT_EQ(n.run({"SET", "after", "3"}), "+OK\r\n");
+  EXPECT_TRUE(n.sync().waiting());
+  // ...but it does not hold "during" yet: not asked into the map.
+  EXPECT_TRUE(n.on_loop([&] { return n.joins.empty(); }));
+  std::uint64_t end = snap_offset;
+  while (end < n.sync().offset) {
+    auto m = r.next();
+    ASSERT_TRUE(m);
+    end = m->first.offset + m->second.size();
+  }
+  r.ack(end, std::exchange(r.returned, 0));
+  for (int i = 0; i < 100 && n.sync().acked < end; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(n.sync().acked, end);
+  EXPECT_EQ(n.on_loop([&] { return n.joins; }), std::vector<std::string>{replica_id});
+  // The map saying so changes nothing; a map without it as a replica ends it.
+  n.on_loop([&] {
+    n.p->set_shard(shard_id, {replica_id}, {replica_id});
+    return 0;
+  });
+  EXPECT_EQ(n.on_loop([&] { return n.joins.size(); }), 1u);
 }
 
 TEST(kv_repl_primary, a_foreign_hello_is_rejected_and_a_stranger_is_dropped) {

@@ -10,7 +10,10 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "cluster/etcd.hpp"
@@ -121,8 +124,26 @@ struct cluster_node::state {
   std::thread thread;
   std::mutex mu;
   std::condition_variable cv;
-  bool stopping = false;  // under mu
+  bool stopping = false;                // under mu
+  std::optional<offset_report> report;  // under mu: to publish
+  std::vector<std::string> isr_adds;    // under mu: to write
+  std::atomic<bool> controlling{false};
   std::atomic<std::int64_t> lease{0};
+  // The lease's renewals run on their own thread (keeper), so that a slow
+  // etcd call of the node's thread (a controller pass, a watch) never delays
+  // one. Under lease_mu: the lease renewed, its fence deadline, whether the
+  // node's thread still holds it back (it must read the map first), whether
+  // the keeper found the lease gone. fence() is called under lease_mu so that
+  // the deadlines reach the loop in order.
+  std::thread keeper;
+  std::unique_ptr<etcd_coord> keeper_etcd;  // its own client, with a shorter timeout
+  std::chrono::milliseconds renew_every{1000};
+  std::mutex lease_mu;
+  std::int64_t cur_lease = 0;
+  std::chrono::seconds cur_ttl{0};
+  steady::time_point fence_until = steady::time_point::min();
+  bool held = true;
+  bool lease_lost = false;
   std::string last_log;  // the node's thread only: the last error's kind (log_error)
 
   void log(const std::string& line) {
@@ -148,6 +169,9 @@ struct cluster_node::state {
   bool pause(std::chrono::milliseconds d) {
     std::unique_lock lk(mu);
     return !cv.wait_for(lk, d, [&] { return stopping; });
+  }
+  void fence(steady::time_point until) {
+    if (opts.on_lease) opts.on_lease(until);
   }
   bool stopped() {
     std::lock_guard lk(mu);
@@ -175,18 +199,235 @@ struct cluster_node::state {
     if (opts.on_view) opts.on_view(std::move(*v));
   }
 
+  // ---- the controller role (controller.hpp) ----------------------------------
+
+  steady::time_point next_claim{};                                 // when to try the key again
+  std::map<std::string, steady::time_point, std::less<>> missing;  // shard -> primary gone since
+  bool control_due = true;
+  // The revision of this node's claim: events of the controller key at or
+  // before it (the previous holder's key deleted, seen by a watch that
+  // resumes from before the claim) say nothing about this claim.
+  std::int64_t claimed_rev = 0;
+
+  void claim_controller(std::int64_t l) {
+    if (!opts.controller || controlling.load() || steady::now() < next_claim) return;
+    next_claim = steady::now() + 500ms;
+    auto r = etcd->put_if(controller_key(opts.cluster_name), id, 0, l);
+    if (r && r->succeeded) {
+      claimed_rev = r->revision;
+      controlling.store(true);
+      control_due = true;
+      log("controller: this node holds the controller role");
+    }
+  }
+
+  // One pass of the controller: read registrations, reports and the map;
+  // write the failover decision, if any, by CAS.
+  void control() {
+    control_due = false;
+    auto nodes = etcd->range_prefix(nodes_prefix(opts.cluster_name));
+    auto offs = nodes ? etcd->range_prefix(offsets_prefix(opts.cluster_name))
+                      : result<range_result>(std::unexpected(nodes.error()));
+    auto cfg = offs ? etcd->get(config_key(opts.cluster_name))
+                    : result<std::optional<key_value>>(std::unexpected(offs.error()));
+    if (!cfg) {
+      log_error("controller: reading the cluster", cfg.error());
+      control_due = true;
+      return;
+    }
+    if (!*cfg) return;
+    auto m = parse_shard_map((*cfg)->value);
+    if (!m) return;  // the node's own watch logs an invalid map
+    const auto np = nodes_prefix(opts.cluster_name);
+    const auto op = offsets_prefix(opts.cluster_name);
+    std::map<std::string, node_registration, std::less<>> live;
+    for (const auto& kv : nodes->kvs) {
+      std::string_view k = kv.key;
+      if (!k.starts_with(np)) continue;
+      k.remove_prefix(np.size());
+      auto r = parse_node_registration(kv.value);
+      if (r && r->id == k) live.emplace(std::string(k), std::move(*r));
+    }
+    std::map<std::string, offset_report, std::less<>> reports;
+    for (const auto& kv : offs->kvs) {
+      std::string_view k = kv.key;
+      if (!k.starts_with(op)) continue;
+      k.remove_prefix(op.size());
+      if (!valid_id(k)) continue;
+      if (auto r = parse_offset_report(kv.value)) reports.emplace(std::string(k), std::move(*r));
+    }
+    const auto now = steady::now();
+    std::set<std::string, std::less<>> grace_over;
+    std::map<std::string, steady::time_point, std::less<>> still;
+    for (const auto& sh : m->shards) {
+      if (live.contains(sh.primary)) continue;
+      auto it = missing.find(sh.id);
+      const auto since = it != missing.end() ? it->second : now;
+      still[sh.id] = since;
+      if (now - since >= opts.failover_grace) grace_over.insert(sh.id);
+    }
+    missing = std::move(still);
+    if (!missing.empty()) control_due = true;  // look again soon: reports may come
+    auto d = decide_failover(*m, live, reports, grace_over);
+    if (!d) return;
+    std::vector<std::string> absent;
+    for (const auto& p : d->deposed) absent.push_back(np + p);
+    auto w = etcd->put_if_absent(config_key(opts.cluster_name), to_json(d->map),
+                                 (*cfg)->mod_revision, absent);
+    if (!w) {
+      log_error("controller: writing the failover", w.error());
+      return;
+    }
+    if (!w->succeeded) {  // the map or a registration changed: decide again
+      control_due = true;
+      return;
+    }
+    if (d->deposed.empty())
+      log("controller: node addresses refreshed from their registrations (epoch " +
+          std::to_string(d->map.epoch) + ")");
+    for (std::size_t i = 0; i < d->deposed.size(); ++i)
+      log("controller: primary " + d->deposed[i].substr(0, 8) + " is gone: promoted " +
+          d->promoted[i].substr(0, 8) + " (epoch " + std::to_string(d->map.epoch) + ")");
+  }
+
+  // The replica's report and the primary's isr additions, when registered.
+  void publish(std::int64_t l) {
+    std::optional<offset_report> rep;
+    std::vector<std::string> adds;
+    {
+      std::lock_guard lk(mu);
+      rep = std::move(report);
+      report.reset();
+      adds.swap(isr_adds);
+    }
+    if (rep) {
+      auto p = etcd->put(offsets_prefix(opts.cluster_name) + id, to_json(*rep), l);
+      if (!p) {
+        log_error("publishing the replication offset", p.error());
+        std::lock_guard lk(mu);
+        if (!report) report = std::move(rep);
+      }
+    }
+    std::vector<std::string> retry;
+    for (auto& r : adds) {
+      auto cfg = etcd->get(config_key(opts.cluster_name));
+      if (!cfg || !*cfg) {
+        retry.push_back(std::move(r));
+        continue;
+      }
+      auto m = parse_shard_map((*cfg)->value);
+      if (!m) continue;
+      auto next = add_to_isr(*m, id, r);
+      if (!next) continue;  // no longer this node's replica, or already in sync
+      auto w = etcd->put_if(config_key(opts.cluster_name), to_json(*next), (*cfg)->mod_revision);
+      if (w && w->succeeded) {
+        log("replica " + r.substr(0, 8) + " caught up: back in the in-sync set (epoch " +
+            std::to_string(next->epoch) + ")");
+        continue;
+      }
+      retry.push_back(std::move(r));
+    }
+    if (!retry.empty()) {
+      std::lock_guard lk(mu);
+      for (auto& r : retry)
+        if (std::find(isr_adds.begin(), isr_adds.end(), r) == isr_adds.end())
+          isr_adds.push_back(std::move(r));
+    }
+  }
+
+  bool work_queued() {
+    std::lock_guard lk(mu);
+    return report.has_value() || !isr_adds.empty();
+  }
+
+  // The keeper thread: renews the current lease every quarter of its TTL,
+  // each request bounded by that quarter (a failed one again after 100 ms:
+  // the fence, at TTL - margin after a renewal was sent, leaves room for
+  // about three), and moves the fence deadline.
+  void keep() {
+    std::string last_error;  // this thread's: logged when its kind changes
+    auto next = steady::now();
+    for (;;) {
+      {
+        std::unique_lock lk(mu);
+        if (cv.wait_until(lk, next, [&] { return stopping; })) return;
+      }
+      std::int64_t l;
+      std::chrono::seconds ttl;
+      {
+        std::lock_guard lk(lease_mu);
+        l = cur_lease;
+        ttl = cur_ttl;
+      }
+      if (l == 0) {
+        next = steady::now() + 50ms;
+        continue;
+      }
+      const auto sent = steady::now();
+      auto k = keeper_etcd->keep_alive(l);
+      if (!k && k.error().code == errc::not_found) {
+        {
+          std::lock_guard lk(lease_mu);
+          if (cur_lease == l) {
+            cur_lease = 0;
+            lease_lost = true;
+            fence(fence_until = steady::time_point::min());
+          }
+        }
+        log("the lease " + std::to_string(l) +
+            " is gone (expired or revoked): fenced; registering again");
+        next = steady::now() + 50ms;
+        continue;
+      }
+      if (!k) {
+        std::string kind(to_string(k.error().code));
+        if (kind != last_error) log("etcd: renewing the lease: " + k.error().to_string());
+        last_error = std::move(kind);
+        next = steady::now() + 100ms;  // the lease may still hold: again soon
+        continue;
+      }
+      if (!last_error.empty()) log("the lease is renewed again");
+      last_error.clear();
+      {
+        std::lock_guard lk(lease_mu);
+        if (cur_lease == l) {
+          const auto d = fence_deadline(sent, std::min(*k, ttl));
+          if (d > fence_until) {
+            fence_until = d;
+            if (!held) fence(d);
+          }
+        }
+      }
+      next = sent + renew_every;
+    }
+  }
+
   void run() {
     const std::string reg_key = nodes_prefix(opts.cluster_name) + id;
     const std::string cfg_key = config_key(opts.cluster_name);
+    const std::string prefix = cluster_prefix(opts.cluster_name);
+    const std::string ctl_key = controller_key(opts.cluster_name);
     const std::string reg =
         to_json(node_registration{id, opts.resp, opts.rdma, boot_id, opts.repl});
     bool registered = false;
-    steady::time_point renew_at{};
-    std::chrono::milliseconds renew_every = 1000ms;
     std::int64_t watch_from = 0;  // 0: read the key first
     std::int64_t applied = 0;     // the revision of the last map delivered
+    // After a registration the fence stays down (held) until the map was
+    // read again (a node that lost its lease may have been deposed meanwhile).
+    bool holding = false;
     while (!stopped()) {
+      {
+        std::lock_guard lk(lease_mu);
+        if (lease_lost) {  // the keeper found it gone
+          lease_lost = false;
+          registered = false;
+          holding = false;
+          controlling.store(false);
+          lease.store(0);
+        }
+      }
       if (!registered) {
+        const auto sent = steady::now();
         auto g = etcd->grant_lease(opts.lease_ttl);
         if (!g) {
           log_error("granting a lease", g.error());
@@ -204,27 +445,20 @@ struct cluster_node::state {
         }
         registered = true;
         answered();
-        renew_every = std::max<std::chrono::milliseconds>(
-            std::chrono::duration_cast<std::chrono::milliseconds>(g->ttl) / 3, 200ms);
-        renew_at = steady::now() + renew_every;
+        {
+          std::lock_guard lk(lease_mu);
+          cur_lease = g->id;
+          cur_ttl = g->ttl;
+          fence_until = fence_deadline(sent, g->ttl);
+          held = true;
+          lease_lost = false;
+        }
+        cv.notify_all();  // the keeper renews from now on
+        holding = true;
+        watch_from = 0;  // read the map again before acting on this lease
+        next_claim = {};
         log("registered as " + id + " (" + opts.resp + ") under " + reg_key + ", lease " +
             std::to_string(g->id) + " of " + std::to_string(g->ttl.count()) + " s");
-      }
-      if (steady::now() >= renew_at) {
-        auto k = etcd->keep_alive(lease.load());
-        if (!k && k.error().code == errc::not_found) {
-          log("the lease " + std::to_string(lease.load()) +
-              " is gone (expired or revoked): registering again");
-          lease.store(0);
-          registered = false;
-          continue;
-        }
-        if (!k)
-          log_error("renewing the lease", k.error());
-        else
-          answered();
-        // A failed renewal is tried again soon: the lease may still hold.
-        renew_at = steady::now() + (k ? renew_every : 300ms);
       }
       if (watch_from == 0) {
         auto r = etcd->range_prefix(cfg_key);
@@ -237,12 +471,29 @@ struct cluster_node::state {
           if (kv.key == cfg_key) deliver(kv, applied);
         watch_from = r->revision + 1;
       }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(renew_at - steady::now());
-      const auto wait = std::clamp<std::chrono::milliseconds>(left, 50ms, 1000ms);
-      auto w = etcd->watch_prefix(cfg_key, watch_from, wait);
+      bool in_time;
+      {
+        std::lock_guard lk(lease_mu);
+        if (holding) {  // the map as of after the registration was delivered
+          holding = false;
+          held = false;
+          fence(fence_until);
+        }
+        in_time = !held && steady::now() < fence_until;
+      }
+      if (in_time) {
+        claim_controller(lease.load());
+        if (work_queued()) publish(lease.load());
+        if (controlling.load() && control_due) control();
+      }
+      // At most 500 ms: a report or an isr addition queued meanwhile waits
+      // for the poll to end (the failover's time includes it).
+      auto wait = std::chrono::milliseconds(500);
+      if (control_due && controlling.load()) wait = std::min(wait, 250ms);
+      if (work_queued() || (opts.controller && !controlling.load())) wait = std::min(wait, 250ms);
+      auto w = etcd->watch_prefix(opts.controller ? prefix : cfg_key, watch_from, wait);
       if (!w) {
-        log_error("watching " + cfg_key, w.error());
+        log_error("watching " + prefix, w.error());
         if (!pause(500ms)) break;
         continue;
       }
@@ -252,7 +503,17 @@ struct cluster_node::state {
         continue;
       }
       for (const auto& ev : w->events) {
-        if (ev.kv.key != cfg_key) continue;  // a longer key under the same prefix
+        if (ev.kv.key != cfg_key) {
+          // Registrations, reports, the controller key: the controller looks again.
+          control_due = true;
+          if (ev.kv.key == ctl_key && ev.kv.mod_revision > claimed_rev &&
+              (ev.type == watch_event::kind::del || ev.kv.value != id)) {
+            if (controlling.exchange(false)) log("controller: this node no longer holds the role");
+            next_claim = {};
+          }
+          continue;
+        }
+        control_due = true;
         if (ev.type == watch_event::kind::put)
           deliver(ev.kv, applied);
         else
@@ -302,9 +563,39 @@ result<std::unique_ptr<cluster_node>> cluster_node::start(node_options opts) {
   s->id = std::move(*id);
   s->boot_id = random_id().substr(0, 16);
   s->etcd = std::move(*etcd);
+  s->renew_every = std::max<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(s->opts.lease_ttl) / 4, 200ms);
+  auto ke =
+      etcd_coord::open({.endpoints = s->opts.endpoints,
+                        .connect_timeout = 300ms,
+                        .request_timeout = std::min(s->opts.request_timeout, s->renew_every)});
+  if (!ke) return std::unexpected(ke.error());
+  s->keeper_etcd = std::move(*ke);
   auto* raw = s.get();
   s->thread = std::thread([raw] { raw->run(); });
+  s->keeper = std::thread([raw] { raw->keep(); });
   return std::unique_ptr<cluster_node>(new cluster_node(std::move(s)));
+}
+
+void cluster_node::report_offset(offset_report r) {
+  {
+    std::lock_guard lk(s_->mu);
+    s_->report = std::move(r);
+  }
+  s_->cv.notify_all();
+}
+
+void cluster_node::request_isr_add(std::string replica) {
+  {
+    std::lock_guard lk(s_->mu);
+    if (std::find(s_->isr_adds.begin(), s_->isr_adds.end(), replica) == s_->isr_adds.end())
+      s_->isr_adds.push_back(std::move(replica));
+  }
+  s_->cv.notify_all();
+}
+
+bool cluster_node::is_controller() const noexcept {
+  return s_->controlling.load();
 }
 
 void cluster_node::stop() {
@@ -315,6 +606,7 @@ void cluster_node::stop() {
   }
   s_->cv.notify_all();
   s_->thread.join();
+  s_->keeper.join();
   // Leave at once rather than a lease later (a clean stop is not a failure).
   if (const auto l = s_->lease.exchange(0); l != 0) (void)s_->etcd->revoke_lease(l);
 }

@@ -17,21 +17,30 @@
 //   config      the shard map JSON, written by `conveyor kv cluster create` (and
 //               later by the controller) with compare-and-swap
 //
-// One background thread does everything with etcd, each call bounded in time
-// (etcd.hpp): it grants a lease of lease_ttl, puts the registration on it,
-// renews it every third of its TTL, and between renewals long-polls the
-// config key (at most 1 s per poll, so stop() returns within about two
-// seconds). When the lease is found gone (expired while etcd was unreachable,
-// or revoked) it registers again with a new lease, same id. When etcd cannot
-// be reached it retries every 500 ms and logs an error when its kind changes.
+// Two background threads do everything with etcd, each call bounded in time
+// (etcd.hpp). The node's thread grants a lease of lease_ttl, puts the
+// registration on it, and long-polls the cluster's keys (at most 500 ms per
+// poll, so stop() returns within about two seconds); the keeper thread, with
+// its own client, renews the lease every quarter of its TTL, each request
+// bounded by that quarter, so that no slow call of the other delays a
+// renewal (the fence, below, depends on them). When the lease is found gone (expired while etcd was
+// unreachable, or revoked) it registers again with a new lease, same id. When etcd cannot be
+// reached it retries every 500 ms and logs an error when its kind changes.
 //
 // Every config value is hostile: parse_shard_map + slot_table::build validate
 // it; an invalid one is logged and ignored (the last good view stays). Views
 // are delivered in revision order, each once, from the node's thread, through
 // on_view: the callee hands it to whichever thread uses it.
 //
-// Thread safety: start/stop/id from one owning thread; on_view and log run on
-// the node's thread.
+// The controller role (controller.hpp): every node with `controller` set
+// tries to create the `controller` key on its lease (only if absent); the
+// holder watches registrations and offset reports and writes the failover
+// decisions by CAS. When the holder dies, its lease and the key go, and
+// another node takes the key.
+//
+// Thread safety: start/stop/id from one owning thread; report_offset and
+// request_isr_add from any; on_view, on_lease and log run on the node's
+// thread.
 #pragma once
 
 #include <chrono>
@@ -44,6 +53,7 @@
 
 #include <conveyor/error.hpp>
 
+#include "cluster/controller.hpp"
 #include "cluster/routing.hpp"
 
 namespace conveyor::kv::cluster {
@@ -75,6 +85,17 @@ struct node_options {
   std::chrono::seconds lease_ttl{5};
   std::chrono::milliseconds request_timeout{1000};  // each etcd call but the watch
   std::function<void(std::shared_ptr<const cluster_view>)> on_view;
+  // Fencing (controller.hpp): after each lease grant or renewal, the time
+  // until which this node may acknowledge and serve (its steady clock). After
+  // a (re)registration it comes only once the map was read again, after
+  // on_view's delivery of it; when the lease is found gone, time_point::min().
+  // Called on the node's thread, in order with on_view.
+  std::function<void(std::chrono::steady_clock::time_point)> on_lease;
+  // Whether this node may take the controller role (failover).
+  bool controller = true;
+  // How long the controller waits for every live in-sync replica's report
+  // before it promotes the best of those that reported.
+  std::chrono::milliseconds failover_grace{4000};
   std::function<void(const std::string&)> log;  // one line, no newline; null: silent
 };
 
@@ -89,6 +110,16 @@ class cluster_node {
   cluster_node& operator=(const cluster_node&) = delete;
 
   const std::string& id() const noexcept;
+  // Thread-safe, from any thread; done by the node's thread, asynchronously.
+  // Publish this replica's offset report (offsets/<id> on the lease; the
+  // latest one wins).
+  void report_offset(offset_report r);
+  // As a primary: add `replica` to this node's shard's isr by a map CAS
+  // (retried while the map still names this node its primary and the
+  // replica outside the isr).
+  void request_isr_add(std::string replica);
+  // True while this node holds the controller key (for tests and INFO).
+  bool is_controller() const noexcept;
   // Ends the thread (bounded: one etcd call's timeout) and revokes the lease.
   // Idempotent.
   void stop();

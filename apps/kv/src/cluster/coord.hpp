@@ -111,6 +111,12 @@ class coord {
   // if absent), in one transaction.
   virtual result<cas_result> put_if(std::string_view key, std::string_view value,
                                     std::int64_t expected_mod_revision, std::int64_t lease = 0) = 0;
+  // put_if, and only if none of `absent` exists either (the controller's
+  // failover: the map changes only while the deposed primaries' registrations
+  // are still gone), in one transaction.
+  virtual result<cas_result> put_if_absent(std::string_view key, std::string_view value,
+                                           std::int64_t expected_mod_revision,
+                                           const std::vector<std::string>& absent) = 0;
   // Deletes the key; returns how many keys went (0 or 1).
   virtual result<std::int64_t> del(std::string_view key) = 0;
 

@@ -375,6 +375,31 @@ result<cas_result> etcd_coord::put_if(std::string_view key, std::string_view val
   return from(*where, etcd_reply::parse_txn(reply, key));
 }
 
+result<cas_result> etcd_coord::put_if_absent(std::string_view key, std::string_view value,
+                                             std::int64_t expected_mod_revision,
+                                             const std::vector<std::string>& absent) {
+  if (expected_mod_revision < 0)
+    return make_error(errc::invalid_argument, "etcd put_if_absent: negative mod_revision");
+  if (absent.size() > 64)
+    return make_error(errc::invalid_argument, "etcd put_if_absent: too many keys");
+  json compare = json::array({{{"key", b64(key)},
+                               {"result", "EQUAL"},
+                               {"target", "MOD"},
+                               {"mod_revision", i64(expected_mod_revision)}}});
+  // A key that does not exist has version 0.
+  for (const auto& k : absent)
+    compare.push_back(
+        {{"key", b64(k)}, {"result", "EQUAL"}, {"target", "VERSION"}, {"version", i64(0)}});
+  json req = {
+      {"compare", std::move(compare)},
+      {"success", json::array({{{"request_put", {{"key", b64(key)}, {"value", b64(value)}}}}})},
+      {"failure", json::array({{{"request_range", {{"key", b64(key)}}}}})}};
+  std::string reply;
+  auto where = unary("kv/txn", req.dump(), retry::write, reply);
+  if (!where) return std::unexpected(std::move(where.error()));
+  return from(*where, etcd_reply::parse_txn(reply, key));
+}
+
 result<std::int64_t> etcd_coord::del(std::string_view key) {
   json req = {{"key", b64(key)}};
   std::string reply;

@@ -91,6 +91,9 @@ class etcd_coord final : public coord {
                            std::int64_t lease = 0) override;
   result<cas_result> put_if(std::string_view key, std::string_view value,
                             std::int64_t expected_mod_revision, std::int64_t lease = 0) override;
+  result<cas_result> put_if_absent(std::string_view key, std::string_view value,
+                                   std::int64_t expected_mod_revision,
+                                   const std::vector<std::string>& absent) override;
   result<std::int64_t> del(std::string_view key) override;
   result<lease_grant> grant_lease(std::chrono::seconds ttl) override;
   result<std::chrono::seconds> keep_alive(std::int64_t lease) override;

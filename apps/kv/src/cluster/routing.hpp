@@ -46,6 +46,9 @@ result<std::shared_ptr<const cluster_view>> make_view(shard_map map, std::string
 inline constexpr std::string_view err_crossslot =
     "CROSSSLOT Keys in request don't hash to the same slot";
 inline constexpr std::string_view err_slot_not_served = "CLUSTERDOWN Hash slot not served";
+// A node past its fencing deadline (controller.hpp).
+inline constexpr std::string_view err_fenced =
+    "CLUSTERDOWN The cluster is down: this node's lease in etcd is not confirmed";
 
 // "" when a command with these keys may run on this node; otherwise the error
 // reply's text. `view` null: no map yet. replica_read: the command only

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "cluster/controller.hpp"
 #include "cluster/routing.hpp"
 
 namespace conveyor::kv::repl {
@@ -67,6 +68,11 @@ void node_role::set_view(const cluster::cluster_view& v) {
   ro.password = exec_.config().requirepass;
   ro.limits = opts_.limits;
   ro.log = opts_.log;
+  if (opts_.report)
+    ro.on_link = [report = opts_.report, shard = sh->id, from = sh->primary](
+                     bool up, std::uint64_t offset, bool synced) {
+      report(cluster::offset_report{shard, from, offset, up, synced});
+    };
   auto r = replica::start(dev_, pd_, loop_, exec_, std::move(ro));
   if (!r) {
     if (opts_.log) opts_.log("replication: " + r.error().to_string());

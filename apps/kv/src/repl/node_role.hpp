@@ -22,7 +22,8 @@ namespace conveyor::kv {
 class server_loop;
 namespace cluster {
 struct cluster_view;
-}
+struct offset_report;
+}  // namespace cluster
 }  // namespace conveyor::kv
 
 namespace conveyor::kv::repl {
@@ -31,6 +32,9 @@ struct role_options {
   primary_options primary;  // the listener's address, bounds, log
   parser_limits limits;     // a replica's record bounds
   std::function<void(const std::string&)> log;
+  // As a replica: each time the link to the primary goes up or down, what
+  // to publish for the controller (cluster_node::report_offset). Null: none.
+  std::function<void(const cluster::offset_report&)> report;
 };
 
 class node_role {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "aof.hpp"
@@ -67,6 +68,8 @@ struct primary::impl {
   std::uint64_t backlog_start = 0;
   std::string shard_id;
   std::vector<std::string> replicas, in_sync;
+  std::vector<std::string> map_isr, joined;  // in_sync: the map's isr and these
+  std::set<std::string, std::less<>> join_asked;
   std::map<std::string, std::string, std::less<>> resp;  // replica id -> its RESP address
   std::vector<server_loop::callback_id> callbacks;
   std::string scratch;
@@ -76,6 +79,10 @@ struct primary::impl {
     address = lis.address();
     sync.timeout_ms = opts.ack_timeout_ms;
     sync.in_sync = [this] { return in_sync.size(); };
+  }
+
+  static bool contains(const std::vector<std::string>& v, std::string_view id) {
+    return std::find(v.begin(), v.end(), id) != v.end();
   }
 
   void say(const std::string& line) const {
@@ -161,6 +168,11 @@ struct primary::impl {
     if (!pass_ok) {
       say("replication: refused a link from " + k.peer + " (node " + k.node_id.substr(0, 8) +
           "): wrong password (replicas present the cluster's requirepass)");
+      return close(k);
+    }
+    if (exec.fenced()) {  // it may have been replaced: no replica follows it
+      say("replication: refused a link from " + k.peer + " (node " + k.node_id.substr(0, 8) +
+          "): this node is fenced");
       return close(k);
     }
     if (k.shard_id != shard_id || !is_replica(k.node_id)) {
@@ -259,8 +271,19 @@ struct primary::impl {
       k.caught_up = true;
       say("replication: replica " + k.node_id.substr(0, 8) + " caught up at offset " +
           std::to_string(k.ack));
+      if (!contains(in_sync, k.node_id) && is_replica(k.node_id)) {
+        joined.push_back(k.node_id);
+        in_sync.push_back(k.node_id);
+      }
     }
     advance();
+    if (k.caught_up && contains(joined, k.node_id) && k.ack >= sync.acked &&
+        !join_asked.contains(k.node_id)) {
+      join_asked.insert(k.node_id);
+      say("replication: replica " + k.node_id.substr(0, 8) +
+          " holds every acknowledged write: asking for it to join the in-sync set");
+      if (opts.on_join) opts.on_join(k.node_id);
+    }
   }
 
   // Sends what the link may: the snapshot, then the stream, one message per
@@ -449,9 +472,23 @@ void primary::set_shard(std::string shard_id, std::vector<std::string> replicas,
                         std::vector<std::string> in_sync,
                         std::map<std::string, std::string, std::less<>> resp) {
   p_->resp = std::move(resp);
+  if (shard_id != p_->shard_id) {  // a new role: nothing joined under the old one counts
+    p_->joined.clear();
+    p_->join_asked.clear();
+  }
   p_->shard_id = std::move(shard_id);
   p_->replicas = std::move(replicas);
-  p_->in_sync = std::move(in_sync);
+  p_->map_isr = std::move(in_sync);
+  // Those that joined here stay in sync (replies wait for them) while they
+  // are replicas and the map does not yet say so.
+  std::vector<std::string> still;
+  for (auto& id : p_->joined)
+    if (p_->is_replica(id) && !impl::contains(p_->map_isr, id)) still.push_back(std::move(id));
+  p_->joined = std::move(still);
+  for (auto it = p_->join_asked.begin(); it != p_->join_asked.end();)
+    it = impl::contains(p_->joined, *it) ? std::next(it) : p_->join_asked.erase(it);
+  p_->in_sync = p_->map_isr;
+  p_->in_sync.insert(p_->in_sync.end(), p_->joined.begin(), p_->joined.end());
   for (auto& [id, k] : p_->links)
     if (k->shard_id != p_->shard_id || !p_->is_replica(k->node_id)) p_->close(*k);
   p_->advance();

@@ -21,6 +21,12 @@
 // The stream's bytes are kept until every link has sent them (and at most
 // max_lag of them).
 //
+// A replica of the shard outside the map's isr whose link finished its
+// snapshot joins the in-sync set here at once (acked stops growing until it
+// reaches it); once its ack reaches acked, it holds every acknowledged write,
+// and on_join asks for the map to say so. The in-sync set is the map's isr
+// and these, until the node stops being the shard's primary.
+//
 // `acked` is the least offset that every replica in the in-sync set (the
 // map's isr, less this node) has acknowledged, over its current link after
 // its snapshot; it never goes back. With no in-sync replica it is the offset.
@@ -55,6 +61,10 @@ struct primary_options {
   std::uint32_t max_links = 32;
   std::int64_t ack_timeout_ms = 5000;           // sync_point::timeout_ms
   std::function<void(const std::string&)> log;  // one line; null: silent
+  // A replica outside the map's isr caught up (holds every acknowledged
+  // write, and every reply from now on waits for it too): ask for it to be
+  // added to the map's isr (cluster_node::request_isr_add). Loop thread.
+  std::function<void(const std::string& node_id)> on_join;
 };
 
 class primary final : public record_sink {

@@ -67,6 +67,7 @@ struct replica::impl {
   std::uint64_t syncs = 0;
   clock::time_point last_io = clock::now(), down_since = clock::now();
   std::string last_error;
+  server_loop::callback_id timer = 0;
 
   impl(device& d, protection_domain& p, server_loop& l, executor& e, replica_options o)
       : dev(d), pd(p), loop(l), exec(e), opts(std::move(o)), parser(opts.limits) {}
@@ -162,6 +163,7 @@ struct replica::impl {
     loop.add_fd(link->cq.fd(), EPOLLIN, [this](unsigned) { on_ready(); });
     link->cq.arm();
     say("replication: connected to primary " + opts.primary + ", waiting for its snapshot");
+    if (opts.on_link) opts.on_link(true, 0, false);
     on_ready();
   }
 
@@ -187,6 +189,7 @@ struct replica::impl {
     last_error = why;
     down_since = clock::now();
     say("replication: link to primary " + opts.primary + " closed: " + why);
+    if (opts.on_link) opts.on_link(false, applied, ph == phase::streaming);
     loop.post([this, a = std::weak_ptr<bool>(alive)] {
       if (!a.lock() || !link) return;
       loop.remove_fd(link->cq.fd());
@@ -246,6 +249,7 @@ struct replica::impl {
         ph = phase::streaming;
         parser = request_parser(opts.limits);
         stream_base = applied = snap_offset;
+        if (opts.on_link) opts.on_link(true, applied, true);
         fed = 0;
         ++syncs;
         say("replication: snapshot applied (" + std::to_string(exec.data().size()) +
@@ -332,6 +336,7 @@ replica::~replica() {
     p_->cv.notify_all();
   }
   if (p_->connector.joinable()) p_->connector.join();
+  p_->loop.cancel(p_->timer);
   p_->alive.reset();
   if (p_->link) p_->loop.remove_fd(p_->link->cq.fd());
   p_->link.reset();
@@ -345,6 +350,11 @@ result<std::unique_ptr<replica>> replica::start(device& dev, protection_domain& 
   auto p = std::make_unique<impl>(dev, pd, loop, exec, std::move(opts));
   auto* raw = p.get();
   std::unique_ptr<replica> out(new replica(std::move(p)));
+  raw->timer = loop.every(std::chrono::milliseconds(250), [raw] {
+    if (raw->link && !raw->link->closing && clock::now() - raw->last_io > raw->opts.silence_timeout)
+      raw->fail("nothing from the primary for " +
+                std::to_string(raw->opts.silence_timeout.count()) + " ms");
+  });
   raw->connector = std::thread([raw] { raw->connect_loop(); });
   ::pthread_setname_np(raw->connector.native_handle(), "kv-repl-connect");
   return out;

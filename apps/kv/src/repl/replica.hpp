@@ -44,7 +44,19 @@ struct replica_options {
   std::string password;  // presented to the primary: the cluster's requirepass
   parser_limits limits;  // the records' bounds (the store's key and value sizes)
   std::size_t max_block_bytes = std::size_t{512} << 20;  // one MULTI ... EXEC block
-  std::chrono::milliseconds connect_timeout{2000};
+  // Also how long a map change that ends this link can wait for an attempt
+  // in flight (the destructor joins the connector): a promotion waits on it.
+  std::chrono::milliseconds connect_timeout{500};
+  // A link that brings nothing for this long is closed (the primary pings
+  // each second): a hung primary (SIGSTOP) breaks its replicas' links, so
+  // they report their offsets (on_link) for the controller's failover.
+  std::chrono::milliseconds silence_timeout{2000};
+  // The link went up (offset 0, synced false: a snapshot replaces the
+  // keyspace next), finished its snapshot (up, the snapshot's offset, synced)
+  // or went down (the offset applied from this primary's stream, and whether
+  // the keyspace is whole: streaming, not inside a snapshot).
+  // Loop thread. Null: none.
+  std::function<void(bool up, std::uint64_t offset, bool synced)> on_link;
   std::function<void(const std::string&)> log;  // one line; null: silent
 };
 

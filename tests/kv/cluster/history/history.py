@@ -242,7 +242,10 @@ class Recorder:
         with no complete time (a client that never came back)."""
         with self._lock:
             ops = list(self._ops)
-            ops += [Op(p.id, p.client, p.key, p.kind, p.value, p.invoke, None, UNKNOWN, "pending")
+            # A pending read has no value yet (ok() may be setting it on
+            # another thread: it is read here only for writes).
+            ops += [Op(p.id, p.client, p.key, p.kind, None if p.kind == READ else p.value,
+                       p.invoke, None, UNKNOWN, "pending")
                     for p in self._pending.values()]
         ops.sort(key=lambda o: o.id)
         return ops

@@ -1,0 +1,172 @@
+// Failover and fencing decisions (controller.hpp).
+#include "cluster/controller.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "cluster/cluster_node.hpp"
+
+namespace conveyor::kv::cluster {
+
+using json = nlohmann::json;
+
+std::string controller_key(std::string_view cluster_name) {
+  return cluster_prefix(cluster_name) + "controller";
+}
+std::string offsets_prefix(std::string_view cluster_name) {
+  return cluster_prefix(cluster_name) + "offsets/";
+}
+
+std::string to_json(const offset_report& r) {
+  json j = {{"shard", r.shard},
+            {"primary", r.primary},
+            {"offset", r.offset},
+            {"link_up", r.link_up},
+            {"synced", r.synced}};
+  return j.dump();
+}
+
+result<offset_report> parse_offset_report(std::string_view text) {
+  auto bad = [](std::string what) {
+    return make_error(errc::invalid_argument, "offset report: " + std::move(what));
+  };
+  if (text.size() > 1024) return bad("over 1 KiB");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return bad("not a JSON object");
+  if (j.size() != 5) return bad("not exactly shard, primary, offset, link_up, synced");
+  offset_report r;
+  for (const auto& [k, v] : j.items()) {
+    if (k == "shard" || k == "primary") {
+      if (!v.is_string() || !valid_id(v.get_ref<const std::string&>()))
+        return bad(k + " is not an id");
+      (k == "shard" ? r.shard : r.primary) = v.get<std::string>();
+    } else if (k == "offset") {
+      if (!v.is_number_unsigned()) return bad("offset is not an unsigned integer");
+      r.offset = v.get<std::uint64_t>();
+    } else if (k == "link_up" || k == "synced") {
+      if (!v.is_boolean()) return bad(k + " is not a boolean");
+      (k == "link_up" ? r.link_up : r.synced) = v.get<bool>();
+    } else {
+      return bad("unknown field");
+    }
+  }
+  if (r.shard.empty() || r.primary.empty()) return bad("missing shard or primary");
+  return r;
+}
+
+namespace {
+
+bool contains(const std::vector<std::string>& v, std::string_view s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// `sh` with `to` as its primary: the isr is `to` and the other members of
+// `keep` (in the old order); the old primary joins the replicas, out of sync.
+void promote(shard& sh, const std::string& to, const std::vector<std::string>& keep) {
+  const std::string old = sh.primary;
+  std::vector<std::string> isr{to};
+  for (const auto& id : keep)
+    if (id != to && id != old) isr.push_back(id);
+  std::vector<std::string> replicas;
+  for (const auto& id : sh.replicas)
+    if (id != to) replicas.push_back(id);
+  replicas.push_back(old);
+  sh.primary = to;
+  sh.isr = std::move(isr);
+  sh.replicas = std::move(replicas);
+}
+
+}  // namespace
+
+std::optional<failover_decision> decide_failover(
+    const shard_map& m, const std::map<std::string, node_registration, std::less<>>& live,
+    const std::map<std::string, offset_report, std::less<>>& reports,
+    const std::set<std::string, std::less<>>& grace_over) {
+  failover_decision d;
+  d.map = m;
+  for (auto& sh : d.map.shards) {
+    if (live.contains(sh.primary)) continue;
+    std::optional<std::string> best;
+    std::uint64_t best_offset = 0;
+    bool waiting = false;
+    std::vector<std::string> keep;  // the live isr members
+    for (const auto& id : sh.isr) {
+      if (id == sh.primary || !live.contains(id)) continue;
+      keep.push_back(id);
+      auto r = reports.find(id);
+      const bool ours =
+          r != reports.end() && r->second.shard == sh.id && r->second.primary == sh.primary;
+      if (!ours || r->second.link_up) waiting = true;  // its final offset is still to come
+      if (!ours || !r->second.synced) continue;
+      const auto off = r->second.offset;
+      if (!best || off > best_offset || (off == best_offset && id < *best)) {
+        best = id;
+        best_offset = off;
+      }
+    }
+    if (!best || (waiting && !grace_over.contains(sh.id))) continue;
+    d.deposed.push_back(sh.primary);
+    d.promoted.push_back(*best);
+    promote(sh, *best, keep);
+  }
+  bool moved = false;
+  for (auto& n : d.map.nodes) {
+    auto r = live.find(n.id);
+    if (r == live.end()) continue;
+    node_info now{n.id, r->second.resp, r->second.rdma, r->second.repl};
+    if (now != n) {
+      n = std::move(now);
+      moved = true;
+    }
+  }
+  if (d.deposed.empty() && !moved) return std::nullopt;
+  if (!validate(d.map)) return std::nullopt;
+  ++d.map.epoch;
+  return d;
+}
+
+result<failover_decision> manual_failover(const shard_map& m, std::string_view shard_id,
+                                          std::string_view to) {
+  failover_decision d;
+  d.map = m;
+  for (auto& sh : d.map.shards) {
+    if (sh.id != shard_id) continue;
+    if (sh.primary == to)
+      return make_error(errc::invalid_argument, "the node is already the shard's primary");
+    if (!contains(sh.isr, to))
+      return make_error(errc::invalid_argument,
+                        "the node is not in the shard's in-sync set: promoting it could lose "
+                        "acknowledged writes");
+    d.deposed.push_back(sh.primary);
+    d.promoted.emplace_back(to);
+    promote(sh, std::string(to), sh.isr);
+    ++d.map.epoch;
+    return d;
+  }
+  return make_error(errc::not_found, "no shard with that id in the map");
+}
+
+std::optional<shard_map> add_to_isr(const shard_map& m, std::string_view primary,
+                                    std::string_view replica) {
+  shard_map out = m;
+  for (auto& sh : out.shards) {
+    if (sh.primary != primary) continue;
+    if (!contains(sh.replicas, replica) || contains(sh.isr, replica)) return std::nullopt;
+    sh.isr.emplace_back(replica);
+    ++out.epoch;
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::chrono::milliseconds fence_margin(std::chrono::seconds ttl) noexcept {
+  const auto t = std::chrono::duration_cast<std::chrono::milliseconds>(ttl);
+  return std::min(std::max(t / 5, std::chrono::milliseconds(300)), t / 2);
+}
+
+std::chrono::steady_clock::time_point fence_deadline(std::chrono::steady_clock::time_point sent,
+                                                     std::chrono::seconds ttl) noexcept {
+  return sent + ttl - fence_margin(ttl);
+}
+
+}  // namespace conveyor::kv::cluster

@@ -1,0 +1,116 @@
+// conveyor::kv::cluster — failover and fencing as pure functions (issue 35,
+// docs/KV-CLUSTER.md "Failover and fencing"): what the controller decides
+// from the map, the live registrations and the replicas' offset reports; how
+// a primary adds a caught-up replica back to its in-sync set; and the fencing
+// deadline a node computes from its lease renewals.
+//
+//   auto next = decide_failover(map, live, reports, grace_over);
+//   if (next) coord.put_if_absent(config, to_json(next->map), rev, next->deposed);
+//
+// The controller is whichever node holds the `controller` key (created only
+// if absent, bound to its lease; cluster_node.cpp runs it). etcd alone decides
+// who is alive (a registration is its lease) and which map holds (CAS on the
+// config key's mod_revision); these functions only compute the next map.
+//
+// Why promoting an in-sync replica loses no acknowledged write: a primary
+// acknowledges a write only once every member of its in-sync set has
+// acknowledged (applied) it, and its in-sync set always contains the map's
+// isr (it adds a replica locally before it asks for it to be added to the
+// map, and only after that replica holds every acknowledged write). So every
+// member of the map's isr holds every acknowledged write, as long as its
+// keyspace is whole: a replica that broke its link while applying a snapshot
+// (its keyspace was emptied) reports synced=false and is never promoted.
+// Among the candidates the highest applied offset is chosen (it holds the
+// most of the writes that were applied but not acknowledged, which READONLY
+// readers may have seen). A promoted replica drops its link to the old
+// primary before it accepts a write, so the old primary can acknowledge
+// nothing more (the promoted node was in its in-sync set).
+//
+// Plain values and pure functions: thread-compatible.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <conveyor/error.hpp>
+
+#include "cluster/shard_map.hpp"
+
+namespace conveyor::kv::cluster {
+
+std::string controller_key(std::string_view cluster_name);  // ".../controller"
+std::string offsets_prefix(std::string_view cluster_name);  // ".../offsets/"
+
+// What a replica publishes under offsets/<its id>, bound to its lease, each
+// time its link to its primary goes up (link_up, synced false: its keyspace
+// is about to be replaced by a snapshot), finishes its snapshot (link_up,
+// synced, the snapshot's offset) or goes down (the offset it applied from
+// that primary's stream, and whether its keyspace is whole: it was streaming,
+// not in the middle of a snapshot).
+struct offset_report {
+  std::string shard;    // 40 hex
+  std::string primary;  // 40 hex: the primary the offset counts in
+  std::uint64_t offset = 0;
+  bool link_up = false;
+  bool synced = false;
+  friend bool operator==(const offset_report&, const offset_report&) = default;
+};
+std::string to_json(const offset_report& r);
+// Hostile input: exactly the fields above, ids valid, at most 1 KiB.
+result<offset_report> parse_offset_report(std::string_view text);
+
+struct failover_decision {
+  shard_map map;                      // the next map (epoch + 1)
+  std::vector<std::string> deposed;   // the primaries replaced: their registrations
+                                      // must still be absent when the map is written
+  std::vector<std::string> promoted;  // one per deposed primary, same order
+};
+
+// The controller's rule. For each shard whose primary has no registration
+// (not in `live`): the candidates are the live members of its isr (not the
+// primary) whose report names this shard and primary with the keyspace
+// whole. It waits (no change for that shard) while a live isr replica has no
+// such report with the link down (its final offset), unless the shard is in
+// `grace_over` (it waited long enough: then it chooses among the candidates,
+// a link still up counting with its snapshot's offset). The chosen
+// one (highest offset, then lowest id) becomes the primary; the isr becomes
+// it and the other live isr members; the old primary becomes a replica (not
+// in sync: it catches up when it returns). Also, a node of the map whose
+// live registration gives other addresses (it restarted on another
+// replication port) gets them. nullopt: nothing to change. `live`: the
+// registrations by node id. The map must be valid; so is the result.
+std::optional<failover_decision> decide_failover(
+    const shard_map& m, const std::map<std::string, node_registration, std::less<>>& live,
+    const std::map<std::string, offset_report, std::less<>>& reports,
+    const std::set<std::string, std::less<>>& grace_over);
+
+// A manual failover (`conveyor kv cluster failover`): the shard's primary
+// replaced by `to` (a live isr member of it), epoch + 1, the old primary
+// kept as a replica outside the isr. Errors name why not.
+result<failover_decision> manual_failover(const shard_map& m, std::string_view shard_id,
+                                          std::string_view to);
+
+// The map with `replica` added to the isr of the shard whose primary is
+// `primary` (epoch + 1), or nullopt when that is no longer so (another
+// primary, not a replica of it, already in sync).
+std::optional<shard_map> add_to_isr(const shard_map& m, std::string_view primary,
+                                    std::string_view replica);
+
+// Fencing. A node renews its lease by sending a keep-alive at `sent` (its
+// monotonic clock, read before the request left); etcd restarts the lease's
+// TTL when the request arrives, so the lease cannot expire before sent + ttl
+// on etcd's clock. The node stops acknowledging and serving at
+// sent + ttl - fence_margin(ttl): the margin covers the two clocks' rate
+// difference (assumed under 1 %, NTP's slew is 0.05 %) and the time between
+// the loop's check and a reply leaving (a loop iteration), with room.
+std::chrono::milliseconds fence_margin(std::chrono::seconds ttl) noexcept;
+std::chrono::steady_clock::time_point fence_deadline(std::chrono::steady_clock::time_point sent,
+                                                     std::chrono::seconds ttl) noexcept;
+
+}  // namespace conveyor::kv::cluster

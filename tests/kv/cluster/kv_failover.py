@@ -1,0 +1,343 @@
+#!/usr/bin/python3
+"""conveyor-kv's failover and fencing (issue 35), against the real binary: a
+real etcd and a 1-shard x 1-replica cluster with a 2 s lease. Concurrent
+clients write unique values and read a few keys, recording invoke and
+complete times (history.py), while the test
+  - SIGKILLs the primary: the controller promotes the replica once the
+    primary's lease expires, clients follow -MOVED to it; the killed node is
+    restarted, rejoins as a replica, catches up and is added back to the
+    in-sync set (so it can be promoted in the next round);
+  - SIGSTOPs the primary for twice the lease, then SIGCONTs it: a GET and a
+    SET it had in its socket while stopped are answered with an error
+    (-CLUSTERDOWN from its fence, or -MOVED once it read the new map), never
+    with a value or OK; it then rejoins as a replica.
+After the rounds: a per-key linearizability check of the whole history and a
+read-back of every key: 0 violations and 0 acknowledged writes lost. Each
+round prints its failover time (the fault to the first acknowledged write
+invoked after it).
+
+KV_FAILOVER_KILLS / KV_FAILOVER_STOPS set the rounds (default 6 and 3, about
+40 s; the soak in docs/KV-CLUSTER.md ran more); KV_FAILOVER_LOGS=1 prints the
+nodes' logs at the end. Every process is started here
+and stopped here; every wait is bounded.
+
+Usage: kv_failover.py CONVEYOR_BINARY [unittest args...]
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+import unittest
+
+import redis
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "history"))
+import kv_cluster  # noqa: E402
+from kv_cluster import wait_until  # noqa: E402
+import history  # noqa: E402
+import linearizability  # noqa: E402
+
+NAME = kv_cluster.NAME
+LEASE_S = kv_cluster.LEASE_S
+KEYS = ["fo:%d" % i for i in range(24)]
+CLIENTS = 4
+
+
+def config(etcd):
+    return json.loads(etcd.get("/conveyor-kv/%s/config" % NAME))
+
+
+class Load:
+    """CLIENTS threads, each a single connection that follows -MOVED and moves
+    to another node on errors, writing unique values (75 %) and reading."""
+
+    def __init__(self, nodes):
+        self.rec = history.Recorder()
+        self.ports = [n.port for n in nodes]
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(CLIENTS)]
+        for t in self.threads:
+            t.start()
+
+    def run(self, i):
+        rnd = random.Random(i)
+        port = self.ports[i % len(self.ports)]
+        conn = None
+        n = 0
+        while not self.stop.is_set():
+            if conn is None:
+                try:
+                    conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                                       socket_connect_timeout=1, single_connection_client=True)
+                except (redis.RedisError, OSError):  # nothing was sent
+                    port = self.ports[(self.ports.index(port) + 1) % len(self.ports)]
+                    time.sleep(0.02)
+                    continue
+            key = rnd.choice(KEYS)
+            write = rnd.random() < 0.75
+            n += 1
+            value = "c%d-%d" % (i, n)
+            op = self.rec.record(client="c%d" % i, key=key, kind="write" if write else "read",
+                                 value=value if write else None)
+            try:
+                if write:
+                    conn.set(key, value)
+                    op.ok()
+                else:
+                    op.ok(conn.get(key))
+                continue
+            except redis.ResponseError as e:
+                msg = str(e)
+                # MOVED is answered before anything runs: the write did not
+                # happen. Anything else (CLUSTERDOWN from a fence, NOREPLICAS)
+                # may come after the write was applied: unknown.
+                if msg.startswith("MOVED") or not write:
+                    op.fail(msg[:100])
+                else:
+                    op.unknown(msg[:100])
+                if msg.startswith("MOVED"):
+                    port = int(msg.split()[2].rsplit(":", 1)[1])
+                else:
+                    port = self.ports[(self.ports.index(port) + 1) % len(self.ports)]
+                    time.sleep(0.02)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                if write:
+                    op.unknown(str(e)[:100])
+                else:
+                    op.fail(str(e)[:100])
+                port = self.ports[(self.ports.index(port) + 1) % len(self.ports)]
+                time.sleep(0.02)
+            try:
+                conn.close()
+            except Exception:
+                pass
+            conn = None
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        return self.rec.ops()
+
+    def first_ack_after(self, t_ns, timeout):
+        """Seconds from t_ns to the completion of the first acknowledged write
+        invoked after it (waits up to `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            acks = [o.complete for o in self.rec.ops()
+                    if o.kind == "write" and o.outcome == "ok" and o.invoke >= t_ns]
+            if acks:
+                return (min(acks) - t_ns) / 1e9
+            time.sleep(0.05)
+        raise AssertionError("no write acknowledged within %s s of the fault" % timeout)
+
+
+class Failover(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.etcd, cls.dir, cls.nodes = kv_cluster.start_cluster(
+            "conveyor-kv-failover.", 2, 1, 1, "--repl-timeout-ms", "1000", "--rdma-listen",
+            "127.0.0.1:0")
+        try:
+            cls.by_id = {n.id: n for n in cls.nodes}
+            wait_until(lambda: cls.in_sync(2), 20, "both nodes in the in-sync set")
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        problems = [n.stop() for n in getattr(cls, "nodes", [])]
+        if os.environ.get("KV_FAILOVER_LOGS"):
+            for n in getattr(cls, "nodes", []):
+                print("---- node %d\n%s" % (n.port, n.read_log()[-6000:]), file=sys.stderr)
+        cls.etcd.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+        problems = [p for p in problems if p]
+        if problems:
+            raise AssertionError("\n".join(problems))
+
+    @classmethod
+    def in_sync(cls, n):
+        try:
+            return len(config(cls.etcd)["shards"][0]["isr"]) == n
+        except Exception:
+            return False
+
+    def primary(self):
+        return self.by_id[config(self.etcd)["shards"][0]["primary"]]
+
+    def rejoin(self, node, old_epoch):
+        """The node restarted (or resumed) is a replica again, caught up and
+        back in the in-sync set, under a newer map."""
+        wait_until(lambda: self.in_sync(2) and config(self.etcd)["epoch"] > old_epoch
+                   and self.primary() is not node, 20,
+                   "node %d back in the in-sync set" % node.port)
+
+    def test_failover_under_load_loses_no_acknowledged_write(self):
+        kills = int(os.environ.get("KV_FAILOVER_KILLS", "6"))
+        stops = int(os.environ.get("KV_FAILOVER_STOPS", "3"))
+        load = Load(self.nodes)
+        times = {"kill": [], "stop": []}
+        try:
+            rounds = ["kill"] * kills + ["stop"] * stops
+            for r, kind in enumerate(rounds):
+                time.sleep(0.5)  # writes flow to the current primary
+                old = self.primary()
+                epoch = config(self.etcd)["epoch"]
+                if kind == "kill":
+                    t = time.monotonic_ns()
+                    old.proc.send_signal(signal.SIGKILL)
+                    old.proc.wait(10)
+                    took = load.first_ack_after(t, 20)
+                    old.log.close()
+                    old.start()
+                else:
+                    took = self.stop_round(load, old)
+                times[kind].append(took)
+                print("round %d (%s): failover in %.2f s (lease %d s)" % (r + 1, kind, took, LEASE_S),
+                      file=sys.stderr, flush=True)
+                self.rejoin(old, epoch)
+            time.sleep(0.5)
+        finally:
+            ops = load.finish()
+        self.verify(ops)
+        for kind, ts in times.items():
+            if ts:
+                print("failover after %s: min %.2f s, max %.2f s, mean %.2f s over %d rounds" %
+                      (kind, min(ts), max(ts), sum(ts) / len(ts), len(ts)), file=sys.stderr)
+                # Issue 35's aim is the lease + 1 s (about 2 s and 3 s here on
+                # an idle machine); a hung primary's replica needs 2 s of
+                # silence to report, and CI's 2 cores are shared: the bounds
+                # leave room for a loaded machine, and still catch a failover
+                # that waits for the controller's 4 s grace or never comes.
+                self.assertLess(max(ts), LEASE_S + (2 if kind == "kill" else 4), ts)
+
+    def test_etcd_stopped_fences_the_nodes_within_the_lease(self):
+        """etcd stopped: no node can renew its lease, so each fences itself
+        before etcd could expire it (and so before any failover could
+        happen): RESP answers -CLUSTERDOWN (no read of a value the node can no
+        longer vouch for, no write acknowledged), RDMA connections are refused
+        (one-sided GET and the write RPC); etcd back, the cluster serves
+        again."""
+        wait_until(lambda: self.in_sync(2), 20, "both nodes in the in-sync set")
+        p = self.primary()
+
+        def primary_serves():
+            try:
+                return p.client().set("fence:k", "v1")
+            except redis.RedisError:
+                return False
+        wait_until(primary_serves, 20, "the primary serving writes")
+        reg = json.loads(self.etcd.get("/conveyor-kv/%s/nodes/%s" % (NAME, p.id)))
+        rdma = reg["rdma"]
+        p.client().set("fence:k", "v1")
+        r = kv_cluster.run("kv", "get", "--address", rdma, "fence:k", timeout=20)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "v1"), r.stderr)
+        c = redis.Redis(host="127.0.0.1", port=p.port, socket_timeout=2,
+                        single_connection_client=True)
+        t0 = time.monotonic()
+        self.etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            fenced_at = None
+            while time.monotonic() - t0 < 5:
+                try:
+                    self.assertEqual(c.get("fence:k"), b"v1")
+                except redis.ResponseError as e:
+                    self.assertTrue(str(e).startswith("CLUSTERDOWN"), str(e))
+                    fenced_at = time.monotonic() - t0
+                    break
+                time.sleep(0.01)
+            self.assertIsNotNone(fenced_at, "still serving 5 s after etcd stopped")
+            # The last renewal was sent before etcd stopped: the fence falls at
+            # most TTL - margin (1.6 s) after it.
+            self.assertLess(fenced_at, LEASE_S)
+            with self.assertRaises(redis.ResponseError) as w:
+                c.set("fence:k", "v2")
+            self.assertIn("CLUSTERDOWN", str(w.exception))
+            r = kv_cluster.run("kv", "get", "--address", rdma, "fence:k", timeout=20)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertNotIn("v1", r.stdout)
+            r = kv_cluster.run("kv", "set", "--address", rdma, "fence:k", "v3", timeout=20)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            print("etcd stopped: the primary fenced after %.2f s (lease %d s)" % (fenced_at, LEASE_S),
+                  file=sys.stderr)
+        finally:
+            self.etcd.proc.send_signal(signal.SIGCONT)
+        c.close()
+
+        def serving():
+            try:
+                q = self.primary()
+                q.client().set("fence:k", "v4")
+                return q.client().get("fence:k") == b"v4"
+            except (redis.RedisError, OSError, ValueError, KeyError):
+                return False
+        wait_until(serving, 20, "the cluster serving again after etcd came back")
+        wait_until(lambda: self.in_sync(2), 20, "both nodes in the in-sync set again")
+
+    def stop_round(self, load, old):
+        """SIGSTOP the primary for twice the lease; what it had in its socket
+        meanwhile must be answered with an error after SIGCONT."""
+        probe_key = random.choice(KEYS)
+        probe = socket.create_connection(("127.0.0.1", old.port), timeout=5)
+        t = time.monotonic_ns()
+        old.proc.send_signal(signal.SIGSTOP)
+        try:
+            took = load.first_ack_after(t, 2 * LEASE_S + 6)
+            # A write acknowledged by the new primary for the probe's key, so
+            # that a stale GET would show.
+            newp = self.primary()
+            self.assertIsNot(newp, old)
+            fresh = "fresh-%d" % t
+            with load.rec.record(client="probe", key=probe_key, kind="write", value=fresh) as op:
+                newp.client().set(probe_key, fresh)
+                op.ok()
+            left = t / 1e9 + 2 * LEASE_S - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+            probe.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(probe_key), probe_key.encode()) +
+                          b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$5\r\nstale\r\n" %
+                          (len(probe_key), probe_key.encode()))
+        finally:
+            old.proc.send_signal(signal.SIGCONT)
+        f = probe.makefile("rb")
+        t_cont = time.monotonic()
+        replies = [f.readline(), f.readline()]
+        fenced_in = time.monotonic() - t_cont
+        probe.close()
+        for rep in replies:
+            self.assertTrue(rep.startswith(b"-CLUSTERDOWN") or rep.startswith(b"-MOVED"),
+                            "the resumed primary answered %r" % rep)
+        print("  resumed primary answered %s in %.3f s" %
+              ([r.split()[0].decode() for r in replies], fenced_in), file=sys.stderr)
+        return took
+
+    def verify(self, ops):
+        p = self.primary().client()
+        final = {}
+        for k in KEYS:
+            v = p.get(k)
+            final[k] = None if v is None else v.decode()
+        acked = sum(1 for o in ops if o.kind == "write" and o.outcome == "ok")
+        unknown = sum(1 for o in ops if o.outcome == "unknown")
+        res = linearizability.check(ops)
+        lost = linearizability.lost_writes(ops, final)
+        print("history: %d operations, %d acknowledged writes, %d unknown; %s; %d lost" %
+              (len(ops), acked, unknown, res.report().splitlines()[0], len(lost)), file=sys.stderr)
+        self.assertGreater(acked, 100)
+        self.assertEqual(res.violations, [], res.report())
+        self.assertEqual(res.undecided, [])
+        self.assertEqual(lost, [], "\n".join(map(str, lost[:10])))
+
+
+if __name__ == "__main__":
+    kv_cluster.BIN = sys.argv.pop(1)
+    unittest.main(verbosity=2)
