@@ -81,7 +81,12 @@ TEST_P(kv_rdma_one_read, a_remembered_key_is_one_read_and_mget_of_16_posts_16_re
   }
   for (const auto& k : keys) ASSERT_TRUE(c->get(k).value());  // buckets, then the item
   const auto first = c->stats();
-  EXPECT_EQ(first.rounds[1], 50u);
+  // Never one round (nothing remembered yet); two, or three when another
+  // key's slot in the same groups has the same 7-bit tag and is read first
+  // (the server's hash seed is random: about one run in fifty under ASan).
+  EXPECT_EQ(first.rounds[0], 0u);
+  EXPECT_EQ(first.rounds[1] + first.rounds[2], 50u);
+  EXPECT_GE(first.rounds[1], 45u);
   EXPECT_EQ(first.one_read, 0u);
   for (int i = 0; i < 50; ++i) {
     auto v = c->get(keys[i]).value();
@@ -103,7 +108,8 @@ TEST_P(kv_rdma_one_read, a_remembered_key_is_one_read_and_mget_of_16_posts_16_re
   auto plain = must(kv::client::connect(GetParam() + ":kvc", s.rdma->address(), off));
   for (int n = 0; n < 2; ++n) ASSERT_TRUE(plain->get(keys[0]).value());
   EXPECT_EQ(plain->stats().one_read, 0u);
-  EXPECT_EQ(plain->stats().rounds[1], 2u);
+  EXPECT_EQ(plain->stats().rounds[0], 0u);
+  EXPECT_EQ(plain->stats().rounds[1] + plain->stats().rounds[2], 2u);  // a tag collision: three
 }
 
 // One cache per store in a process: what one client learnt, another uses at
