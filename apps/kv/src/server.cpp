@@ -214,11 +214,6 @@ int serve(const server_options& so) {
   ro.limits.max_buffered = sto.max_value + sto.max_key + (1u << 20);
   resp_server resp(loop, exec, ro);
   std::string why;
-  if (!resp.listen(why)) {
-    loop.remove_fd(sfd);
-    return fail(why);
-  }
-  cfg.port = resp.port();  // INFO's tcp_port, CONFIG GET port: the port bound
   // The RDMA front end: one-sided GETs need nothing of this process's threads;
   // write RPCs run through the same executor, the AOF flushed before each reply.
   std::unique_ptr<rdma_server> rdma;
@@ -261,6 +256,14 @@ int serve(const server_options& so) {
       t += "rdma_read_bytes_served:" + std::to_string(sv.read_bytes) + "\r\n";
     };
   }
+  // The RESP port last: a client (or a script) that sees it answer finds the
+  // RDMA front end listening too (python.kv's wrong-password case was once
+  // refused by the RDMA address when it connected right after the port).
+  if (!resp.listen(why)) {
+    loop.remove_fd(sfd);
+    return fail(why);
+  }
+  cfg.port = resp.port();  // INFO's tcp_port, CONFIG GET port: the port bound
 
   if (so.appendonly) {
     aof_options ao;
