@@ -243,3 +243,30 @@ TEST_F(cluster_node_etcd, etcd_going_away_is_logged_once_per_kind_and_stop_stays
 }
 
 }  // namespace cluster_node_test
+
+namespace cluster = conveyor::kv::cluster;
+
+// The registrations a range of nodes/ holds: valid ones under their own id's
+// key, in key order; one under another id's key and garbage are counted as bad
+// (the controller and `kv cluster status` read them the same way).
+TEST(cluster_node, registrations_in_keeps_valid_ones_under_their_own_key) {
+  const std::string prefix = cluster::nodes_prefix("c1");
+  cluster::node_registration a{
+      .id = std::string(40, 'a'), .resp = "127.0.0.1:7001", .boot_id = "b1"};
+  cluster::node_registration b{
+      .id = std::string(40, 'b'), .resp = "127.0.0.1:7002", .boot_id = "b2"};
+  std::vector<cluster::key_value> kvs(4);
+  kvs[0].key = prefix + a.id;
+  kvs[0].value = cluster::to_json(a);
+  kvs[1].key = prefix + std::string(40, 'c');  // b's registration under c's key
+  kvs[1].value = cluster::to_json(b);
+  kvs[2].key = prefix + b.id;
+  kvs[2].value = cluster::to_json(b);
+  kvs[3].key = prefix + std::string(40, 'd');
+  kvs[3].value = "{not json";
+  std::size_t bad = 0;
+  auto got = cluster::registrations_in(kvs, prefix, &bad);
+  EXPECT_EQ(got, (std::vector<cluster::node_registration>{a, b}));
+  EXPECT_EQ(bad, 2u);
+  EXPECT_TRUE(cluster::registrations_in({}, prefix).empty());
+}

@@ -41,14 +41,7 @@ result<registrations> read_registrations(etcd_coord& e, const std::string& name)
   auto r = e.range_prefix(prefix, static_cast<std::int64_t>(cluster::max_nodes));
   if (!r) return std::unexpected(r.error());
   registrations out;
-  for (const auto& kv : r->kvs) {
-    auto reg = cluster::parse_node_registration(kv.value);
-    if (!reg || kv.key != prefix + reg->id) {
-      ++out.bad;
-      continue;
-    }
-    out.nodes.push_back(std::move(*reg));
-  }
+  out.nodes = cluster::registrations_in(r->kvs, prefix, &out.bad);
   return out;
 }
 

@@ -84,6 +84,21 @@ std::string nodes_prefix(std::string_view name) {
   return cluster_prefix(name) + "nodes/";
 }
 
+std::vector<node_registration> registrations_in(const std::vector<key_value>& kvs,
+                                                std::string_view prefix, std::size_t* bad) {
+  std::vector<node_registration> out;
+  for (const auto& kv : kvs) {
+    auto reg = parse_node_registration(kv.value);
+    if (!reg || !kv.key.starts_with(prefix) ||
+        std::string_view(kv.key).substr(prefix.size()) != reg->id) {
+      if (bad) ++*bad;
+      continue;
+    }
+    out.push_back(std::move(*reg));
+  }
+  return out;
+}
+
 std::string random_id() {
   unsigned char b[20];
   if (!fill_random(b, sizeof b)) {
@@ -241,13 +256,7 @@ struct cluster_node::state {
     const auto np = nodes_prefix(opts.cluster_name);
     const auto op = offsets_prefix(opts.cluster_name);
     std::map<std::string, node_registration, std::less<>> live;
-    for (const auto& kv : nodes->kvs) {
-      std::string_view k = kv.key;
-      if (!k.starts_with(np)) continue;
-      k.remove_prefix(np.size());
-      auto r = parse_node_registration(kv.value);
-      if (r && r->id == k) live.emplace(std::string(k), std::move(*r));
-    }
+    for (auto& r : registrations_in(nodes->kvs, np)) live.emplace(r.id, std::move(r));
     std::map<std::string, offset_report, std::less<>> reports;
     for (const auto& kv : offs->kvs) {
       std::string_view k = kv.key;

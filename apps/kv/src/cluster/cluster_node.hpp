@@ -54,6 +54,7 @@
 #include <conveyor/error.hpp>
 
 #include "cluster/controller.hpp"
+#include "cluster/coord.hpp"
 #include "cluster/routing.hpp"
 
 namespace conveyor::kv::cluster {
@@ -63,6 +64,13 @@ bool valid_cluster_name(std::string_view name) noexcept;
 std::string cluster_prefix(std::string_view name);  // "/conveyor-kv/<name>/"
 std::string config_key(std::string_view name);      // ".../config"
 std::string nodes_prefix(std::string_view name);    // ".../nodes/"
+
+// The registrations in `kvs` (a range of `prefix`, nodes_prefix(name)) that
+// validate and sit under their own id's key, in key order; `bad`, when given,
+// counts the others.
+std::vector<node_registration> registrations_in(const std::vector<key_value>& kvs,
+                                                std::string_view prefix,
+                                                std::size_t* bad = nullptr);
 
 // The node id kept in `dir`/cluster-node.id (Redis keeps its id in
 // nodes.conf the same way): read when the file exists (it must hold 40
