@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "location_cache.hpp"
 #include "store_layout.hpp"
@@ -30,6 +31,8 @@ constexpr int max_restarts = 1000;
 constexpr int max_slow = 8;  // re-reads because a GET outlasted the grace time
 
 enum kind : std::uint64_t { k_group0 = 0, k_group1 = 1, k_item = 2 };
+// A READ of a cluster node's header words (store_layout.hpp): its wr_id.
+constexpr std::uint64_t header_wr_bit = 1ull << 62;
 
 struct lane {
   std::byte* groups = nullptr;  // 2 x 128 bytes, registered
@@ -50,6 +53,13 @@ struct lane {
   int restarts = 0, slow = 0, rounds = 0;
   bool suspect = false;
   bool remembered = false;  // the item READ in flight is at a remembered location
+  // A cluster node's answer waits for the header words READ after its data
+  // (the flush's header READ, number `seq`): the value stays in the lane.
+  bool ready = false, hit = false;
+  L::value_type type = L::value_type::string;
+  const std::byte* value = nullptr;
+  std::size_t value_len = 0;
+  std::uint64_t item_version = 0, seq = 0, need = 0;
 };
 
 class client_impl final : public client {
@@ -64,9 +74,11 @@ class client_impl final : public client {
         d_(d),
         opts_(std::move(o)),
         cache_(shared_location_cache(d_, opts_.location_cache)),
-        lanes_(lanes) {
-    pending_wr_.reserve(2 * lanes + 2);
-    pending_sge_.reserve(2 * lanes + 2);
+        lanes_(lanes),
+        cluster_((d_.flags & L::header_cluster) != 0),
+        headers_(cluster_ ? 2 * std::size_t{lanes} + 8 : 0) {
+    pending_wr_.reserve(2 * lanes + 4);
+    pending_sge_.reserve(2 * lanes + 4);
     for (std::uint32_t i = 0; i < lanes; ++i) {
       lanes_[i].groups = scratch_.data() + i * (2 * L::group_bytes + lane_item_bytes);
       lanes_[i].item = lanes_[i].groups + 2 * L::group_bytes;
@@ -75,6 +87,12 @@ class client_impl final : public client {
   }
 
   result<void> init_rpc() {
+    if (cluster_) {
+      header_buf_.assign(headers_ * L::header_words_bytes, std::byte{0});
+      auto h = pd_.register_memory(std::span(header_buf_), access::local_write);
+      if (!h) return std::unexpected(h.error());
+      header_mr_ = std::move(*h);
+    }
     const std::size_t m = std::max<std::size_t>(d_.max_message, 64);
     auto s =
         pd_.register_memory(std::span(send_buf_ = std::vector<std::byte>(m)), access::local_write);
@@ -364,6 +382,26 @@ class client_impl final : public client {
       ++stats_.rounds[std::min(lanes_[l].rounds, 4) - 1];
       free_lanes.push_back(l);
     };
+    // An answer: at once, or on a cluster node once the header words READ
+    // after the data vouch for it (judge_headers).
+    auto answer = [&](std::uint32_t l, bool hit, L::value_type t, const std::byte* p, std::size_t n,
+                      std::uint64_t version) {
+      auto& ln = lanes_[l];
+      if (!cluster_) {
+        if (hit) {
+          ++stats_.hits;
+          sink(ln.index, t, p, n);
+        }
+        return finish(l);
+      }
+      ln.ready = true;
+      ln.hit = hit;
+      ln.type = t;
+      ln.value = p;
+      ln.value_len = n;
+      ln.item_version = hit ? version : 0;
+    };
+    int header_only = 0;  // doorbells in a row that only read a cluster node's words
     while (done < keys.size()) {
       while (next < keys.size() && !free_lanes.empty()) {
         const auto l = free_lanes.back();
@@ -376,6 +414,8 @@ class client_impl final : public client {
         ln.restarts = 0;
         ln.slow = 0;
         ln.rounds = 0;
+        ln.ready = false;
+        ln.need = 0;
         ++stats_.gets;
         if (auto at = cache_ ? cache_->find(ln.hash) : std::nullopt;
             at && at->second <= d_.data.length && at->first <= d_.data.length - at->second) {
@@ -385,6 +425,20 @@ class client_impl final : public client {
           continue;
         }
         if (auto r = read_groups(l); !r) return r;
+      }
+      if (want_header_ && pending_wr_.empty()) {
+        // Only a GET waiting for replicas' acknowledgements: its own data is
+        // read, the words are read again. The deadline bounds the wait (the
+        // completions keep coming, so the CQ's wait would not), and after a
+        // few rounds each waits 50 us: replication takes a round trip of its own.
+        if (clock::now() >= deadline)
+          return fail(errc::timed_out,
+                      "kv client: GET: what it read is not yet on every in-sync replica "
+                      "(acknowledged up to version " +
+                          std::to_string(last_acked_) + ")");
+        if (++header_only > 8) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else {
+        header_only = 0;
       }
       if (auto r = flush(); !r) return r;
       if (done == keys.size()) break;  // every GET answered without another READ
@@ -399,6 +453,10 @@ class client_impl final : public client {
                       "kv client: READ failed: " + std::string(to_string(wc.status)) +
                           " vendor_err " + std::to_string(wc.vendor_err) + " wr " +
                           std::to_string(wc.wr_id));
+        if (wc.wr_id & header_wr_bit) {
+          if (auto r = judge_headers(wc.wr_id & ~header_wr_bit, sink, finish); !r) return r;
+          continue;
+        }
         const auto l = static_cast<std::uint32_t>(wc.wr_id >> 8);
         const auto k = wc.wr_id & 0xff;
         if (l >= lanes_.size()) continue;
@@ -415,7 +473,7 @@ class client_impl final : public client {
             continue;
           }
           ln.cand = 0;
-          if (auto r = next_candidate(l, finish); !r) return r;
+          if (auto r = next_candidate(l, answer); !r) return r;
           continue;
         }
         // the item
@@ -433,11 +491,8 @@ class client_impl final : public client {
             continue;
           }
           ++stats_.one_read;
-          if (!c.expire_at || c.expire_at > L::now_ms()) {
-            ++stats_.hits;
-            sink(ln.index, c.type, buf + c.value_offset, c.value_len);
-          }
-          finish(l);
+          const bool hit = !c.expire_at || c.expire_at > L::now_ms();
+          answer(l, hit, c.type, buf + c.value_offset, c.value_len, c.version);
           continue;
         }
         // Slower than the grace time: the item may have been freed and reused
@@ -450,13 +505,9 @@ class client_impl final : public client {
         switch (c.result) {
           case L::item_result::ok:
             if (c.live && cache_) cache_->remember(ln.hash, ln.item_off, ln.item_len);
-            if (c.expire_at && c.expire_at <= L::now_ms()) {
-              finish(l);  // expired: absent, as the server would say
-            } else {
-              ++stats_.hits;
-              sink(ln.index, c.type, buf + c.value_offset, c.value_len);
-              finish(l);
-            }
+            // expired: absent, as the server would say
+            answer(l, !c.expire_at || c.expire_at > L::now_ms(), c.type, buf + c.value_offset,
+                   c.value_len, c.version);
             break;
           case L::item_result::other_key:
             // Within the grace time this is a tag collision. Later, the memory
@@ -464,7 +515,7 @@ class client_impl final : public client {
             // a miss concluded from it is read again (next_candidate).
             if (too_late(ln)) ln.suspect = true;
             ++ln.cand;
-            if (auto r = next_candidate(l, finish); !r) return r;
+            if (auto r = next_candidate(l, answer); !r) return r;
             break;
           case L::item_result::need_more:
             if (c.need > d_.data.length - ln.item_off) {  // never READ past the region
@@ -533,7 +584,8 @@ class client_impl final : public client {
   // completions is handled, then posted together: one doorbell for them all
   // (an MGET of remembered keys is one post of all its READs).
   result<void> post(std::span<send_wr> wrs) {
-    if (pending_wr_.size() + wrs.size() > pending_wr_.capacity())
+    // One entry is kept for flush's header READ.
+    if (pending_wr_.size() + wrs.size() + 1 > pending_wr_.capacity())
       if (auto r = flush(); !r) return r;
     for (auto& w : wrs) {
       pending_sge_.push_back(w.sg_list[0]);  // capacity reserved: no reallocation
@@ -542,7 +594,61 @@ class client_impl final : public client {
     }
     return {};
   }
+  // A cluster node's header words arrived (READ number `seq`, after every
+  // READ posted before it): each GET waiting on it is answered, refused, or
+  // waits for another READ of the words (store_layout.hpp judge).
+  template <class Sink, class Finish>
+  result<void> judge_headers(std::uint64_t seq, Sink& sink, Finish& finish) {
+    const auto w =
+        L::decode_header_words(header_buf_.data() + (seq % headers_) * L::header_words_bytes);
+    const auto now = L::now_ms();
+    last_acked_ = w.acked_version;
+    for (std::uint32_t l = 0; l < lanes_.size(); ++l) {
+      auto& ln = lanes_[l];
+      if (!ln.ready || ln.seq > seq) continue;
+      switch (L::judge(w, ln.item_version, now, opts_.max_clock_skew.count(), ln.need)) {
+        case L::header_verdict::ok:
+          ln.ready = false;
+          if (ln.hit) {
+            ++stats_.hits;
+            sink(ln.index, ln.type, ln.value, ln.value_len);
+          }
+          finish(l);
+          break;
+        case L::header_verdict::lease:
+          ++stats_.lease_refusals;
+          return make_error(
+              errc::rejected,
+              "CLUSTERDOWN The node's lease does not vouch for its data now (fenced, stopped, or "
+              "its clock more than " +
+                  std::to_string(opts_.max_clock_skew.count()) + " ms from this host's)");
+        case L::header_verdict::wait_acked:
+          ++stats_.acked_waits;
+          ln.seq = next_header_;
+          want_header_ = true;
+          break;
+      }
+    }
+    return {};
+  }
+
   result<void> flush() {
+    if (cluster_ && (want_header_ || !pending_wr_.empty())) {
+      // The header words last, after every READ of this doorbell.
+      want_header_ = false;
+      const auto seq = next_header_++;
+      pending_sge_.push_back(sge{reinterpret_cast<std::uint64_t>(
+                                     header_buf_.data() + (seq % headers_) * L::header_words_bytes),
+                                 static_cast<std::uint32_t>(L::header_words_bytes),
+                                 header_mr_.lkey()});
+      pending_wr_.push_back(send_wr{.wr_id = header_wr_bit | seq,
+                                    .opcode = wr_opcode::rdma_read,
+                                    .flags = send_flags::signaled,
+                                    .sg_list = std::span(&pending_sge_.back(), 1),
+                                    .remote_addr = d_.index.addr + L::header_words_offset,
+                                    .rkey = d_.index.rkey});
+      ++stats_.header_reads;
+    }
     if (pending_wr_.empty()) return {};
     ++stats_.doorbells;
     const auto st = qp_.post_send(pending_wr_);
@@ -571,7 +677,9 @@ class client_impl final : public client {
                       .rkey = d_.index.rkey};
     }
     stats_.reads += 2;
-    return post(wr);
+    auto r = post(wr);
+    ln.seq = next_header_;  // the header READ of the doorbell that carries these
+    return r;
   }
 
   result<void> restart(std::uint32_t l) {
@@ -581,8 +689,8 @@ class client_impl final : public client {
     return read_groups(l);
   }
 
-  template <class Finish>
-  result<void> next_candidate(std::uint32_t l, Finish& finish) {
+  template <class Answer>
+  result<void> next_candidate(std::uint32_t l, Answer& answer) {
     auto& ln = lanes_[l];
     while (ln.cand < ln.cands.size()) {
       auto span = L::item_of(ln.cands[ln.cand], d_.data.length);
@@ -593,7 +701,7 @@ class client_impl final : public client {
     // trusted (the key's item may have been reused): read again, until a read
     // within the bound (or max_restarts: an error, never a wrong miss).
     if (ln.suspect) return restart(l);
-    finish(l);  // no candidate is this key's: a miss
+    answer(l, false, L::value_type::string, nullptr, 0, 0);  // no candidate is this key's: a miss
     return {};
   }
 
@@ -623,7 +731,9 @@ class client_impl final : public client {
                .remote_addr = d_.data.addr + off,
                .rkey = d_.data.rkey};
     ++stats_.reads;
-    return post(std::span(&wr, 1));
+    auto r = post(std::span(&wr, 1));
+    ln.seq = next_header_;
+    return r;
   }
 
   device dev_;
@@ -641,6 +751,14 @@ class client_impl final : public client {
   memory_region send_mr_, recv_mr_;
   client_stats stats_;
   bool broken_ = false;
+  // A cluster node's header words (store_layout.hpp): read after the data of
+  // every doorbell, into a ring of slots (more than READs can be in flight).
+  bool cluster_ = false;
+  std::size_t headers_ = 0;
+  std::vector<std::byte> header_buf_;
+  memory_region header_mr_;
+  std::uint64_t next_header_ = 0, last_acked_ = 0;
+  bool want_header_ = false;
 };
 
 }  // namespace
@@ -662,7 +780,7 @@ result<std::unique_ptr<client>> client::connect(std::string_view device_name,
   auto cq = dev->create_cq({.depth = 4 * want + 16});
   if (!cq) return std::unexpected(cq.error());
   qp_init_attr qa{.send_cq = &*cq, .recv_cq = &*cq};
-  qa.cap.max_send_wr = 2 * want + 4;
+  qa.cap.max_send_wr = 3 * want + 8;  // two READs per GET, a cluster node's header READs
   qa.cap.max_recv_wr = 4;
   qa.max_rd_atomic = std::min<std::uint32_t>(
       2 * want, dev->attr().max_qp_rd_atom ? dev->attr().max_qp_rd_atom : 16);

@@ -33,6 +33,16 @@ namespace conveyor::kv {
 
 namespace {
 
+// A steady-clock deadline as CLOCK_REALTIME milliseconds, for the index
+// header's valid_until word (one-sided readers compare it with their own
+// clock); 0 for none (time_point::min(): fenced).
+std::int64_t realtime_ms_at(std::chrono::steady_clock::time_point until) {
+  using namespace std::chrono;
+  if (until == steady_clock::time_point::min()) return 0;
+  const auto left = duration_cast<milliseconds>(until - steady_clock::now()).count();
+  return std::max<std::int64_t>(layout::now_ms() + left, 0);
+}
+
 // server_ready::stop outlives the loop it stops: after serve() returns it does nothing.
 struct stop_handle {
   std::mutex mu;
@@ -107,6 +117,7 @@ int serve(const server_options& so) {
   sto.policy = so.maxmemory_policy == "allkeys-lru" ? eviction_policy::allkeys_lru
                                                     : eviction_policy::noeviction;
   if (sto.max_value > sto.data_bytes) sto.max_value = sto.data_bytes;
+  sto.cluster_header = !so.cluster.empty();
   sto.encodings = {so.hash_max_listpack_entries, so.hash_max_listpack_value,
                    so.zset_max_listpack_entries, so.zset_max_listpack_value,
                    so.set_max_intset_entries};
@@ -310,7 +321,12 @@ int serve(const server_options& so) {
   if (!so.cluster.empty()) {
     repl::role_options rpo;
     const std::string host = so.bind.find(':') != std::string::npos ? "[" + so.bind + "]" : so.bind;
-    rpo.primary.address = host + ":" + std::to_string(so.cluster_repl_port);
+    // An shm device listens on names, not ports: its replication listener
+    // takes a generated name on this host, which is not announced (the map
+    // holds host:port addresses), so such a node serves shards without
+    // replicas; replicas need soft (or verbs).
+    const bool named = so.provider == "shm" || so.provider.starts_with("shm:");
+    if (!named) rpo.primary.address = host + ":" + std::to_string(so.cluster_repl_port);
     rpo.primary.ack_timeout_ms = so.repl_timeout_ms;
     rpo.limits = ro.limits;  // a record is bounded as a client's command is
     rpo.log = [](const std::string& line) {
@@ -361,6 +377,7 @@ int serve(const server_options& so) {
       loop.post([&exec, &role, v = std::move(v)] {
         exec.set_cluster(v);
         role->set_view(*v);
+        exec.data().set_epoch(v->map.epoch);
       });
     };
     // Fencing: the deadline comes in order with the maps (both posted).
@@ -368,6 +385,7 @@ int serve(const server_options& so) {
       loop.post([&exec, &rdma, until] {
         exec.set_fence(until);
         if (rdma) rdma->set_fence(until);
+        exec.data().set_valid_until(realtime_ms_at(until));
       });
     };
     no.log = [](const std::string& line) {
@@ -376,6 +394,7 @@ int serve(const server_options& so) {
     // Fenced until the first lease.
     exec.set_fence(std::chrono::steady_clock::time_point::min());
     if (rdma) rdma->set_fence(std::chrono::steady_clock::time_point::min());
+    exec.data().set_valid_until(0);
     auto n = cluster::cluster_node::start(std::move(no));
     if (!n) {
       loop.remove_fd(sfd);

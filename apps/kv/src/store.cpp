@@ -57,6 +57,7 @@ store_impl::store_impl(memory_region index, memory_region data, const store_opti
   h->generation = 1;
   h->buckets = buckets_;
   h->seed = seed_;
+  h->flags = opts_.cluster_header ? L::header_cluster : 0;
   for (std::uint64_t b = 0; b <= buckets_; ++b) publish_check(b);
 }
 
@@ -206,7 +207,45 @@ std::vector<std::byte> store_impl::describe() const {
   auto* h = reinterpret_cast<L::index_header*>(index_mr_.data());
   d.generation = std::atomic_ref<std::uint64_t>(h->generation).load(std::memory_order_acquire);
   d.reclaim_grace_ms = opts_.reclaim_grace_ms;
+  d.flags = opts_.cluster_header ? L::header_cluster : 0;
   return L::encode(d);
+}
+
+// ---- the cluster words (store_layout.hpp index_header) ------------------
+
+namespace {
+enum : std::size_t { w_epoch = 0, w_valid_until = 1, w_write_version = 2, w_acked_version = 3 };
+void store_word(std::uint64_t& w, std::uint64_t v) {
+  std::atomic_ref<std::uint64_t>(w).store(v, std::memory_order_release);
+}
+}  // namespace
+
+void store_impl::note_change() {
+  // Before the change: a reader that sees the change, then READs the words,
+  // sees at least this version (release orders it before the slot stores).
+  store_word(header_word(w_write_version), version_);
+  if (acked_follows_) store_word(header_word(w_acked_version), version_);
+}
+
+void store_impl::set_acked_follows(bool follows) {
+  acked_follows_ = follows;
+  // Every change so far counts as acknowledged: under the old in-sync set
+  // it was (an empty one acknowledges at once), and a replica joins the set
+  // only once it holds what came before (docs/KV-CLUSTER.md).
+  set_acked_version(version_);
+}
+
+void store_impl::set_acked_version(std::uint64_t v) {
+  auto& w = header_word(w_acked_version);
+  if (v > std::atomic_ref<std::uint64_t>(w).load(std::memory_order_relaxed)) store_word(w, v);
+}
+
+void store_impl::set_valid_until(std::int64_t realtime_ms) {
+  store_word(header_word(w_valid_until), static_cast<std::uint64_t>(realtime_ms));
+}
+
+void store_impl::set_epoch(std::uint64_t epoch) {
+  store_word(header_word(w_epoch), epoch);
 }
 
 // ---- publication ------------------------------------------------------
@@ -253,6 +292,8 @@ std::optional<store_impl::found> store_impl::find_live(std::string_view key, tim
 // it within the grace time. At most one item of a key is ever live. The list
 // entry comes first: if it cannot be allocated, nothing a reader sees changed.
 void store_impl::retire(std::uint64_t w) {
+  ++version_;
+  note_change();
   const auto* it = item_at(w);
   const auto units = L::round_units(L::item_bytes(it->key_len, it->value_len));
   retired_.push_back({L::slot_offset_units(w), units, steady_us()});
@@ -364,6 +405,7 @@ put_status store_impl::write(std::string_view key, std::string_view value, value
     ++keys_;
   }
   if (prev) retire(prev);
+  note_change();
   const auto hash = L::hash_key(key, seed_);
   store_slot(w, L::make_slot(*off, units, L::place(hash, buckets_).tag));
   std::atomic_ref<std::uint64_t>(it->checksum).store(sum, std::memory_order_release);

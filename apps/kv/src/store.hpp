@@ -51,6 +51,9 @@ struct store_options {
   // When a collection stops being "small" (Redis's encodings; a hash is
   // published for one-sided readers only while small).
   encoding_limits encodings{};
+  // A cluster node's store: the index header's cluster words are kept
+  // (store_layout.hpp index_header) and RDMA clients are told to check them.
+  bool cluster_header = false;
 };
 
 enum class put_cond { always, if_absent /*NX*/, if_present /*XX*/ };
@@ -160,6 +163,19 @@ class store {
   // parameters (the generation changes when the table moves). Opaque bytes that
   // rdma_server sends in its accept private data and client decodes.
   virtual std::vector<std::byte> describe() const = 0;
+
+  // The index header's cluster words (cluster_header; docs/KV-CLUSTER.md,
+  // "What a one-sided reader checks"). Every change a reader can see stores
+  // the store's version in write_version first; while acked_follows (the
+  // default: no in-sync replica to wait for) acked_version moves with it,
+  // otherwise only set_acked_version moves it (never back).
+  // set_valid_until and set_epoch may be called from any thread; the others
+  // from the loop thread.
+  virtual std::uint64_t current_version() const = 0;
+  virtual void set_acked_follows(bool follows) = 0;
+  virtual void set_acked_version(std::uint64_t v) = 0;
+  virtual void set_valid_until(std::int64_t realtime_ms) = 0;
+  virtual void set_epoch(std::uint64_t epoch) = 0;
 };
 
 }  // namespace conveyor::kv

@@ -53,6 +53,11 @@ class store_impl final : public store {
   void reclaim_all() override;
   store_stats stats() const override;
   std::vector<std::byte> describe() const override;
+  std::uint64_t current_version() const override { return version_; }
+  void set_acked_follows(bool follows) override;
+  void set_acked_version(std::uint64_t v) override;
+  void set_valid_until(std::int64_t realtime_ms) override;
+  void set_epoch(std::uint64_t epoch) override;
 
   // ---- types (store_collections.cpp) -------------------------------------
   std::optional<value_type> type_of(std::string_view key, time_ms now) override;
@@ -107,6 +112,12 @@ class store_impl final : public store {
 
   // Publication and reclamation (store.cpp).
   void publish_check(std::uint64_t b);
+  // Before a change a reader can see: write_version (and acked_version while
+  // it follows) = version_.
+  void note_change();
+  std::uint64_t& header_word(std::size_t i) const {
+    return reinterpret_cast<std::uint64_t*>(index_mr_.data() + layout::header_words_offset)[i];
+  }
   std::optional<found> find(std::string_view key) const;
   std::optional<found> find_live(std::string_view key, time_ms now);
   void retire(std::uint64_t w);
@@ -134,6 +145,7 @@ class store_impl final : public store {
   std::deque<retired_item> retired_;
   std::set<std::pair<time_ms, std::string>> expires_;
   std::uint64_t version_ = 0, keys_ = 0, live_units_ = 0, retired_units_ = 0;
+  bool acked_follows_ = true;
   // The version of the last item written for a key of each stripe (keys by
   // hash): an absent key's version (key_version), so that a key created and
   // deleted again between WATCH and EXEC is seen. A write to another key of the

@@ -58,13 +58,58 @@ inline std::int64_t now_ms() noexcept {
 struct index_header {
   std::uint32_t magic;
   std::uint16_t version;
-  std::uint16_t reserved;
+  std::uint16_t flags;       // header_cluster: the four words below are kept
   std::uint64_t generation;  // bumped by clear(): the table's contents changed wholesale
   std::uint64_t buckets;     // power of two (the region holds buckets+1)
   std::uint64_t seed;
-  std::uint8_t pad[32];
+  // A cluster node's words for one-sided readers (docs/KV-CLUSTER.md, "What a
+  // one-sided reader checks"); each an aligned 8-byte word stored atomically,
+  // each only ever growing but valid_until_ms (0 once fenced):
+  std::uint64_t epoch;          // the shard map's epoch the node serves under
+  std::int64_t valid_until_ms;  // CLOCK_REALTIME ms: the node's lease vouches until then
+  std::uint64_t write_version;  // stored before any change a reader can see is made
+  std::uint64_t acked_version;  // every change up to it is on every in-sync replica
 };
 static_assert(sizeof(index_header) == index_header_bytes);
+inline constexpr std::uint16_t header_cluster = 1;
+inline constexpr std::size_t header_words_offset = 32;  // epoch .. acked_version
+inline constexpr std::size_t header_words_bytes = 32;
+
+// What a reader makes of the cluster words it READ after its data (a READ
+// posted after the data's on the same queue pair): whether the data may be
+// returned. `item_version`: the version of the item the data read found (0:
+// a miss, or nothing to vouch for by itself).
+struct header_words {
+  std::uint64_t epoch = 0;
+  std::int64_t valid_until_ms = 0;
+  std::uint64_t write_version = 0, acked_version = 0;
+};
+inline header_words decode_header_words(const std::byte* p) noexcept {
+  header_words w;
+  std::memcpy(&w.epoch, p, 8);
+  std::memcpy(&w.valid_until_ms, p + 8, 8);
+  std::memcpy(&w.write_version, p + 16, 8);
+  std::memcpy(&w.acked_version, p + 24, 8);
+  return w;
+}
+enum class header_verdict {
+  ok,          // every change the data showed is on every in-sync replica
+  wait_acked,  // read the words again until acked_version reaches `need`
+  lease,       // the node's lease does not vouch for now (fenced, hung, or clocks apart)
+};
+// The rule (docs/KV-CLUSTER.md): the lease must hold past now + skew; then
+// the data is returned when acked_version covers write_version (nothing was
+// unreplicated when the words were read, after the data), or covers the
+// item found; otherwise the reader waits for acked_version to reach the
+// write_version of its first words.
+inline header_verdict judge(const header_words& w, std::uint64_t item_version, std::int64_t now_ms,
+                            std::int64_t skew_ms, std::uint64_t& need) noexcept {
+  if (w.valid_until_ms <= now_ms + skew_ms) return header_verdict::lease;
+  if (need == 0) need = w.write_version;
+  if (w.acked_version >= need) return header_verdict::ok;
+  if (item_version != 0 && w.acked_version >= item_version) return header_verdict::ok;
+  return header_verdict::wait_acked;
+}
 
 // The type of the value an item holds (item_header::type). A string's value
 // is its bytes; a hash's is hash_inline + its encoding (encode_hash) while it is
@@ -189,6 +234,7 @@ struct description {
   std::uint32_t reclaim_grace_ms = 0;  // a GET that took longer retries (docs/KV.md)
   std::uint32_t max_message = 0;       // largest RPC request or reply, bytes
   std::uint32_t rpc_slots = 0;         // RPCs a client may have outstanding (rdma_server)
+  std::uint16_t flags = 0;             // index_header::flags (header_cluster)
 };
 inline constexpr std::size_t description_bytes =
     4 + 2 + 2 + 2 * remote_region::encoded_size + 8 * 3 + 4 * 3;
@@ -207,7 +253,7 @@ inline std::vector<std::byte> encode(const description& d) {
   std::byte* p = out.data();
   put_be(p, describe_magic, 4);
   put_be(p + 4, format_version, 2);
-  put_be(p + 6, 0, 2);
+  put_be(p + 6, d.flags, 2);
   p += 8;
   d.index.encode_to(
       std::span<std::byte, remote_region::encoded_size>(p, remote_region::encoded_size));
@@ -229,8 +275,10 @@ inline std::optional<description> decode(std::span<const std::byte> in) {
   if (in.size() < description_bytes) return std::nullopt;
   const std::byte* p = in.data();
   if (get_be(p, 4) != describe_magic || get_be(p + 4, 2) != format_version) return std::nullopt;
-  p += 8;
   description d;
+  d.flags = static_cast<std::uint16_t>(get_be(p + 6, 2));
+  if (d.flags & ~header_cluster) return std::nullopt;
+  p += 8;
   auto idx = remote_region::decode(std::span(p, remote_region::encoded_size));
   p += remote_region::encoded_size;
   auto dat = remote_region::decode(std::span(p, remote_region::encoded_size));

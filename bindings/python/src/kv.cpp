@@ -62,8 +62,10 @@ void bind_kv(py::module_& top) {
           "connect",
           [](const std::string& address, std::optional<std::string> provider,
              const std::string& password, std::uint32_t depth, double timeout,
-             std::size_t location_cache) {
+             std::size_t location_cache, double max_clock_skew) {
             kv::client_options o;
+            o.max_clock_skew =
+                std::chrono::milliseconds(static_cast<std::int64_t>(max_clock_skew * 1000));
             o.password = password;
             o.depth = depth;
             o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000));
@@ -80,9 +82,10 @@ void bind_kv(py::module_& top) {
           },
           py::arg("address"), py::arg("provider") = py::none(), py::arg("password") = "",
           py::arg("depth") = 16, py::arg("timeout") = 5.0,
-          py::arg("location_cache") = std::size_t{1} << 20,
+          py::arg("location_cache") = std::size_t{1} << 20, py::arg("max_clock_skew") = 0.1,
           "Connects to `kv serve --rdma-listen ADDRESS` (host:port over soft, @name "
-          "over shm; provider names another, e.g. verbs).")
+          "over shm; provider names another, e.g. verbs). max_clock_skew (seconds): against "
+          "a cluster node, how far this host's clock may be from the node's.")
       .def(
           "get",
           [](kv_client& self, const py::object& key) {
@@ -196,6 +199,9 @@ void bind_kv(py::module_& top) {
              d["rounds"] = py::make_tuple(s.rounds[0], s.rounds[1], s.rounds[2], s.rounds[3]);
              d["hash_one_sided"] = s.hash_one_sided;
              d["hash_rpc_reads"] = s.hash_rpc_reads;
+             d["header_reads"] = s.header_reads;
+             d["acked_waits"] = s.acked_waits;
+             d["lease_refusals"] = s.lease_refusals;
              return d;
            })
       .def("close", &close, "Disconnects; later calls raise InvalidState. Idempotent.")

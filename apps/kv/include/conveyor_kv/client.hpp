@@ -17,6 +17,15 @@
 // command) are RPCs executed by the server. Expired keys read as absent (the item carries its
 // expiry; the comparison uses this host's clock).
 //
+// A node of a cluster (kv serve --cluster) exports words in its index header:
+// its map epoch, the time its lease vouches for its data until, and how far
+// its changes are on every in-sync replica. Each doorbell then carries one
+// more READ, of those words, after the data's; a GET is answered only while
+// the lease holds (else errc::rejected, "CLUSTERDOWN ...": the node is fenced,
+// stopped or hung) and once what it read is on every in-sync replica (it
+// reads the words again until then), so a failover never takes back a value
+// a GET returned.
+//
 // Hashes: hget, hmget and hgetall READ the hash's item the same way; while the
 // hash is small (the server's hash-max-listpack-entries/-value) the item
 // carries all its fields in a checksummed encoding, so they come from one
@@ -59,6 +68,11 @@ struct client_options {
   // of this process (the first client's size); 0: this client reads the
   // buckets first every time.
   std::size_t location_cache = std::size_t{1} << 20;
+  // Against a cluster node (docs/KV-CLUSTER.md, "What a one-sided reader
+  // checks"): how far this host's clock may be from the node's. A GET is
+  // answered only while the node's lease vouches for its data past now plus
+  // this; on one host the clocks are one (0 would do).
+  std::chrono::milliseconds max_clock_skew{100};
   // For the device the client opens. A client is only ever an initiator (the
   // server never accesses its memory), so by default no engine thread: the
   // thread that waits for a GET's READs or an RPC's reply drives the device,
@@ -82,6 +96,10 @@ struct client_stats {
   std::uint64_t one_read = 0;     // answered by the one READ of a remembered item
   std::uint64_t stale_cache = 0;  // a remembered item no longer the key's: buckets read
   std::uint64_t doorbells = 0;    // posts of READs (each carries every READ ready then)
+  // Against a cluster node: READs of its header words (one per doorbell),
+  // GETs that waited for their data to be on every in-sync replica (one more
+  // READ of the words each time), GETs refused because its lease did not vouch.
+  std::uint64_t header_reads = 0, acked_waits = 0, lease_refusals = 0;
 };
 
 class client {

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -17,6 +18,7 @@
 #include "repl/wire.hpp"
 #include "resp.hpp"
 #include "server_loop.hpp"
+#include "store.hpp"
 
 namespace conveyor::kv::repl {
 
@@ -73,6 +75,13 @@ struct primary::impl {
   std::map<std::string, std::string, std::less<>> resp;  // replica id -> its RESP address
   std::vector<server_loop::callback_id> callbacks;
   std::string scratch;
+  // One-sided readers' acked_version (store.hpp): the store's version after
+  // each record, by the stream offset after it, while replies wait for an
+  // in-sync set; at most max_versions, the newest entries merged past that
+  // (a later version at a later offset: readers wait longer, never less).
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> versions;
+  static constexpr std::size_t max_versions = 4096;
+  bool follows = true;
 
   impl(device& d, protection_domain& p, server_loop& l, executor& e, primary_options o, listener li)
       : dev(d), pd(p), loop(l), exec(e), opts(std::move(o)), lis(std::move(li)) {
@@ -274,6 +283,7 @@ struct primary::impl {
       if (!contains(in_sync, k.node_id) && is_replica(k.node_id)) {
         joined.push_back(k.node_id);
         in_sync.push_back(k.node_id);
+        sync_follows();
       }
     }
     advance();
@@ -377,8 +387,39 @@ struct primary::impl {
     }
     if (least > sync.acked) {
       sync.acked = least;
+      publish_acked();
       if (sync.on_advance) sync.on_advance();
     }
+  }
+
+  // The store's acked_version follows its changes while no replica is in
+  // sync; otherwise it moves as the acknowledged offset passes records.
+  void sync_follows() {
+    const bool f = in_sync.empty();
+    if (f == follows) return;
+    follows = f;
+    versions.clear();
+    exec.data().set_acked_follows(f);
+  }
+  void note_record() {
+    if (follows) return;
+    const auto v = exec.data().current_version();
+    if (versions.size() >= max_versions)
+      versions.back() = {sync.offset, v};
+    else
+      versions.emplace_back(sync.offset, v);
+  }
+  void publish_acked() {
+    if (follows) return;
+    std::uint64_t v = 0;
+    while (!versions.empty() && versions.front().first <= sync.acked) {
+      v = versions.front().second;
+      versions.pop_front();
+    }
+    // Nothing unacknowledged: every change so far (those no record carries,
+    // such as a lazy expiry, too) is as final as it gets.
+    if (sync.acked >= sync.offset) v = exec.data().current_version();
+    if (v) exec.data().set_acked_version(v);
   }
 
   // The lag bound and the backlog's trim.
@@ -452,6 +493,7 @@ void primary::append(std::span<const std::string_view> argv) {
   const auto before = p_->backlog.size();
   encode_command(p_->backlog, argv);
   p_->sync.offset += p_->backlog.size() - before;
+  p_->note_record();
   // With no link to send to, nothing needs the bytes.
   if (p_->links.empty()) {
     p_->backlog_start = p_->sync.offset;
@@ -489,6 +531,7 @@ void primary::set_shard(std::string shard_id, std::vector<std::string> replicas,
     it = impl::contains(p_->joined, *it) ? std::next(it) : p_->join_asked.erase(it);
   p_->in_sync = p_->map_isr;
   p_->in_sync.insert(p_->in_sync.end(), p_->joined.begin(), p_->joined.end());
+  p_->sync_follows();
   for (auto& [id, k] : p_->links)
     if (k->shard_id != p_->shard_id || !p_->is_replica(k->node_id)) p_->close(*k);
   p_->advance();

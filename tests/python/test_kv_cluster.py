@@ -1,0 +1,97 @@
+"""A one-sided reader of a hung cluster node (docs/KV-CLUSTER.md, "What a
+one-sided reader checks"): over shm with direct mapping, a GET is one load
+from the node's memory and needs none of its CPU, so a SIGSTOPped node keeps
+"serving" READs. The reader must stop trusting it within the node's lease,
+from the lease word it reads in the same doorbell, with no extra round trip:
+before any failover could have promoted another node. Against the real
+binary and a real etcd (tests/kv/cluster/kv_cluster.py's), lease 2 s."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+import conveyor
+import conveyor.kv
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kv", "cluster"))
+import kv_cluster  # noqa: E402
+
+BUILD = os.environ.get("CONVEYOR_BUILD_DIR", "")
+TOOL = os.path.join(BUILD, "tools", "conveyor", "conveyor")
+
+
+@pytest.fixture
+def node(tmp_path):
+    if not os.path.exists(kv_cluster.ETCD):
+        pytest.fail(kv_cluster.ETCD + " is missing: scripts/bootstrap installs etcd-server")
+    kv_cluster.BIN = TOOL
+    etcd = kv_cluster.Etcd()
+    name = "@kvc-hung-%d" % os.getpid()
+    d = tmp_path / "n"
+    d.mkdir()
+    n = None
+    try:
+        n = kv_cluster.start_node(etcd, str(d), "--provider", "shm", "--rdma-listen", name)
+        r = kv_cluster.run("kv", "cluster", "create", "--etcd", etcd.endpoint, "--name",
+                           kv_cluster.NAME, "--shards", "1", "--wait-s", "20")
+        assert r.returncode == 0, r.stderr
+        yield n, name
+    finally:
+        if n is not None:
+            n.proc.send_signal(signal.SIGCONT)
+            why = n.stop()
+        etcd.stop()
+    assert not why, why
+
+
+def test_a_stopped_node_is_not_trusted_past_its_lease(node):
+    n, name = node
+    deadline = time.monotonic() + 20
+    while True:  # serving once the map is read and the lease confirmed
+        try:
+            n.client().set("k", "v1")
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    c = conveyor.kv.Client.connect(name, timeout=2.0, max_clock_skew=0.0)
+    for _ in range(3):  # the regions are mapped after their first READs
+        assert c.get("k") == b"v1"
+    n.proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    served = 0
+    refused_at = None
+    try:
+        while time.monotonic() - t0 < 3 * kv_cluster.LEASE_S:
+            try:
+                assert c.get("k") == b"v1"
+                served += 1
+            except conveyor.Rejected as e:
+                assert "CLUSTERDOWN" in str(e), str(e)
+                refused_at = time.monotonic() - t0
+                break
+            time.sleep(0.002)
+        # Served with no CPU of the node's (the memory is mapped)...
+        assert served > 0, "no GET answered after SIGSTOP: not the direct-mapped path"
+        # ...and refused before the lease could expire in etcd.
+        assert refused_at is not None, "still trusted %d s after SIGSTOP" % (3 * kv_cluster.LEASE_S)
+        assert refused_at < kv_cluster.LEASE_S, refused_at
+        assert c.stats()["lease_refusals"] == 1
+        print("hung node: %d GETs answered from its memory, refused %.2f s after SIGSTOP "
+              "(lease %d s)" % (served, refused_at, kv_cluster.LEASE_S), file=sys.stderr)
+    finally:
+        n.proc.send_signal(signal.SIGCONT)
+    # Back: its lease is renewed (or it registers again) and GETs are answered.
+    c2 = conveyor.kv.Client.connect(name, timeout=2.0)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            assert c2.get("k") == b"v1"
+            break
+        except conveyor.Rejected:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
