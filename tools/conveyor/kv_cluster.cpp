@@ -297,8 +297,11 @@ int run_up(kv_cluster_options o) {
     std::filesystem::create_directories(dir, ec);
     child k{"node " + port, -1, dir + "/serve.log"};
     k.pid = spawn(exe,
+                  // An RDMA front end on any free port, for one-sided GETs: its
+                  // address is in the node's registration (cluster status) and
+                  // INFO conveyor.
                   {exe, "kv", "serve", "--port", port, "--dir", dir, "--cluster", o.etcd,
-                   "--cluster-name", o.name},
+                   "--cluster-name", o.name, "--rdma-listen", "127.0.0.1:0"},
                   k.log);
     if (k.pid < 0) return fail("fork failed");
     kids.push_back(k);

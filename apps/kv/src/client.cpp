@@ -252,6 +252,7 @@ class client_impl final : public client {
   }
 
   client_stats stats() const override { return stats_; }
+  std::uint64_t node_epoch() const override { return last_epoch_; }
   qp_counters counters() const override { return qp_.counters(); }
   remote_region index_region() const override { return d_.index; }
   remote_region data_region() const override { return d_.data; }
@@ -603,6 +604,7 @@ class client_impl final : public client {
         L::decode_header_words(header_buf_.data() + (seq % headers_) * L::header_words_bytes);
     const auto now = L::now_ms();
     last_acked_ = w.acked_version;
+    last_epoch_ = w.epoch;
     for (std::uint32_t l = 0; l < lanes_.size(); ++l) {
       auto& ln = lanes_[l];
       if (!ln.ready || ln.seq > seq) continue;
@@ -757,7 +759,7 @@ class client_impl final : public client {
   std::size_t headers_ = 0;
   std::vector<std::byte> header_buf_;
   memory_region header_mr_;
-  std::uint64_t next_header_ = 0, last_acked_ = 0;
+  std::uint64_t next_header_ = 0, last_acked_ = 0, last_epoch_ = 0;
   bool want_header_ = false;
 };
 

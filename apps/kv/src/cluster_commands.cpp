@@ -28,7 +28,10 @@ std::vector<std::pair<cluster::slot_range, std::size_t>> ranges_in_order(const s
   return v;
 }
 
-// [host, port, id, {}] as CLUSTER SLOTS gives a node.
+// [host, port, id, {metadata}] as CLUSTER SLOTS gives a node. The metadata
+// map is where Redis 7 puts a node's hostname, for clients to ignore what
+// they do not know; a node with an RDMA front end has "rdma" => host:port
+// there (conveyor::kv::cluster_client discovers the one-sided path by it).
 void slots_node(exec_context& c, const shard_map& m, const std::string& id) {
   const auto* n = cluster::find_node(m, id);
   const auto [host, port] = cluster::split_address(n ? std::string_view(n->resp) : "");
@@ -36,7 +39,13 @@ void slots_node(exec_context& c, const shard_map& m, const std::string& id) {
   c.r.bulk(host);
   c.r.integer(port);
   c.r.bulk(id);
-  c.r.map(0);
+  if (n != nullptr && !n->rdma.empty()) {
+    c.r.map(1);
+    c.r.bulk("rdma");
+    c.r.bulk(n->rdma);
+  } else {
+    c.r.map(0);
+  }
 }
 
 void cluster_slots(exec_context& c, const cluster_view* v) {

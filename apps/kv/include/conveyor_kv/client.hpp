@@ -150,6 +150,56 @@ class client {
   // completion status (tests: out-of-bounds READ, WRITE to read-only keys).
   virtual result<wc_status> raw_access(bool write, std::uint64_t addr, std::uint32_t rkey,
                                        std::uint32_t len) = 0;
+  // Against a cluster node: the map epoch in the header words this client
+  // read last (after the data of its last GET); 0 against a standalone server.
+  virtual std::uint64_t node_epoch() const = 0;
+};
+
+// A client of a whole conveyor-kv cluster (kv serve --cluster), on the
+// public client above: it learns the cluster from any node (CLUSTER INFO's
+// epoch and CLUSTER SLOTS, whose nodes name their RDMA front ends), sends
+// each key to its slot's primary, and connects to a node when a key first
+// needs it.
+//
+//   auto c = conveyor::kv::cluster_client::connect("soft", "127.0.0.1:17001").value();
+//   c->set("user:1", "ada").value();
+//   auto v = c->get("user:1").value();   // one-sided, at the slot's primary
+//
+// A stale map is noticed without asking: a GET's doorbell reads the node's
+// header words after the data, and a node whose epoch is newer than the map's
+// has taken a newer map; the result is dropped, the map read again and the GET
+// sent where the new map says. A write answered -MOVED does the same. A node
+// that refuses (its lease not confirmed: a failover may be under way), is
+// unreachable, or answers -CLUSTERDOWN/-TRYAGAIN is retried after the map is
+// read again, every 100 ms, until opts.timeout. MGET splits the keys by node
+// and reads each node's share with its READs in flight together (one node
+// after another). Thread safety: one cluster_client per thread.
+struct cluster_client_stats {
+  std::uint64_t epoch = 0;            // the map's
+  std::uint64_t map_reads = 0;        // CLUSTER SLOTS read (the first included)
+  std::uint64_t stale_epochs = 0;     // GETs dropped: the node had a newer map
+  std::uint64_t moved = 0;            // writes answered -MOVED
+  std::uint64_t retries = 0;          // refused, unreachable, CLUSTERDOWN, TRYAGAIN
+  std::uint64_t nodes_connected = 0;  // connections opened
+};
+
+class cluster_client {
+ public:
+  // `address`: any node's RDMA front end (kv serve --rdma-listen's).
+  static result<std::unique_ptr<cluster_client>> connect(std::string_view device_name,
+                                                         std::string_view address,
+                                                         const client_options& opts = {});
+  virtual ~cluster_client() = default;
+  virtual result<std::optional<std::string>> get(std::string_view key) = 0;
+  virtual result<std::vector<std::optional<std::string>>> mget(
+      std::span<const std::string_view> keys) = 0;
+  virtual result<void> set(std::string_view key, std::string_view value) = 0;
+  virtual result<bool> del(std::string_view key) = 0;
+  virtual result<std::int64_t> incr(std::string_view key, std::int64_t by = 1) = 0;
+  // Any command, sent to the primary of `key`'s slot; the raw RESP reply.
+  virtual result<std::string> command(std::string_view key,
+                                      std::span<const std::string_view> argv) = 0;
+  virtual cluster_client_stats stats() const = 0;
 };
 
 }  // namespace conveyor::kv
