@@ -1,7 +1,7 @@
 // conveyor::kv::cluster_client against three in-process nodes over soft
-// (a map holds host:port addresses, so an shm node's @name is not in it), each an RDMA front end on the real executor in cluster mode with the
-// same map (three shards, one primary each; CLUSTER SLOTS names each node's
-// RDMA address): keys go to their slot's primary and nowhere else; MGET
+// (a map holds host:port addresses, so an shm node's @name is not in it), each an RDMA front end on
+// the real executor in cluster mode with the same map (three shards, one primary each; CLUSTER
+// SLOTS names each node's RDMA address): keys go to their slot's primary and nowhere else; MGET
 // splits across the nodes; a map change is noticed by the epoch in a GET's
 // header words (no question to the server) and by -MOVED on a write; a node
 // whose lease does not vouch is retried until it does.

@@ -95,3 +95,46 @@ def test_a_stopped_node_is_not_trusted_past_its_lease(node):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def test_the_cluster_client_routes_like_a_redis_cluster_client(tmp_path):
+    """conveyor.kv.ClusterClient on a real 3-shard cluster (soft): what it
+    writes, redis-py's RedisCluster reads at the same keys, and the other way
+    round; MGET spans the shards; the map is learned from any node."""
+    from redis.cluster import RedisCluster
+    kv_cluster.BIN = TOOL
+    etcd = kv_cluster.Etcd()
+    nodes = []
+    try:
+        for i in range(3):
+            d = tmp_path / ("n%d" % i)
+            d.mkdir()
+            nodes.append(kv_cluster.start_node(etcd, str(d), "--rdma-listen", "127.0.0.1:0"))
+        r = kv_cluster.run("kv", "cluster", "create", "--etcd", etcd.endpoint, "--name",
+                           kv_cluster.NAME, "--shards", "3", "--wait-s", "20")
+        assert r.returncode == 0, r.stderr
+        rc = RedisCluster(host="127.0.0.1", port=nodes[0].port, socket_timeout=5)
+        kv_cluster.wait_until(lambda: rc.set("probe", "x"), 20, "the cluster serving")
+        rdma = nodes[2].client().info("conveyor")["rdma_address"]
+        keys = ["user:%d" % i for i in range(60)]
+        with conveyor.kv.ClusterClient.connect(rdma, timeout=5.0) as c:
+            for k in keys[:30]:
+                c.set(k, "cc-" + k)
+            for k in keys[30:]:
+                rc.set(k, "rc-" + k)
+            for k in keys[:30]:
+                assert rc.get(k) == ("cc-" + k).encode()
+            got = c.mget(keys + ["absent"])
+            assert got[:30] == [("cc-" + k).encode() for k in keys[:30]]
+            assert got[30:60] == [("rc-" + k).encode() for k in keys[30:]]
+            assert got[60] is None
+            assert c.incr("n", 2) == 2 and rc.get("n") == b"2"
+            assert c.delete(keys[0]) and rc.get(keys[0]) is None
+            s = c.stats()
+            assert s["nodes_connected"] == 3, s
+            assert s["epoch"] >= 1 and s["moved"] == 0 and s["stale_epochs"] == 0, s
+        rc.close()
+    finally:
+        why = [n.stop() for n in nodes]
+        etcd.stop()
+    assert not any(why), why

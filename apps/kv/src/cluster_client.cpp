@@ -69,7 +69,8 @@ bool parse_reply(std::string_view& in, reply_value& out, std::size_t depth) {
       std::int64_t n;
       if (!parse_int(line, n) || n < -1) return false;
       if (n == -1) return out.nil = true;
-      if (static_cast<std::size_t>(n) > in.size() / 3) return false;  // 3 bytes per element at least
+      if (static_cast<std::size_t>(n) > in.size() / 3)
+        return false;  // 3 bytes per element at least
       out.items.resize(static_cast<std::size_t>(n));
       for (auto& it : out.items)
         if (!parse_reply(in, it, depth + 1)) return false;
@@ -91,7 +92,8 @@ std::unexpected<error> bad_map(const std::string& why) {
 }
 
 bool starts_with_error(const result<std::string>& r, std::string_view code) {
-  return r && r->size() > code.size() && (*r)[0] == '-' && std::string_view(*r).substr(1).starts_with(code);
+  return r && r->size() > code.size() && (*r)[0] == '-' &&
+         std::string_view(*r).substr(1).starts_with(code);
 }
 
 // Errors after which the connection is of no more use.
@@ -176,8 +178,8 @@ class cluster_client_impl final : public cluster_client {
         for (auto i : idx) ks.push_back(keys[i]);
         auto c = conn(addr);
         result<std::vector<std::optional<std::string>>> r =
-            c ? (*c)->mget(ks) : result<std::vector<std::optional<std::string>>>(
-                                     std::unexpected(c.error()));
+            c ? (*c)->mget(ks)
+              : result<std::vector<std::optional<std::string>>>(std::unexpected(c.error()));
         if (r && c && (*c)->node_epoch() > map_epoch_) {
           ++stats_.stale_epochs;  // the node took a newer map: the keys may be elsewhere
           want_epoch_ = std::max(want_epoch_, (*c)->node_epoch());
@@ -412,8 +414,8 @@ class cluster_client_impl final : public cluster_client {
 result<std::unique_ptr<cluster_client>> cluster_client::connect(std::string_view device_name,
                                                                 std::string_view address,
                                                                 const client_options& opts) {
-  auto c = std::make_unique<cluster_client_impl>(std::string(device_name), std::string(address),
-                                                 opts);
+  auto c =
+      std::make_unique<cluster_client_impl>(std::string(device_name), std::string(address), opts);
   if (auto r = c->refresh(); !r) return std::unexpected(r.error());
   return std::unique_ptr<cluster_client>(std::move(c));
 }

@@ -14,10 +14,15 @@ bytes or str (UTF-8); values come back as bytes. Errors raise
 conveyor.ConveyorError subclasses (a wrong type: Rejected, with Redis's
 WRONGTYPE text). One call at a time per client; the GIL is released while it
 waits.
+
+`ClusterClient.connect(address)` takes any node of a cluster (kv serve
+--cluster --rdma-listen) and sends each key to its slot's primary
+(docs/KV-CLUSTER.md, "One-sided clients in a cluster").
 """
 
 from ._conveyor import kv as _kv
 
 Client = _kv.Client
+ClusterClient = _kv.ClusterClient
 
-__all__ = ["Client"]
+__all__ = ["Client", "ClusterClient"]

@@ -53,6 +53,132 @@ void close(kv_client& self) {
   self.c.reset();
 }
 
+// conveyor.kv.ClusterClient: kv::cluster_client the same way.
+struct kv_cluster_client {
+  std::unique_ptr<kv::cluster_client> c;
+  std::mutex mu;
+};
+
+template <class Fn>
+auto call(kv_cluster_client& self, Fn&& fn) -> decltype(fn(std::declval<kv::cluster_client&>())) {
+  py::gil_scoped_release nogil;
+  std::lock_guard lk(self.mu);
+  if (!self.c) return make_error(errc::invalid_state, "conveyor.kv.ClusterClient: closed");
+  return fn(*self.c);
+}
+
+void close_cluster(kv_cluster_client& self) {
+  py::gil_scoped_release nogil;
+  std::lock_guard lk(self.mu);
+  self.c.reset();
+}
+
+kv::client_options client_options_of(const std::string& password, std::uint32_t depth,
+                                     double timeout, double max_clock_skew) {
+  kv::client_options o;
+  o.password = password;
+  o.depth = depth;
+  o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000));
+  o.max_clock_skew = std::chrono::milliseconds(static_cast<std::int64_t>(max_clock_skew * 1000));
+  return o;
+}
+
+void bind_cluster_client(py::module_& m) {
+  py::class_<kv_cluster_client>(m, "ClusterClient")
+      .def_static(
+          "connect",
+          [](const std::string& address, const std::string& provider, const std::string& password,
+             std::uint32_t depth, double timeout, double max_clock_skew) {
+            const auto o = client_options_of(password, depth, timeout, max_clock_skew);
+            auto r = [&] {
+              py::gil_scoped_release nogil;
+              return kv::cluster_client::connect(provider, address, o);
+            }();
+            auto k = std::make_unique<kv_cluster_client>();
+            k->c = take(std::move(r));
+            return k;
+          },
+          py::arg("address"), py::arg("provider") = "soft", py::arg("password") = "",
+          py::arg("depth") = 16, py::arg("timeout") = 5.0, py::arg("max_clock_skew") = 0.1,
+          "Learns a conveyor-kv cluster from any node's RDMA address (kv serve --cluster "
+          "--rdma-listen) and sends each key to its slot's primary (docs/KV-CLUSTER.md, "
+          "\"One-sided clients in a cluster\").")
+      .def(
+          "get",
+          [](kv_cluster_client& self, const py::object& key) {
+            const auto k = to_key(key, "key");
+            auto r = call(self, [&](kv::cluster_client& c) { return c.get(k); });
+            return optional_bytes(take(std::move(r)));
+          },
+          py::arg("key"), "One-sided GET at the slot's primary: the value as bytes, or None.")
+      .def(
+          "mget",
+          [](kv_cluster_client& self, const py::iterable& keys) {
+            std::vector<std::string> ks;
+            for (auto k : keys) ks.push_back(to_key(k, "key"));
+            std::vector<std::string_view> views(ks.begin(), ks.end());
+            auto r = call(self, [&](kv::cluster_client& c) { return c.mget(views); });
+            py::list out;
+            if (!r) raise_error(r.error());
+            for (auto& v : *r) out.append(optional_bytes(v));
+            return out;
+          },
+          py::arg("keys"), "One-sided GETs, split by node.")
+      .def(
+          "set",
+          [](kv_cluster_client& self, const py::object& key, const py::object& value) {
+            const auto k = to_key(key, "key"), v = to_key(value, "value");
+            auto r = call(self, [&](kv::cluster_client& c) { return c.set(k, v); });
+            if (!r) raise_error(r.error());
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "delete",
+          [](kv_cluster_client& self, const py::object& key) {
+            const auto k = to_key(key, "key");
+            auto r = call(self, [&](kv::cluster_client& c) { return c.del(k); });
+            return take(std::move(r));
+          },
+          py::arg("key"), "DEL: whether the key existed.")
+      .def(
+          "incr",
+          [](kv_cluster_client& self, const py::object& key, std::int64_t by) {
+            const auto k = to_key(key, "key");
+            auto r = call(self, [&](kv::cluster_client& c) { return c.incr(k, by); });
+            return take(std::move(r));
+          },
+          py::arg("key"), py::arg("by") = 1)
+      .def(
+          "command",
+          [](kv_cluster_client& self, const py::object& key, const py::args& args) {
+            const auto k = to_key(key, "key");
+            std::vector<std::string> a;
+            for (auto x : args) a.push_back(to_key(x, "argument"));
+            std::vector<std::string_view> views(a.begin(), a.end());
+            auto r = call(self, [&](kv::cluster_client& c) { return c.command(k, views); });
+            return py::bytes(take(std::move(r)));
+          },
+          py::arg("key"), "Any command, sent to the primary of `key`'s slot; the raw reply.")
+      .def("stats",
+           [](kv_cluster_client& self) {
+             auto r = call(self, [](kv::cluster_client& c) -> result<kv::cluster_client_stats> {
+               return c.stats();
+             });
+             const auto s = take(std::move(r));
+             py::dict d;
+             d["epoch"] = s.epoch;
+             d["map_reads"] = s.map_reads;
+             d["stale_epochs"] = s.stale_epochs;
+             d["moved"] = s.moved;
+             d["retries"] = s.retries;
+             d["nodes_connected"] = s.nodes_connected;
+             return d;
+           })
+      .def("close", &close_cluster, "Disconnects from every node. Idempotent.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](kv_cluster_client& self, const py::args&) { close_cluster(self); });
+}
+
 }  // namespace
 
 void bind_kv(py::module_& top) {
@@ -63,12 +189,7 @@ void bind_kv(py::module_& top) {
           [](const std::string& address, std::optional<std::string> provider,
              const std::string& password, std::uint32_t depth, double timeout,
              std::size_t location_cache, double max_clock_skew) {
-            kv::client_options o;
-            o.max_clock_skew =
-                std::chrono::milliseconds(static_cast<std::int64_t>(max_clock_skew * 1000));
-            o.password = password;
-            o.depth = depth;
-            o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000));
+            auto o = client_options_of(password, depth, timeout, max_clock_skew);
             o.location_cache = location_cache;
             const std::string dev =
                 provider ? *provider : std::string(kv::provider_for_address(address));
@@ -207,6 +328,7 @@ void bind_kv(py::module_& top) {
       .def("close", &close, "Disconnects; later calls raise InvalidState. Idempotent.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](kv_client& self, const py::args&) { close(self); });
+  bind_cluster_client(m);
 }
 
 }  // namespace conveyor::python
