@@ -58,7 +58,8 @@ class Load:
     """CLIENTS threads, each a single connection that follows -MOVED and moves
     to another node on errors, writing unique values (75 %) and reading."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, timeout=1):
+        self.timeout = timeout  # each client's socket timeout, seconds
         self.rec = history.Recorder()
         self.ports = [n.port for n in nodes]
         self.stop = threading.Event()
@@ -74,7 +75,7 @@ class Load:
         while not self.stop.is_set():
             if conn is None:
                 try:
-                    conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1,
+                    conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=self.timeout,
                                        socket_connect_timeout=1, single_connection_client=True)
                 except (redis.RedisError, OSError):  # nothing was sent
                     port = self.ports[(self.ports.index(port) + 1) % len(self.ports)]

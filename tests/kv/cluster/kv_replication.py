@@ -9,7 +9,10 @@ a real etcd and a 1-shard x 1-replica cluster (`kv cluster create --replicas
     and INFO # Replication says who is who, with offsets;
   - a SIGSTOPped replica holds a SET's reply until it resumes, or past
     --repl-timeout-ms turns it into -NOREPLICAS (no hang, no false OK), on
-    RESP and on the RDMA write RPC (`conveyor kv set`);
+    RESP and on the RDMA write RPC (`conveyor kv set`); the nodes' shrink
+    bound (--repl-isr-lag-ms) is set past the test's waits so that the
+    replica stays in the in-sync set and the -NOREPLICAS bound is what
+    answers (kv_isr.py tests the shrink, which releases them earlier);
   - a SIGKILLed replica, restarted, catches up (snapshot + stream) with the
     writes made while it was down;
   - garbage sent to the replication endpoint (raw TCP bytes, a silent peer,
@@ -41,6 +44,7 @@ from kv_cluster import wait_until  # noqa: E402
 
 NAME = kv_cluster.NAME
 TIMEOUT_MS = 1500  # --repl-timeout-ms of the nodes
+ISR_LAG_MS = 60000  # --repl-isr-lag-ms: no shrink within this file's waits
 
 
 def info(client):
@@ -74,8 +78,8 @@ class Replication(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.etcd, cls.dir, cls.nodes = kv_cluster.start_cluster(
-            "conveyor-kv-repl.", 2, 1, 1, "--repl-timeout-ms", str(TIMEOUT_MS), "--rdma-listen",
-            "127.0.0.1:0")
+            "conveyor-kv-repl.", 2, 1, 1, "--repl-timeout-ms", str(TIMEOUT_MS), "--repl-isr-lag-ms",
+            str(ISR_LAG_MS), "--rdma-listen", "127.0.0.1:0")
         try:
             # create takes the primaries first by address: the lower port.
             cls.nodes.sort(key=lambda n: n.port)
