@@ -108,10 +108,23 @@ class Replication(unittest.TestCase):
             raise AssertionError("\n".join(problems))
 
     def reader(self):
-        """A READONLY connection to the replica."""
+        """A READONLY connection to the replica, once it serves: after a
+        SIGSTOP longer than its fence (lease 2 s - 0.4 s after its last
+        renewal) it answers -CLUSTERDOWN until its keeper renews the lease,
+        which a loaded etcd may take a moment to answer."""
         r = redis.Redis(host="127.0.0.1", port=self.replica.port, socket_timeout=10,
                         single_connection_client=True)
         self.assertTrue(r.execute_command("READONLY"))
+
+        def serves():
+            try:
+                r.get("reader-probe")
+                return True
+            except redis.ResponseError as e:
+                if "CLUSTERDOWN" not in str(e):
+                    raise
+                return False
+        wait_until(serves, 10, "the replica serving READONLY reads")
         return r
 
     def write_everything(self, prefix, n):

@@ -161,7 +161,8 @@ struct cluster_node::state {
   steady::time_point fence_until = steady::time_point::min();
   bool held = true;
   bool lease_lost = false;
-  std::string last_log;  // the node's thread only: the last error's kind (log_error)
+  std::string last_log;        // the node's thread only: the last error's kind (log_error)
+  std::string last_isr_error;  // the node's thread only: the last isr change's failure logged
 
   void log(const std::string& line) {
     if (opts.log) opts.log(line);
@@ -333,9 +334,15 @@ struct cluster_node::state {
         continue;
       }
       if (c.result == isr_change::outcome::failed) {
-        log("the in-sync set's " + std::string(add ? "addition of " : "removal of ") +
-            r.substr(0, 8) + " is not written yet: " + c.error + " (trying again)");
+        // Logged when the reason changes, not at every retry.
+        std::string line = "the in-sync set's " +
+                           std::string(add ? "addition of " : "removal of ") + r.substr(0, 8) +
+                           " is not written yet: " + c.error + " (trying again)";
+        if (line != last_isr_error) log(line);
+        last_isr_error = std::move(line);
         retry.emplace_back(std::move(r), add);
+      } else {
+        last_isr_error.clear();
       }
     }
     if (!retry.empty()) {
