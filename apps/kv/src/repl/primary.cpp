@@ -322,9 +322,9 @@ struct primary::impl {
   }
 
   // Each member of the map's isr that has not acknowledged within isr_lag:
-  // its links closed (a stopped or slow replica must not count as caught up
-  // when it rejoins: it starts over from a snapshot) and asked out of the
-  // map's isr. Replies wait for it until the map without it arrives. A fenced
+  // its caught-up links closed (a stopped or slow replica must not count as
+  // caught up when it rejoins: it starts over from a snapshot) and asked out
+  // of the map's isr. Replies wait for it until the map without it arrives. A fenced
   // node asks nothing (it may have been replaced). Members that joined here
   // and are not in the map yet are asked out once the map has them (their
   // addition is on its way, and a replica must never be dropped here while
@@ -362,8 +362,10 @@ struct primary::impl {
           " ms (bound " + std::to_string(isr_lag.count()) +
           " ms): asking for it to leave the in-sync set; replies wait for it until the map says "
           "so");
+      // Its caught-up links go (one still in its snapshot stays: it joins by
+      // the usual path when its snapshot is applied).
       for (auto& [id, k] : links)
-        if (k->node_id == r) close(*k);
+        if (k->node_id == r && k->caught_up) close(*k);
       opts.on_leave(r);
     }
   }
