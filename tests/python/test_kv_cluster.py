@@ -84,11 +84,12 @@ def test_a_stopped_node_is_not_trusted_past_its_lease(node):
               "(lease %d s)" % (served, refused_at, kv_cluster.LEASE_S), file=sys.stderr)
     finally:
         n.proc.send_signal(signal.SIGCONT)
-    # Back: its lease is renewed (or it registers again) and GETs are answered.
-    c2 = conveyor.kv.Client.connect(name, timeout=2.0)
+    # Back: its lease is renewed (or it registers again) and GETs are answered
+    # (a fenced node refuses new RDMA connections too, until then).
     deadline = time.monotonic() + 20
     while True:
         try:
+            c2 = conveyor.kv.Client.connect(name, timeout=2.0)
             assert c2.get("k") == b"v1"
             break
         except conveyor.Rejected:

@@ -139,6 +139,13 @@ void add_kv_serve_options(CLI::App& app, kv_serve_options& o) {
                  "before it (past it: -NOREPLICAS)")
       ->check(CLI::Range(10u, 3600000u))
       ->capture_default_str();
+  app.add_option("--repl-isr-lag-ms", o.repl_isr_lag_ms,
+                 "how long an in-sync replica may leave what was sent to it unacknowledged "
+                 "(or have no link) before this node, its primary, removes it from the in-sync "
+                 "set (0: half of --repl-timeout-ms, so that the held replies are released "
+                 "before their bound)")
+      ->check(CLI::Range(0u, 3600000u))
+      ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no start-up lines on stderr");
 }
 
@@ -203,6 +210,7 @@ int run_kv_serve(const kv_serve_options& o) {
   so.cluster_lease_s = o.cluster_lease_s;
   so.cluster_repl_port = o.cluster_repl_port;
   so.repl_timeout_ms = o.repl_timeout_ms;
+  so.repl_isr_lag_ms = o.repl_isr_lag_ms;
   return kv::serve(so);
 }
 

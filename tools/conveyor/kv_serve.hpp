@@ -38,6 +38,7 @@ struct kv_serve_options {
   unsigned cluster_lease_s = 5;
   std::uint16_t cluster_repl_port = 0;  // the replication listener (0: any free port)
   unsigned repl_timeout_ms = 5000;      // how long a reply waits for its replicas' acks
+  unsigned repl_isr_lag_ms = 0;  // an in-sync replica silent this long leaves the isr (0: half)
   // Collections' encodings (Redis's names and defaults; docs/KV.md).
   std::size_t hash_max_listpack_entries = 512, hash_max_listpack_value = 64;
   std::size_t zset_max_listpack_entries = 128, zset_max_listpack_value = 64;

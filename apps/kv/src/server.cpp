@@ -328,6 +328,7 @@ int serve(const server_options& so) {
     const bool named = so.provider == "shm" || so.provider.starts_with("shm:");
     if (!named) rpo.primary.address = host + ":" + std::to_string(so.cluster_repl_port);
     rpo.primary.ack_timeout_ms = so.repl_timeout_ms;
+    rpo.primary.isr_lag_ms = so.repl_isr_lag_ms;
     rpo.limits = ro.limits;  // a record is bounded as a client's command is
     rpo.log = [](const std::string& line) {
       std::fprintf(stderr, "conveyor kv serve: %s\n", line.c_str());
@@ -337,6 +338,11 @@ int serve(const server_options& so) {
     // replica's link going up or down is published for the controller.
     rpo.primary.on_join = [&node](const std::string& id) {
       if (node) node->request_isr_add(id);
+    };
+    // The shrink: an in-sync replica that stopped acknowledging leaves the
+    // isr by a map CAS this node proposes (docs/KV-CLUSTER.md).
+    rpo.primary.on_leave = [&node](const std::string& id) {
+      if (node) node->request_isr_remove(id);
     };
     rpo.report = [&node](const cluster::offset_report& r) {
       if (node) node->report_offset(r);

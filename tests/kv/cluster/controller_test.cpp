@@ -1,12 +1,16 @@
 // Failover and fencing as pure functions (apps/kv/src/cluster/controller.*):
 // which replica the controller promotes (and when it must wait or do
-// nothing), the isr's re-entry, manual failover, the offset reports'
-// hostile-input checks, and the fencing deadline's arithmetic.
+// nothing), the isr's re-entry and shrink (and the shrink's CAS racing the
+// controller's failover CAS on one map revision, over an in-memory coord),
+// manual failover, the offset reports' hostile-input checks, and the fencing
+// deadline's arithmetic.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 
+#include "cluster/cluster_node.hpp"
 #include "cluster/controller.hpp"
 #include "three_shards.hpp"
 
@@ -15,6 +19,7 @@ namespace controller_test {
 using namespace conveyor::kv::cluster;
 using namespace std::chrono_literals;
 
+using conveyor::result;
 using kvtest::hex_id;
 
 using live_set = std::map<std::string, node_registration, std::less<>>;
@@ -144,6 +149,245 @@ TEST(controller, a_caught_up_replica_rejoins_the_isr_only_of_the_primary_that_as
   EXPECT_FALSE(add_to_isr(*n, hex_id('1'), hex_id('7')));  // already in
   EXPECT_FALSE(add_to_isr(m, hex_id('2'), hex_id('7')));   // not its primary (deposed)
   EXPECT_FALSE(add_to_isr(m, hex_id('1'), hex_id('2')));   // not its replica
+}
+
+TEST(controller, a_replica_leaves_only_the_isr_of_the_primary_that_asked) {
+  const auto m = with_replicas();
+  auto n = remove_from_isr(m, hex_id('1'), hex_id('7'));
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->epoch, m.epoch + 1);
+  EXPECT_EQ(n->shards[1].isr, (std::vector<std::string>{hex_id('1'), hex_id('8')}));
+  // Still a replica (it follows and catches up), just not in sync.
+  EXPECT_EQ(n->shards[1].replicas, m.shards[1].replicas);
+  EXPECT_EQ(n->shards[0], m.shards[0]);
+  EXPECT_EQ(n->shards[2], m.shards[2]);
+  EXPECT_TRUE(validate(*n));
+  EXPECT_FALSE(remove_from_isr(*n, hex_id('1'), hex_id('7')));  // already out
+  EXPECT_FALSE(remove_from_isr(m, hex_id('2'), hex_id('7')));   // not its primary (deposed)
+  EXPECT_FALSE(remove_from_isr(m, hex_id('1'), hex_id('1')));   // the primary itself
+  // Out, then back in by the existing path once it caught up.
+  auto back = add_to_isr(*n, hex_id('1'), hex_id('7'));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->epoch, m.epoch + 2);
+  EXPECT_EQ(back->shards[1].isr, (std::vector<std::string>{hex_id('1'), hex_id('8'), hex_id('7')}));
+  // A removed replica is no failover candidate: with the primary gone and
+  // only '8' left in the isr, '8' is promoted whatever '7' reports.
+  auto d = decide_failover(*n, alive(*n, hex_id('1')),
+                           {{hex_id('7'), down(999)}, {hex_id('8'), down(1)}}, {});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->map.shards[1].primary, hex_id('8'));
+  EXPECT_EQ(d->map.shards[1].isr, std::vector<std::string>{hex_id('8')});
+}
+
+// An in-memory coord with etcd's revision rules (get, range, put, put_if,
+// put_if_absent, del); `before_cas`, when set, runs once just before the next
+// CAS compares, as another writer's CAS landing between a read and a write.
+auto unreachable() {
+  return conveyor::make_error(conveyor::errc::connection_refused, "memory_coord: down");
+}
+
+class memory_coord final : public coord {
+ public:
+  std::map<std::string, key_value, std::less<>> keys;
+  std::int64_t rev = 1;
+  std::function<void()> before_cas;
+  bool down = false;  // every call fails (etcd unreachable)
+
+  result<std::optional<key_value>> get(std::string_view key) override {
+    if (down) return unreachable();
+    auto it = keys.find(key);
+    if (it == keys.end()) return std::optional<key_value>{};
+    return std::optional<key_value>{it->second};
+  }
+  result<range_result> range_prefix(std::string_view prefix, std::int64_t) override {
+    if (down) return unreachable();
+    range_result r;
+    for (const auto& [k, v] : keys)
+      if (k.starts_with(prefix)) r.kvs.push_back(v);
+    r.revision = rev;
+    return r;
+  }
+  result<std::int64_t> put(std::string_view key, std::string_view value, std::int64_t) override {
+    if (down) return unreachable();
+    auto& kv = keys[std::string(key)];
+    kv.key = key;
+    kv.value = value;
+    kv.mod_revision = ++rev;
+    return rev;
+  }
+  result<cas_result> put_if(std::string_view key, std::string_view value, std::int64_t expected,
+                            std::int64_t) override {
+    return put_if_absent(key, value, expected, {});
+  }
+  result<cas_result> put_if_absent(std::string_view key, std::string_view value,
+                                   std::int64_t expected,
+                                   const std::vector<std::string>& absent) override {
+    if (down) return unreachable();
+    if (auto f = std::exchange(before_cas, nullptr)) f();
+    ++cas_calls;
+    cas_result r;
+    auto it = keys.find(key);
+    const std::int64_t now = it == keys.end() ? 0 : it->second.mod_revision;
+    bool ok = now == expected;
+    for (const auto& a : absent) ok = ok && !keys.contains(a);
+    if (!ok) {
+      r.revision = rev;
+      if (it != keys.end()) r.current = it->second;
+      return r;
+    }
+    (void)put(key, value, 0);
+    r.succeeded = true;
+    r.revision = rev;
+    return r;
+  }
+  result<std::int64_t> del(std::string_view key) override {
+    if (down) return unreachable();
+    return static_cast<std::int64_t>(keys.erase(std::string(key)));
+  }
+  result<lease_grant> grant_lease(std::chrono::seconds) override { return unreachable(); }
+  result<std::chrono::seconds> keep_alive(std::int64_t) override { return unreachable(); }
+  result<void> revoke_lease(std::int64_t) override { return unreachable(); }
+  result<watch_result> watch_prefix(std::string_view, std::int64_t,
+                                    std::chrono::milliseconds) override {
+    return unreachable();
+  }
+  int cas_calls = 0;
+};
+
+// Shard 'b': primary '1', one replica '7' in sync (the process test's shape).
+shard_map one_replica() {
+  auto m = kvtest::three_shards();
+  m.nodes.push_back({hex_id('7'), "127.0.0.1:7007", "", "127.0.0.1:27007"});
+  m.shards[1].replicas = {hex_id('7')};
+  m.shards[1].isr = {hex_id('1'), hex_id('7')};
+  return m;
+}
+
+constexpr std::string_view cluster = "c1";
+
+shard_map map_in(memory_coord& c) {
+  auto kv = c.get(config_key(cluster));
+  EXPECT_TRUE(kv && *kv);
+  auto m = parse_shard_map((*kv)->value);
+  EXPECT_TRUE(m);
+  return *m;
+}
+
+// The controller's failover write as cluster_node.cpp's control() makes it:
+// decided from the map read at `rev`, CAS on `rev` and on the deposed
+// primaries' registrations being absent.
+bool write_failover(memory_coord& c, const failover_decision& d, std::int64_t rev) {
+  std::vector<std::string> absent;
+  for (const auto& p : d.deposed) absent.push_back(nodes_prefix(cluster) + p);
+  auto w = c.put_if_absent(config_key(cluster), to_json(d.map), rev, absent);
+  return w && w->succeeded;
+}
+
+TEST(controller, a_shrink_that_wins_the_race_leaves_the_failover_no_candidate) {
+  // The primary '1' asks '7' out at the moment its own lease expires (its
+  // registration is gone); the controller decided a failover from the same
+  // map revision. The shrink's CAS lands first.
+  memory_coord c;
+  const auto m = one_replica();
+  (void)c.put(config_key(cluster), to_json(m), 0);
+  const auto rev = c.keys[config_key(cluster)].mod_revision;
+  const auto live = alive(m, hex_id('1'));
+  const report_map reports{{hex_id('7'), down(500)}};
+  auto d = decide_failover(m, live, reports, {});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->promoted, std::vector<std::string>{hex_id('7')});
+
+  const auto s = propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), /*add=*/false);
+  EXPECT_EQ(s.result, isr_change::outcome::written) << s.error;
+  EXPECT_EQ(s.epoch, m.epoch + 1);
+  // The failover's CAS on the old revision loses; the controller reads again
+  // and, from the map without '7', has no candidate: the shard stays down
+  // rather than promote a replica the primary stopped waiting for.
+  EXPECT_FALSE(write_failover(c, *d, rev));
+  const auto now = map_in(c);
+  EXPECT_EQ(now.shards[1].primary, hex_id('1'));
+  EXPECT_EQ(now.shards[1].isr, std::vector<std::string>{hex_id('1')});
+  EXPECT_FALSE(decide_failover(now, live, reports, {hex_id('b')}));
+}
+
+TEST(controller, a_shrink_that_loses_the_race_to_a_failover_changes_nothing) {
+  // Both read the same revision; the failover's CAS lands between the
+  // shrink's read and its CAS. The shrink reads again: '1' is no longer the
+  // primary, so it writes nothing (a deposed primary never shrinks).
+  memory_coord c;
+  const auto m = one_replica();
+  (void)c.put(config_key(cluster), to_json(m), 0);
+  const auto rev = c.keys[config_key(cluster)].mod_revision;
+  auto d = decide_failover(m, alive(m, hex_id('1')), {{hex_id('7'), down(500)}}, {});
+  ASSERT_TRUE(d);
+  bool failed_over = false;
+  c.before_cas = [&] { failed_over = write_failover(c, *d, rev); };
+  const auto s = propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), /*add=*/false);
+  EXPECT_TRUE(failed_over);
+  EXPECT_EQ(s.result, isr_change::outcome::moot) << s.error;
+  EXPECT_EQ(c.cas_calls, 2);  // the failover's, then the shrink's (lost); no third
+  const auto now = map_in(c);
+  EXPECT_EQ(now, d->map);
+  EXPECT_EQ(now.shards[1].primary, hex_id('7'));
+}
+
+TEST(controller, a_shrink_that_loses_to_another_change_reads_again_and_writes) {
+  // An address refresh (the controller) lands between the shrink's read and
+  // its CAS: the primary is still the primary, so the shrink is computed
+  // again from the new map and written on its revision, keeping the refresh.
+  memory_coord c;
+  const auto m = one_replica();
+  (void)c.put(config_key(cluster), to_json(m), 0);
+  auto refreshed = m;
+  refreshed.nodes.back().repl = "127.0.0.1:30000";
+  ++refreshed.epoch;
+  c.before_cas = [&] { (void)c.put(config_key(cluster), to_json(refreshed), 0); };
+  const auto s = propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), /*add=*/false);
+  EXPECT_EQ(s.result, isr_change::outcome::written) << s.error;
+  const auto now = map_in(c);
+  EXPECT_EQ(now.epoch, m.epoch + 2);
+  EXPECT_EQ(now.shards[1].isr, std::vector<std::string>{hex_id('1')});
+  EXPECT_EQ(find_node(now, hex_id('7'))->repl, "127.0.0.1:30000");
+  // Asked again (a retry after an unknown outcome): nothing to do.
+  EXPECT_EQ(propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), false).result,
+            isr_change::outcome::moot);
+  // The replica caught up: the same path adds it back.
+  const auto a = propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), /*add=*/true);
+  EXPECT_EQ(a.result, isr_change::outcome::written) << a.error;
+  EXPECT_EQ(map_in(c).shards[1].isr, (std::vector<std::string>{hex_id('1'), hex_id('7')}));
+}
+
+TEST(controller, a_shrink_is_not_written_without_etcd_or_a_valid_map) {
+  memory_coord c;
+  // No map: nothing to change.
+  EXPECT_EQ(propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), false).result,
+            isr_change::outcome::moot);
+  // An invalid map: nothing written over it.
+  (void)c.put(config_key(cluster), "{\"epoch\": 1}", 0);
+  EXPECT_EQ(propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), false).result,
+            isr_change::outcome::moot);
+  EXPECT_EQ(c.keys[config_key(cluster)].value, "{\"epoch\": 1}");
+  // etcd away: failed (the node tries again), nothing assumed.
+  (void)c.put(config_key(cluster), to_json(one_replica()), 0);
+  c.down = true;
+  const auto s = propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), false);
+  EXPECT_EQ(s.result, isr_change::outcome::failed);
+  EXPECT_FALSE(s.error.empty());
+  c.down = false;
+  EXPECT_EQ(map_in(c).shards[1].isr, (std::vector<std::string>{hex_id('1'), hex_id('7')}));
+  // A map that never stops changing: bounded attempts, then failed.
+  int changes = 0;
+  std::function<void()> churn = [&] {
+    auto m = map_in(c);
+    ++m.epoch;
+    (void)c.put(config_key(cluster), to_json(m), 0);
+    ++changes;
+    c.before_cas = churn;
+  };
+  c.before_cas = churn;
+  EXPECT_EQ(propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), false, 3).result,
+            isr_change::outcome::failed);
+  EXPECT_EQ(changes, 3);
 }
 
 TEST(controller, manual_failover_takes_only_an_in_sync_replica) {

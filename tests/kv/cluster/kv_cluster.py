@@ -118,26 +118,42 @@ class Node:
         self.start()
 
     def start(self):
+        """Starts it on self.port; a restart whose port another process took
+        meanwhile (parallel tests take free ports too) moves to a free one:
+        the node keeps its id and registers its new address."""
+        for attempt in range(3):
+            try:
+                return self.start_once()
+            except RuntimeError as e:
+                if "Address already in use" not in str(e) or attempt == 2:
+                    raise
+                self.log.close()
+                self.port = free_port()
+
+    def start_once(self):
         self.log_path = os.path.join(self.dir, "serve.log")
         self.log = open(self.log_path, "ab")
+        self.log_start = self.log.tell()
         self.proc = subprocess.Popen(
             [BIN, "kv", "serve", "--port", str(self.port), "--dir", self.dir,
              "--data-bytes", "64mb", "--cluster", self.etcd.endpoint, "--cluster-name", NAME,
              "--cluster-lease", str(LEASE_S), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         # The port is bound before the node joins (its id file is written as
-        # it joins): both, before the test goes on.
+        # it joins): both, before the test goes on. Bound by this process: its
+        # own log line says so (a restart finds the id file of its last run,
+        # and another process may answer on the port).
         id_file = os.path.join(self.dir, "cluster-node.id")
+        bound = ("RESP on 127.0.0.1:%d " % self.port).encode()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("node exited: " + self.read_log())
             if os.path.exists(id_file):
-                try:
-                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                    break
-                except OSError:
-                    pass
+                with open(self.log_path, "rb") as f:
+                    f.seek(self.log_start)
+                    if bound in f.read():
+                        break
             time.sleep(0.05)
         with open(id_file) as f:
             self.id = f.read().strip()

@@ -9,7 +9,10 @@ a real etcd and a 1-shard x 1-replica cluster (`kv cluster create --replicas
     and INFO # Replication says who is who, with offsets;
   - a SIGSTOPped replica holds a SET's reply until it resumes, or past
     --repl-timeout-ms turns it into -NOREPLICAS (no hang, no false OK), on
-    RESP and on the RDMA write RPC (`conveyor kv set`);
+    RESP and on the RDMA write RPC (`conveyor kv set`); the nodes' shrink
+    bound (--repl-isr-lag-ms) is set past the test's waits so that the
+    replica stays in the in-sync set and the -NOREPLICAS bound is what
+    answers (kv_isr.py tests the shrink, which releases them earlier);
   - a SIGKILLed replica, restarted, catches up (snapshot + stream) with the
     writes made while it was down;
   - garbage sent to the replication endpoint (raw TCP bytes, a silent peer,
@@ -46,6 +49,7 @@ TIMEOUT_MS = 1500  # --repl-timeout-ms of the nodes
 # fence a node in the middle of a test (a 2 s lease did, once, beside two
 # compiles: CLUSTERDOWN from a healthy replica).
 kv_cluster.LEASE_S = 5
+ISR_LAG_MS = 60000  # --repl-isr-lag-ms: no shrink within this file's waits
 
 
 def info(client):
@@ -79,8 +83,8 @@ class Replication(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.etcd, cls.dir, cls.nodes = kv_cluster.start_cluster(
-            "conveyor-kv-repl.", 2, 1, 1, "--repl-timeout-ms", str(TIMEOUT_MS), "--rdma-listen",
-            "127.0.0.1:0")
+            "conveyor-kv-repl.", 2, 1, 1, "--repl-timeout-ms", str(TIMEOUT_MS), "--repl-isr-lag-ms",
+            str(ISR_LAG_MS), "--rdma-listen", "127.0.0.1:0")
         try:
             # create takes the primaries first by address: the lower port.
             cls.nodes.sort(key=lambda n: n.port)
@@ -109,10 +113,23 @@ class Replication(unittest.TestCase):
             raise AssertionError("\n".join(problems))
 
     def reader(self):
-        """A READONLY connection to the replica."""
+        """A READONLY connection to the replica, once it serves: after a
+        SIGSTOP longer than its fence (lease 2 s - 0.4 s after its last
+        renewal) it answers -CLUSTERDOWN until its keeper renews the lease,
+        which a loaded etcd may take a moment to answer."""
         r = redis.Redis(host="127.0.0.1", port=self.replica.port, socket_timeout=10,
                         single_connection_client=True)
         self.assertTrue(r.execute_command("READONLY"))
+
+        def serves():
+            try:
+                r.get("reader-probe")
+                return True
+            except redis.ResponseError as e:
+                if "CLUSTERDOWN" not in str(e):
+                    raise
+                return False
+        wait_until(serves, 10, "the replica serving READONLY reads")
         return r
 
     def write_everything(self, prefix, n):

@@ -1,7 +1,9 @@
 // The primary's side of replication in-process (apps/kv/src/repl/primary.hpp)
 // against a replica played by the test over the soft provider: the snapshot,
 // the stream and its offsets, the acknowledged offset the front ends wait on;
-// and hostile peers (a foreign hello, a node that is no replica, garbage,
+// the in-sync set's shrink (a silent or unlinked replica asked out, replies
+// released only by the map without it, never by a fenced node); and hostile
+// peers (a foreign hello, a node that is no replica, garbage,
 // acks past what was sent, credits never given) that lose their link and
 // leave the primary serving the next one.
 #include <gtest/gtest.h>
@@ -36,12 +38,16 @@ struct node {
   std::unique_ptr<repl::primary> p;
   std::thread thread;
 
-  std::vector<std::string> joins;  // on_join's calls (loop thread)
+  std::vector<std::string> joins;   // on_join's calls (loop thread)
+  std::vector<std::string> leaves;  // on_leave's calls (loop thread)
 
   // in_sync: the replica is in the map's isr (else it must catch up and join).
-  explicit node(bool in_sync = true) {
+  // isr_lag_ms: the shrink's bound (0: half of the 5 s ack timeout).
+  explicit node(bool in_sync = true, std::int64_t isr_lag_ms = 0) {
     repl::primary_options o{.address = "127.0.0.1:0"};
     o.on_join = [this](const std::string& id) { joins.push_back(id); };
+    o.isr_lag_ms = isr_lag_ms;
+    o.on_leave = [this](const std::string& id) { leaves.push_back(id); };
     p = repl::primary::start(env.dev, env.pd, loop, ex, o).value();
     ex.set_replication(p.get(), &p->sync());
     p->set_shard(shard_id, {replica_id},
@@ -322,4 +328,98 @@ TEST(kv_repl_primary, protocol_violations_close_the_link_and_the_next_replica_is
   auto m = good.next();
   ASSERT_TRUE(m);
   EXPECT_EQ(m->first.offset, off);
+}
+
+// The shrink: an in-sync replica that leaves a write unacknowledged past the
+// bound is asked out (its link closed), but the write stays unacknowledged
+// until the map without it comes; then it is released. The replica comes back
+// by the usual path: a snapshot, then asked into the map again.
+TEST(kv_repl_primary, a_silent_in_sync_replica_is_asked_out_and_waited_for_until_the_map_drops_it) {
+  node n(true, 300);
+  fake_replica r;
+  ASSERT_TRUE(r.connect(n.p->address()));
+  auto [snap_offset, snap] = read_snapshot(r);
+  r.ack(snap_offset, std::exchange(r.returned, 0));
+  for (int i = 0; i < 300 && n.sync().acked < snap_offset; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(n.sync().acked, snap_offset);
+  // Acknowledging in time: nothing happens.
+  EXPECT_EQ(n.run({"SET", "a", "1"}), "+OK\r\n");
+  auto m = r.next();
+  ASSERT_TRUE(m);
+  r.ack(m->first.offset + m->second.size(), std::exchange(r.returned, 0));
+  std::this_thread::sleep_for(500ms);
+  EXPECT_TRUE(n.on_loop([&] { return n.leaves.empty(); }));
+  EXPECT_FALSE(n.sync().waiting());
+  // Silent: asked out after the bound (not before), its link closed.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(n.run({"SET", "b", "2"}), "+OK\r\n");
+  EXPECT_TRUE(n.sync().waiting());
+  while (n.on_loop([&] { return n.leaves.empty(); }) && std::chrono::steady_clock::now() - t0 < 3s)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
+  EXPECT_EQ(n.on_loop([&] { return n.leaves; }), std::vector<std::string>{replica_id});
+  EXPECT_TRUE(r.dropped());
+  // Asked once, and still waited for: the map has not dropped it yet.
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(n.on_loop([&] { return n.leaves.size(); }), 1u);
+  EXPECT_TRUE(n.sync().waiting());
+  EXPECT_NE(n.info().find("repl_in_sync_replicas:1"), std::string::npos);
+  // The map without it in the isr (still a replica): released.
+  n.on_loop([&] {
+    n.p->set_shard(shard_id, {replica_id}, {});
+    return 0;
+  });
+  EXPECT_FALSE(n.sync().waiting());
+  EXPECT_NE(n.info().find("repl_in_sync_replicas:0"), std::string::npos);
+  EXPECT_EQ(n.run({"SET", "after-shrink", "3"}), "+OK\r\n");
+  EXPECT_FALSE(n.sync().waiting());
+  // It connects again, applies a snapshot and is asked back into the map.
+  fake_replica again;
+  ASSERT_TRUE(again.connect(n.p->address()));
+  auto [off2, snap2] = read_snapshot(again);
+  EXPECT_NE(snap2.find("after-shrink"), std::string::npos);
+  again.ack(off2, std::exchange(again.returned, 0));
+  for (int i = 0; i < 300 && n.on_loop([&] { return n.joins.empty(); }); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(n.on_loop([&] { return n.joins; }), std::vector<std::string>{replica_id});
+  // Back in the map's isr: not asked out while it acknowledges.
+  n.on_loop([&] {
+    n.p->set_shard(shard_id, {replica_id}, {replica_id});
+    return 0;
+  });
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(n.on_loop([&] { return n.leaves.size(); }), 1u);
+}
+
+// A replica in the map's isr with no link at all is asked out after the
+// bound, even with no write waiting; a fenced node asks nothing (it may have
+// been replaced), whatever its replicas do.
+TEST(kv_repl_primary, an_unlinked_in_sync_replica_is_asked_out_unless_the_node_is_fenced) {
+  {
+    node n(true, 200);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (n.on_loop([&] { return n.leaves.empty(); }) &&
+           std::chrono::steady_clock::now() - t0 < 3s)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, 200ms);
+    EXPECT_EQ(n.on_loop([&] { return n.leaves; }), std::vector<std::string>{replica_id});
+  }
+  {
+    node n(true, 200);
+    n.on_loop([&] {
+      n.cfg.cluster_enabled = true;
+      n.ex.set_fence(std::chrono::steady_clock::time_point::min());
+      return 0;
+    });
+    std::this_thread::sleep_for(700ms);
+    EXPECT_TRUE(n.on_loop([&] { return n.leaves.empty(); }));
+    // Unfenced again (its lease renewed): it asks.
+    n.on_loop([&] {
+      n.ex.set_fence(std::chrono::steady_clock::time_point::max());
+      return 0;
+    });
+    for (int i = 0; i < 300 && n.on_loop([&] { return n.leaves.empty(); }); ++i)
+      std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(n.on_loop([&] { return n.leaves; }), std::vector<std::string>{replica_id});
+  }
 }

@@ -97,9 +97,14 @@ struct server_options {
   // (a Conveyor listener on `bind` with the device's provider, announced with
   // cluster_announce; 0: any free port), and how long a reply (any reply of
   // a connection, reads too) waits for every in-sync replica to acknowledge
-  // the writes before it; past it the reply is -NOREPLICAS.
+  // the writes before it; past it the reply is -NOREPLICAS. An in-sync
+  // replica that leaves what it was sent unacknowledged (or has no link) for
+  // repl_isr_lag_ms (0: half of repl_timeout_ms) is removed from the in-sync
+  // set by a map CAS its primary proposes (the shrink, docs/KV-CLUSTER.md),
+  // which releases the replies it held.
   std::uint16_t cluster_repl_port = 0;
   unsigned repl_timeout_ms = 5000;
+  unsigned repl_isr_lag_ms = 0;
 
   bool quiet = false;  // no start-up lines on stderr
   // Called on the loop thread once both front ends listen.

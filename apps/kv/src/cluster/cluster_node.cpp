@@ -141,7 +141,9 @@ struct cluster_node::state {
   std::condition_variable cv;
   bool stopping = false;                // under mu
   std::optional<offset_report> report;  // under mu: to publish
-  std::vector<std::string> isr_adds;    // under mu: to write
+  // under mu: the isr changes to write, in order (replica, add or remove);
+  // at most one per replica (a later request replaces an earlier one).
+  std::vector<std::pair<std::string, bool>> isr_changes;
   std::atomic<bool> controlling{false};
   std::atomic<std::int64_t> lease{0};
   // The lease's renewals run on their own thread (keeper), so that a slow
@@ -159,7 +161,8 @@ struct cluster_node::state {
   steady::time_point fence_until = steady::time_point::min();
   bool held = true;
   bool lease_lost = false;
-  std::string last_log;  // the node's thread only: the last error's kind (log_error)
+  std::string last_log;        // the node's thread only: the last error's kind (log_error)
+  std::string last_isr_error;  // the node's thread only: the last isr change's failure logged
 
   void log(const std::string& line) {
     if (opts.log) opts.log(line);
@@ -299,15 +302,17 @@ struct cluster_node::state {
           d->promoted[i].substr(0, 8) + " (epoch " + std::to_string(d->map.epoch) + ")");
   }
 
-  // The replica's report and the primary's isr additions, when registered.
+  // The replica's report and the primary's isr changes, when registered and
+  // within the fence (a fenced primary changes nothing: it may have been
+  // replaced; the CAS would fail then anyway, as the map changed).
   void publish(std::int64_t l) {
     std::optional<offset_report> rep;
-    std::vector<std::string> adds;
+    std::vector<std::pair<std::string, bool>> changes;
     {
       std::lock_guard lk(mu);
       rep = std::move(report);
       report.reset();
-      adds.swap(isr_adds);
+      changes.swap(isr_changes);
     }
     if (rep) {
       auto p = etcd->put(offsets_prefix(opts.cluster_name) + id, to_json(*rep), l);
@@ -317,36 +322,52 @@ struct cluster_node::state {
         if (!report) report = std::move(rep);
       }
     }
-    std::vector<std::string> retry;
-    for (auto& r : adds) {
-      auto cfg = etcd->get(config_key(opts.cluster_name));
-      if (!cfg || !*cfg) {
-        retry.push_back(std::move(r));
+    std::vector<std::pair<std::string, bool>> retry;
+    for (auto& [r, add] : changes) {
+      const auto c = propose_isr_change(*etcd, opts.cluster_name, id, r, add);
+      if (c.result == isr_change::outcome::written) {
+        log(add ? "replica " + r.substr(0, 8) + " caught up: back in the in-sync set (epoch " +
+                      std::to_string(c.epoch) + ")"
+                : "replica " + r.substr(0, 8) +
+                      " did not acknowledge in time: removed from the in-sync set (epoch " +
+                      std::to_string(c.epoch) + ")");
         continue;
       }
-      auto m = parse_shard_map((*cfg)->value);
-      if (!m) continue;
-      auto next = add_to_isr(*m, id, r);
-      if (!next) continue;  // no longer this node's replica, or already in sync
-      auto w = etcd->put_if(config_key(opts.cluster_name), to_json(*next), (*cfg)->mod_revision);
-      if (w && w->succeeded) {
-        log("replica " + r.substr(0, 8) + " caught up: back in the in-sync set (epoch " +
-            std::to_string(next->epoch) + ")");
-        continue;
+      if (c.result == isr_change::outcome::failed) {
+        // Logged when the reason changes, not at every retry.
+        std::string line = "the in-sync set's " +
+                           std::string(add ? "addition of " : "removal of ") + r.substr(0, 8) +
+                           " is not written yet: " + c.error + " (trying again)";
+        if (line != last_isr_error) log(line);
+        last_isr_error = std::move(line);
+        retry.emplace_back(std::move(r), add);
+      } else {
+        last_isr_error.clear();
       }
-      retry.push_back(std::move(r));
     }
     if (!retry.empty()) {
       std::lock_guard lk(mu);
-      for (auto& r : retry)
-        if (std::find(isr_adds.begin(), isr_adds.end(), r) == isr_adds.end())
-          isr_adds.push_back(std::move(r));
+      for (auto& ch : retry) {
+        // A request made meanwhile for the same replica is newer: it wins.
+        const bool newer = std::any_of(isr_changes.begin(), isr_changes.end(),
+                                       [&](const auto& q) { return q.first == ch.first; });
+        if (!newer) isr_changes.push_back(std::move(ch));
+      }
     }
+  }
+
+  void request_isr_change(std::string replica, bool add) {
+    {
+      std::lock_guard lk(mu);
+      std::erase_if(isr_changes, [&](const auto& q) { return q.first == replica; });
+      isr_changes.emplace_back(std::move(replica), add);
+    }
+    cv.notify_all();
   }
 
   bool work_queued() {
     std::lock_guard lk(mu);
-    return report.has_value() || !isr_adds.empty();
+    return report.has_value() || !isr_changes.empty();
   }
 
   // The keeper thread: renews the current lease every quarter of its TTL,
@@ -595,12 +616,11 @@ void cluster_node::report_offset(offset_report r) {
 }
 
 void cluster_node::request_isr_add(std::string replica) {
-  {
-    std::lock_guard lk(s_->mu);
-    if (std::find(s_->isr_adds.begin(), s_->isr_adds.end(), replica) == s_->isr_adds.end())
-      s_->isr_adds.push_back(std::move(replica));
-  }
-  s_->cv.notify_all();
+  s_->request_isr_change(std::move(replica), true);
+}
+
+void cluster_node::request_isr_remove(std::string replica) {
+  s_->request_isr_change(std::move(replica), false);
 }
 
 bool cluster_node::is_controller() const noexcept {

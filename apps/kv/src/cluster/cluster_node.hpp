@@ -38,8 +38,8 @@
 // decisions by CAS. When the holder dies, its lease and the key go, and
 // another node takes the key.
 //
-// Thread safety: start/stop/id from one owning thread; report_offset and
-// request_isr_add from any; on_view, on_lease and log run on the node's
+// Thread safety: start/stop/id from one owning thread; report_offset,
+// request_isr_add and request_isr_remove from any; on_view, on_lease and log run on the node's
 // thread.
 #pragma once
 
@@ -126,6 +126,12 @@ class cluster_node {
   // (retried while the map still names this node its primary and the
   // replica outside the isr).
   void request_isr_add(std::string replica);
+  // As a primary: remove `replica` from this node's shard's isr by a map CAS
+  // (the shrink: it did not acknowledge within its bound). Written only while
+  // this node's lease holds and the map read names it the primary; retried
+  // while etcd does not answer. A later request for the same replica (an add
+  // after it caught up again) replaces a pending one.
+  void request_isr_remove(std::string replica);
   // True while this node holds the controller key (for tests and INFO).
   bool is_controller() const noexcept;
   // Ends the thread (bounded: one etcd call's timeout) and revokes the lease.

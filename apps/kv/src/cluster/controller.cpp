@@ -159,6 +159,42 @@ std::optional<shard_map> add_to_isr(const shard_map& m, std::string_view primary
   return std::nullopt;
 }
 
+std::optional<shard_map> remove_from_isr(const shard_map& m, std::string_view primary,
+                                         std::string_view replica) {
+  shard_map out = m;
+  for (auto& sh : out.shards) {
+    if (sh.primary != primary) continue;
+    if (replica == primary) return std::nullopt;  // a primary never leaves its own isr
+    auto it = std::find(sh.isr.begin(), sh.isr.end(), replica);
+    if (it == sh.isr.end()) return std::nullopt;
+    sh.isr.erase(it);
+    ++out.epoch;
+    return out;
+  }
+  return std::nullopt;
+}
+
+isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::string_view primary,
+                              std::string_view replica, bool add, int attempts) {
+  using outcome = isr_change::outcome;
+  const std::string key = config_key(cluster_name);
+  auto got = c.get(key);
+  if (!got) return {outcome::failed, 0, got.error().to_string()};
+  std::optional<key_value> cur = std::move(*got);
+  for (int i = 0; i < attempts; ++i) {
+    if (!cur) return {outcome::moot, 0, "no shard map"};
+    auto m = parse_shard_map(cur->value);
+    if (!m) return {outcome::moot, 0, m.error().to_string()};
+    auto next = add ? add_to_isr(*m, primary, replica) : remove_from_isr(*m, primary, replica);
+    if (!next) return {outcome::moot, 0, {}};
+    auto w = c.put_if(key, to_json(*next), cur->mod_revision);
+    if (!w) return {outcome::failed, 0, w.error().to_string()};
+    if (w->succeeded) return {outcome::written, next->epoch, {}};
+    cur = std::move(w->current);  // the loser reads again: the map as it is now
+  }
+  return {outcome::failed, 0, "the shard map kept changing"};
+}
+
 std::chrono::milliseconds fence_margin(std::chrono::seconds ttl) noexcept {
   const auto t = std::chrono::duration_cast<std::chrono::milliseconds>(ttl);
   return std::min(std::max(t / 5, std::chrono::milliseconds(300)), t / 2);

@@ -40,6 +40,7 @@
 
 #include <conveyor/error.hpp>
 
+#include "cluster/coord.hpp"
 #include "cluster/shard_map.hpp"
 
 namespace conveyor::kv::cluster {
@@ -101,6 +102,37 @@ result<failover_decision> manual_failover(const shard_map& m, std::string_view s
 // primary, not a replica of it, already in sync).
 std::optional<shard_map> add_to_isr(const shard_map& m, std::string_view primary,
                                     std::string_view replica);
+
+// The map with `replica` removed from the isr of the shard whose primary is
+// `primary` (epoch + 1), or nullopt when that is no longer so (another
+// primary, the replica not in its isr). The shrink (docs/KV-CLUSTER.md "The
+// in-sync set's shrink"): the primary proposes it for a replica that has not
+// acknowledged within its bound, and acknowledges without that replica only
+// once it has the map this returns, read back from etcd.
+std::optional<shard_map> remove_from_isr(const shard_map& m, std::string_view primary,
+                                         std::string_view replica);
+
+// A primary's change of its shard's isr (add: add_to_isr, else
+// remove_from_isr), written to the config key of `cluster_name` by CAS on
+// the mod_revision the map was read at: read, compute, put_if; a CAS that
+// lost (the controller's failover, an address refresh, another change won
+// on the same revision) computes again from the map as it is now, at most
+// `attempts` times. The loser of a race with a failover finds that `primary`
+// is no longer the primary (moot); a failover that lost to a shrink
+// computes its candidates from the map without the replica.
+//   written: the map changed (epoch: its new epoch);
+//   moot:    nothing to change (no map, an invalid one, not this primary's
+//            shard any more, the replica already in or out);
+//   failed:  etcd did not answer or the map kept changing (error says
+//            which): the caller tries again later, reading it afresh.
+struct isr_change {
+  enum class outcome : std::uint8_t { written, moot, failed };
+  outcome result = outcome::moot;
+  std::uint64_t epoch = 0;
+  std::string error;
+};
+isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::string_view primary,
+                              std::string_view replica, bool add, int attempts = 3);
 
 // Fencing. A node renews its lease by sending a keep-alive at `sent` (its
 // monotonic clock, read before the request left); etcd restarts the lease's

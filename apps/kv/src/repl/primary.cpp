@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -72,6 +73,18 @@ struct primary::impl {
   std::vector<std::string> replicas, in_sync;
   std::vector<std::string> map_isr, joined;  // in_sync: the map's isr and these
   std::set<std::string, std::less<>> join_asked;
+  // The shrink. marks: (offset, when the stream had reached it), taken at
+  // most every mark_every and from the 100 ms timer, above acked only: a
+  // replica whose ack is below a mark older than isr_lag has left bytes
+  // unacknowledged for at least that long (a mark is taken after its bytes
+  // were written, so the lag is never overestimated). unlinked: a map isr
+  // member -> since when it has had no caught-up link. leave_asked: the
+  // members asked out of the map's isr (until the map no longer has them).
+  std::chrono::milliseconds isr_lag{2500}, mark_every{10};
+  std::deque<std::pair<std::uint64_t, clock::time_point>> marks;
+  std::map<std::string, clock::time_point, std::less<>> unlinked;
+  std::set<std::string, std::less<>> leave_asked;
+  static constexpr std::size_t max_marks = 1024;
   std::map<std::string, std::string, std::less<>> resp;  // replica id -> its RESP address
   std::vector<server_loop::callback_id> callbacks;
   std::string scratch;
@@ -87,6 +100,10 @@ struct primary::impl {
       : dev(d), pd(p), loop(l), exec(e), opts(std::move(o)), lis(std::move(li)) {
     address = lis.address();
     sync.timeout_ms = opts.ack_timeout_ms;
+    isr_lag = std::chrono::milliseconds(
+        std::max<std::int64_t>(1, opts.isr_lag_ms > 0 ? opts.isr_lag_ms : opts.ack_timeout_ms / 2));
+    // 1024 marks span at least 8 bounds.
+    mark_every = std::max(std::chrono::milliseconds(1), isr_lag / 128);
     sync.in_sync = [this] { return in_sync.size(); };
   }
 
@@ -287,12 +304,78 @@ struct primary::impl {
       }
     }
     advance();
-    if (k.caught_up && contains(joined, k.node_id) && k.ack >= sync.acked &&
+    ask_join(k);
+  }
+
+  // A joined replica that holds every acknowledged write: ask for the map.
+  void ask_join(const link& k) {
+    if (k.caught_up && !k.closing && contains(joined, k.node_id) && k.ack >= sync.acked &&
         !join_asked.contains(k.node_id)) {
       join_asked.insert(k.node_id);
       say("replication: replica " + k.node_id.substr(0, 8) +
           " holds every acknowledged write: asking for it to join the in-sync set");
       if (opts.on_join) opts.on_join(k.node_id);
+    }
+  }
+
+  // ---- the shrink (loop thread) -------------------------------------------------
+
+  void mark(clock::time_point now) {
+    if (sync.offset <= sync.acked) return;
+    if (!marks.empty() &&
+        (marks.back().first >= sync.offset || now - marks.back().second < mark_every))
+      return;
+    marks.emplace_back(sync.offset, now);
+    // Dropping the oldest makes a lag look shorter, never longer.
+    if (marks.size() > max_marks) marks.pop_front();
+  }
+
+  // Each member of the map's isr that has not acknowledged within isr_lag:
+  // its caught-up links closed (a stopped or slow replica must not count as
+  // caught up when it rejoins: it starts over from a snapshot) and asked out
+  // of the map's isr. Replies wait for it until the map without it arrives. A fenced
+  // node asks nothing (it may have been replaced). Members that joined here
+  // and are not in the map yet are asked out once the map has them (their
+  // addition is on its way, and a replica must never be dropped here while
+  // a map naming it in the isr may be written).
+  void check_isr(clock::time_point now) {
+    mark(now);
+    for (const auto& r : map_isr) {
+      bool linked = false;
+      std::uint64_t best = 0;
+      for (const auto& [id, k] : links)
+        if (k->node_id == r && k->caught_up && !k->closing) {
+          linked = true;
+          best = std::max(best, k->ack);
+        }
+      std::optional<clock::time_point> since;
+      if (!linked) {
+        since = unlinked.try_emplace(r, now).first->second;
+      } else {
+        unlinked.erase(r);
+        auto m =
+            std::find_if(marks.begin(), marks.end(), [&](const auto& x) { return x.first > best; });
+        if (m != marks.end()) since = m->second;
+      }
+      if (!since || now - *since < isr_lag || leave_asked.contains(r) || exec.fenced() ||
+          !opts.on_leave)
+        continue;
+      leave_asked.insert(r);
+      say("replication: replica " + r.substr(0, 8) +
+          (linked ? " acknowledged " + std::to_string(best) + " of " + std::to_string(sync.offset) +
+                        " bytes"
+                  : " has no link") +
+          " for " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(now - *since).count()) +
+          " ms (bound " + std::to_string(isr_lag.count()) +
+          " ms): asking for it to leave the in-sync set; replies wait for it until the map says "
+          "so");
+      // Its caught-up links go (one still in its snapshot stays: it joins by
+      // the usual path when its snapshot is applied).
+      for (auto& [id, k] : links)
+        if (k->node_id == r && k->caught_up) close(*k);
+      opts.on_leave(r);
     }
   }
 
@@ -387,6 +470,7 @@ struct primary::impl {
     }
     if (least > sync.acked) {
       sync.acked = least;
+      while (!marks.empty() && marks.front().first <= sync.acked) marks.pop_front();
       publish_acked();
       if (sync.on_advance) sync.on_advance();
     }
@@ -483,6 +567,8 @@ result<std::unique_ptr<primary>> primary::start(device& dev, protection_domain& 
         k->ping_due = true;
         raw->pump(*k);
       }
+    raw->check_isr(now);
+    raw->reap();  // the links check_isr closed
   }));
   raw->acceptor = std::thread([raw] { raw->accept_loop(); });
   ::pthread_setname_np(raw->acceptor.native_handle(), "kv-repl-accept");
@@ -500,6 +586,7 @@ void primary::append(std::span<const std::string_view> argv) {
     p_->backlog.clear();
   }
   if (p_->in_sync.empty()) p_->sync.acked = p_->sync.offset;
+  p_->mark(clock::now());
 }
 
 sync_point& primary::sync() noexcept {
@@ -531,10 +618,23 @@ void primary::set_shard(std::string shard_id, std::vector<std::string> replicas,
     it = impl::contains(p_->joined, *it) ? std::next(it) : p_->join_asked.erase(it);
   p_->in_sync = p_->map_isr;
   p_->in_sync.insert(p_->in_sync.end(), p_->joined.begin(), p_->joined.end());
-  p_->sync_follows();
+  // The shrink's state follows the map: a member no longer in it may be asked
+  // out again once it is back.
+  std::erase_if(p_->unlinked, [&](const auto& u) { return !impl::contains(p_->map_isr, u.first); });
+  std::erase_if(p_->leave_asked, [&](const auto& r) { return !impl::contains(p_->map_isr, r); });
   for (auto& [id, k] : p_->links)
     if (k->shard_id != p_->shard_id || !p_->is_replica(k->node_id)) p_->close(*k);
+  // A replica whose link caught up while the map still had it in the isr (it
+  // reconnected after it was asked out) and that the map no longer has:
+  // it joins here again, as at the end of a snapshot.
+  for (auto& [id, k] : p_->links)
+    if (k->caught_up && !k->closing && !impl::contains(p_->in_sync, k->node_id)) {
+      p_->joined.push_back(k->node_id);
+      p_->in_sync.push_back(k->node_id);
+    }
+  p_->sync_follows();
   p_->advance();
+  for (auto& [id, k] : p_->links) p_->ask_join(*k);
 }
 
 void primary::info(std::string& t, const std::string& replid) const {

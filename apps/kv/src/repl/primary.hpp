@@ -27,6 +27,12 @@
 // and on_join asks for the map to say so. The in-sync set is the map's isr
 // and these, until the node stops being the shard's primary.
 //
+// A member of the map's isr that stops acknowledging (dead, its link down,
+// stopped, or slow) for the isr lag bound is asked out of the map's isr
+// (on_leave) and its links are closed; acked moves on without it only once
+// set_shard gives a map without it. It then comes back as any replica outside
+// the isr does (a snapshot, then on_join).
+//
 // `acked` is the least offset that every replica in the in-sync set (the
 // map's isr, less this node) has acknowledged, over its current link after
 // its snapshot; it never goes back. With no in-sync replica it is the offset.
@@ -65,6 +71,15 @@ struct primary_options {
   // write, and every reply from now on waits for it too): ask for it to be
   // added to the map's isr (cluster_node::request_isr_add). Loop thread.
   std::function<void(const std::string& node_id)> on_join;
+  // The shrink (docs/KV-CLUSTER.md "The in-sync set's shrink"): a member of
+  // the map's isr that has had no caught-up link, or has left stream bytes
+  // unacknowledged, for isr_lag_ms (0: ack_timeout_ms / 2) has its links
+  // closed and on_leave asks for it to be removed from the map's isr
+  // (cluster_node::request_isr_remove). Replies keep waiting for it until the
+  // map without it is delivered (set_shard). Not while the node is fenced.
+  // Loop thread.
+  std::int64_t isr_lag_ms = 0;
+  std::function<void(const std::string& node_id)> on_leave;
 };
 
 class primary final : public record_sink {
