@@ -134,6 +134,15 @@ def test_the_cluster_client_routes_like_a_redis_cluster_client(tmp_path):
             s = c.stats()
             assert s["nodes_connected"] == 3, s
             assert s["epoch"] >= 1 and s["moved"] == 0 and s["stale_epochs"] == 0, s
+        # The CLI on the same client: -c, as redis-cli's.
+        for k in keys[1:4]:
+            r = kv_cluster.run("kv", "set", "-c", "--address", rdma, k, "cli-" + k, timeout=30)
+            assert (r.returncode, r.stdout) == (0, "OK\n"), r.stderr
+            assert rc.get(k) == ("cli-" + k).encode()
+            r = kv_cluster.run("kv", "get", "-c", "--address", rdma, k, timeout=30)
+            assert (r.returncode, r.stdout) == (0, "cli-%s\n" % k), r.stderr
+        r = kv_cluster.run("kv", "del", "-c", "--address", rdma, keys[1], timeout=30)
+        assert (r.returncode, r.stdout) == (0, "(integer) 1\n"), r.stderr
         rc.close()
     finally:
         why = [n.stop() for n in nodes]

@@ -9,6 +9,7 @@
 //   conveyor kv del greeting -h 10.0.0.5 --provider verbs
 //   conveyor kv hgetall user:1 -p 7380              # a small hash: one item, one-sided
 //   conveyor kv call RPUSH jobs j1 -p 7380          # any command, as an RPC
+//   conveyor kv get user:1 -c --address 127.0.0.1:17001   # a cluster: the slot's primary
 #include "kv_client.hpp"
 
 #include <CLI/CLI.hpp>
@@ -67,16 +68,24 @@ kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
         ->check(CLI::IsMember({"thread", "manual"}))
         ->capture_default_str();
   };
+  auto cluster = [&](CLI::App* a) {
+    a->add_flag("-c,--cluster", o.cluster,
+                "the address is any node of a cluster (kv serve --cluster): the key goes to its "
+                "slot's primary, as redis-cli -c sends it");
+  };
   c.get = kv.add_subcommand("get", "GET a key by one-sided RDMA READs");
   c.get->add_option("key", o.key)->required();
   common(c.get);
+  cluster(c.get);
   c.set = kv.add_subcommand("set", "SET a key (an RPC)");
   c.set->add_option("key", o.key)->required();
   c.set->add_option("value", o.value)->required();
   common(c.set);
+  cluster(c.set);
   c.del = kv.add_subcommand("del", "DEL a key (an RPC)");
   c.del->add_option("key", o.key)->required();
   common(c.del);
+  cluster(c.del);
   c.hget = kv.add_subcommand("hget", "HGET a hash's field by one-sided RDMA READs");
   c.hget->add_option("key", o.key)->required();
   c.hget->add_option("field", o.field)->required();
@@ -93,13 +102,46 @@ kv_client_commands add_kv_client_commands(CLI::App& kv, kv_client_options& o) {
 
 namespace {
 
-std::unique_ptr<kv::client> open(const kv_client_options& o, int& rc) {
+kv::client_options client_options_of(const kv_client_options& o) {
   kv::client_options co;
   co.password = o.password;
   co.depth = 1;  // one key at a time
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout_s * 1000));
   co.device.progress = o.progress == "manual" ? progress_mode::manual : progress_mode::thread;
-  auto c = kv::client::connect(kv_client_provider(o), kv_client_address(o), co);
+  return co;
+}
+
+// get, set or del of one key in a cluster (-c).
+int run_in_cluster(const kv_client_commands& cmds, const kv_client_options& o) {
+  const char* what = *cmds.get ? "get" : *cmds.set ? "set" : "del";
+  auto failed = [&](const error& e) {
+    std::fprintf(stderr, "conveyor kv %s: %s\n", what, e.to_string().c_str());
+    return 1;
+  };
+  auto c = kv::cluster_client::connect(kv_client_provider(o), kv_client_address(o),
+                                       client_options_of(o));
+  if (!c) return failed(c.error());
+  if (*cmds.get) {
+    auto r = (*c)->get(o.key);
+    if (!r) return failed(r.error());
+    if (!*r) return std::printf("(nil)\n"), 0;
+    std::fwrite((*r)->data(), 1, (*r)->size(), stdout);
+    std::printf("\n");
+    return 0;
+  }
+  if (*cmds.set) {
+    auto r = (*c)->set(o.key, o.value);
+    if (!r) return failed(r.error());
+    return std::printf("OK\n"), 0;
+  }
+  auto r = (*c)->del(o.key);
+  if (!r) return failed(r.error());
+  std::printf("(integer) %d\n", *r ? 1 : 0);
+  return 0;
+}
+
+std::unique_ptr<kv::client> open(const kv_client_options& o, int& rc) {
+  auto c = kv::client::connect(kv_client_provider(o), kv_client_address(o), client_options_of(o));
   if (!c) {
     std::fprintf(stderr, "conveyor kv: %s\n", c.error().to_string().c_str());
     rc = 1;
@@ -113,6 +155,7 @@ std::unique_ptr<kv::client> open(const kv_client_options& o, int& rc) {
 int run_kv_client(const kv_client_commands& cmds, const kv_client_options& o) {
   if (!*cmds.get && !*cmds.set && !*cmds.del && !*cmds.hget && !*cmds.hgetall && !*cmds.call)
     return -1;
+  if (o.cluster) return run_in_cluster(cmds, o);
   int rc = 0;
   auto c = open(o, rc);
   if (!c) return rc;

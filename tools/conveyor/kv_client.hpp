@@ -21,6 +21,7 @@ struct kv_client_options {
   std::string key, value;
   std::string field;              // hget
   std::vector<std::string> argv;  // call: any command, as an RPC
+  bool cluster = false;           // -c: get/set/del through kv::cluster_client
 };
 
 struct kv_client_commands {
