@@ -12,7 +12,11 @@
 // epoch bumped. An offset report (parse_offset_report) that parses
 // serializes and parses back equal. Errors are invalid_argument
 // with a context. Hash slots of the bytes (as a key) stay within 0..16383 and
-// hash a part of the key.
+// hash a part of the key. The cluster client's readers of a node's replies
+// (cluster_reply.hpp: CLUSTER INFO's epoch, CLUSTER SLOTS's table): a table
+// that parses names every node once, by a non-empty id, with addresses
+// within bounds, and maps every slot to one of its nodes or to none; errors
+// are protocol_error (or rejected, for an error reply) with a context.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -24,6 +28,7 @@
 #include "cluster/controller.hpp"
 #include "cluster/shard_map.hpp"
 #include "cluster/slots.hpp"
+#include "cluster_reply.hpp"
 #include "fuzz_check.hpp"
 
 namespace {
@@ -146,6 +151,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     FUZZ_CHECK(o.error().code == errc::invalid_argument && !o.error().context.empty());
   }
+
+  // The input as a node's reply to the cluster client.
+  namespace cr = conveyor::kv::cluster_reply;
+  if (auto t = cr::parse_slots(text)) {
+    FUZZ_CHECK(t->owner.size() == cl::slot_count && t->nodes.size() <= cr::max_nodes);
+    std::set<std::string> ids;
+    for (const auto& n : t->nodes) {
+      FUZZ_CHECK(!n.id.empty() && n.id.size() <= cr::max_address_bytes);
+      FUZZ_CHECK(n.rdma.size() <= cr::max_address_bytes);
+      FUZZ_CHECK(ids.insert(n.id).second);
+    }
+    for (auto o : t->owner) FUZZ_CHECK(o >= -1 && o < static_cast<std::int32_t>(t->nodes.size()));
+  } else {
+    FUZZ_CHECK((t.error().code == errc::protocol_error || t.error().code == errc::rejected) &&
+               !t.error().context.empty());
+  }
+  if (auto e = cr::parse_info_epoch(text); !e)
+    FUZZ_CHECK((e.error().code == errc::protocol_error || e.error().code == errc::rejected) &&
+               !e.error().context.empty());
 
   // The input as a key: its slot is in range and is the slot of its hash tag.
   const auto tag = cl::hash_tag(text);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cluster/slots.hpp"
+#include "cluster_reply.hpp"
 #include "conveyor_kv/client.hpp"
 
 namespace conveyor::kv {
@@ -17,80 +18,7 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 constexpr auto retry_pause = std::chrono::milliseconds(100);
-constexpr std::size_t max_reply_depth = 6;
-constexpr std::size_t max_nodes = 4096;
-
-// A RESP2 reply, read from a node's bytes: hostile until it parsed whole
-// within these bounds (depth, element counts no larger than the bytes left).
-struct reply_value {
-  char type = 0;  // + - : $ * ('$' with null: nil)
-  bool nil = false;
-  std::string text;
-  std::int64_t integer = 0;
-  std::vector<reply_value> items;
-};
-
-bool parse_line(std::string_view& in, std::string_view& line) {
-  const auto e = in.find("\r\n");
-  if (e == std::string_view::npos) return false;
-  line = in.substr(0, e);
-  in.remove_prefix(e + 2);
-  return true;
-}
-
-bool parse_int(std::string_view s, std::int64_t& v) {
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  return !s.empty() && ec == std::errc{} && p == s.data() + s.size();
-}
-
-bool parse_reply(std::string_view& in, reply_value& out, std::size_t depth) {
-  if (in.empty() || depth > max_reply_depth) return false;
-  out.type = in[0];
-  in.remove_prefix(1);
-  std::string_view line;
-  if (!parse_line(in, line)) return false;
-  switch (out.type) {
-    case '+':
-    case '-':
-      out.text = line;
-      return true;
-    case ':':
-      return parse_int(line, out.integer);
-    case '$': {
-      std::int64_t n;
-      if (!parse_int(line, n) || n < -1) return false;
-      if (n == -1) return out.nil = true;
-      if (in.size() < static_cast<std::size_t>(n) + 2 || in.substr(n, 2) != "\r\n") return false;
-      out.text = in.substr(0, n);
-      in.remove_prefix(n + 2);
-      return true;
-    }
-    case '*': {
-      std::int64_t n;
-      if (!parse_int(line, n) || n < -1) return false;
-      if (n == -1) return out.nil = true;
-      if (static_cast<std::size_t>(n) > in.size() / 3)
-        return false;  // 3 bytes per element at least
-      out.items.resize(static_cast<std::size_t>(n));
-      for (auto& it : out.items)
-        if (!parse_reply(in, it, depth + 1)) return false;
-      return true;
-    }
-    default:
-      return false;
-  }
-}
-
-std::optional<reply_value> parse_whole(std::string_view in) {
-  reply_value v;
-  if (!parse_reply(in, v, 0) || !in.empty()) return std::nullopt;
-  return v;
-}
-
-std::unexpected<error> bad_map(const std::string& why) {
-  return make_error(errc::protocol_error, "kv cluster client: " + why);
-}
-
+using cluster_reply::node_ref;
 bool starts_with_error(const result<std::string>& r, std::string_view code) {
   return r && r->size() > code.size() && (*r)[0] == '-' &&
          std::string_view(*r).substr(1).starts_with(code);
@@ -105,10 +33,6 @@ bool connection_lost(const error& e) {
 bool lease_refused(const error& e) {
   return e.code == errc::rejected && e.context.starts_with("CLUSTERDOWN");
 }
-
-struct node_ref {
-  std::string id, rdma;
-};
 
 class cluster_client_impl final : public cluster_client {
  public:
@@ -312,16 +236,7 @@ class cluster_client_impl final : public cluster_client {
     std::array<std::string_view, 2> a{"CLUSTER", "INFO"};
     auto r = c.command(a);
     if (!r) return std::unexpected(r.error());
-    auto v = parse_whole(*r);
-    if (!v || v->type != '$' || v->nil) return bad_map("CLUSTER INFO: not a bulk string");
-    constexpr std::string_view field = "cluster_current_epoch:";
-    const auto at = v->text.find(field);
-    if (at == std::string::npos) return bad_map("CLUSTER INFO: no cluster_current_epoch");
-    auto rest = std::string_view(v->text).substr(at + field.size());
-    rest = rest.substr(0, rest.find("\r\n"));
-    std::int64_t e;
-    if (!parse_int(rest, e) || e < 0) return bad_map("CLUSTER INFO: a bad epoch");
-    return static_cast<std::uint64_t>(e);
+    return cluster_reply::parse_info_epoch(*r);
   }
 
   // The map as one node has it, read between two equal epochs (so from one
@@ -340,42 +255,10 @@ class cluster_client_impl final : public cluster_client {
         return make_error(errc::not_found, "kv cluster client: the node's map (epoch " +
                                                std::to_string(*e1) + ") is older than epoch " +
                                                std::to_string(want_epoch_) + " seen");
-      auto v = parse_whole(*r);
-      if (!v) return bad_map("CLUSTER SLOTS: not a RESP reply");
-      if (v->type == '-') return make_error(errc::rejected, v->text);
-      if (v->type != '*') return bad_map("CLUSTER SLOTS: not an array");
-      std::vector<node_ref> nodes;
-      std::vector<std::int32_t> owner(cluster::slot_count, -1);
-      for (const auto& range : v->items) {
-        if (range.type != '*' || range.items.size() < 3 || range.items[0].type != ':' ||
-            range.items[1].type != ':')
-          return bad_map("CLUSTER SLOTS: a range is not [first, last, node...]");
-        const auto first = range.items[0].integer, last = range.items[1].integer;
-        if (first < 0 || last < first || last >= cluster::slot_count)
-          return bad_map("CLUSTER SLOTS: a range out of 0..16383");
-        const auto& pn = range.items[2];
-        if (pn.type != '*' || pn.items.size() < 3 || pn.items[2].type != '$')
-          return bad_map("CLUSTER SLOTS: a node is not [host, port, id, ...]");
-        node_ref n{pn.items[2].text, {}};
-        if (pn.items.size() >= 4 && pn.items[3].type == '*') {
-          const auto& meta = pn.items[3].items;
-          for (std::size_t k = 0; k + 1 < meta.size(); k += 2)
-            if (meta[k].type == '$' && meta[k].text == "rdma" && meta[k + 1].type == '$')
-              n.rdma = meta[k + 1].text;
-        }
-        if (n.rdma.size() > 262) return bad_map("CLUSTER SLOTS: an RDMA address too long");
-        auto it = std::find_if(nodes.begin(), nodes.end(),
-                               [&](const node_ref& x) { return x.id == n.id; });
-        if (it == nodes.end()) {
-          if (nodes.size() >= max_nodes) return bad_map("CLUSTER SLOTS: too many nodes");
-          nodes.push_back(n);
-          it = nodes.end() - 1;
-        }
-        for (auto s = first; s <= last; ++s)
-          owner[static_cast<std::size_t>(s)] = static_cast<std::int32_t>(it - nodes.begin());
-      }
-      nodes_ = std::move(nodes);
-      owner_ = std::move(owner);
+      auto t = cluster_reply::parse_slots(*r);
+      if (!t) return std::unexpected(t.error());
+      nodes_ = std::move(t->nodes);
+      owner_ = std::move(t->owner);
       map_epoch_ = *e1;
       return {};
     }
@@ -394,9 +277,11 @@ class cluster_client_impl final : public cluster_client {
   result<std::int64_t> integer(std::string_view key, std::span<const std::string_view> argv) {
     auto r = command(key, argv);
     if (!r) return std::unexpected(r.error());
-    auto v = parse_whole(*r);
-    if (!v || v->type != ':') return reply_error(*r);
-    return v->integer;
+    std::int64_t v = 0;
+    if (r->size() < 4 || (*r)[0] != ':' || !r->ends_with("\r\n")) return reply_error(*r);
+    auto [p, ec] = std::from_chars(r->data() + 1, r->data() + r->size() - 2, v);
+    if (ec != std::errc{} || p != r->data() + r->size() - 2) return reply_error(*r);
+    return v;
   }
 
   std::string device_, seed_;
