@@ -493,5 +493,59 @@ TEST(large_fpdus, soft_target_with_large_fpdus_off_neither_answers_0x08_nor_send
   EXPECT_LE(r.largest, std::size_t(r.mss));
 }
 
+// Receiving is never negotiated (as on Linux siw, whose receive path takes the
+// FPDU's length from mpa_len alone): a 64 KiB WRITE FPDU from a peer whose
+// Request had no 0x08, on a connection with an MSS of 1000, is placed whole and
+// its CRC checked; a READ of the same bytes comes back intact.
+TEST(large_fpdus, soft_receives_a_64_kib_fpdu_from_a_peer_that_did_not_offer_them) {
+  endpoint t(true, true);
+  auto lis = listener::bind(t.dev, "127.0.0.1:0").value();
+  auto fut = std::async(std::launch::async, [&]() -> result<connection_info> {
+    auto req = lis.accept(5s);
+    if (!req) return std::unexpected(req.error());
+    return req->accept(t.qp, {});
+  });
+  raw_peer p = raw_peer::connect_to(lis.port(), 0, small_mss);
+  ASSERT_GE(p.fd(), 0);
+  mpa_frame f;
+  f.flags = mpa_flag::crc;
+  f.revision = 2;
+  f.v2 = mpa_v2_words{4, 4, true, false, true, false};
+  ASSERT_TRUE(p.send_all(encode_mpa(f)));
+  auto rep = p.read_mpa(true);
+  ASSERT_TRUE(rep.has_value());
+  p.set_crc(true);
+  std::vector<std::byte> rtr(fpdu_size(ddp::tagged_hdr));
+  write_tagged_header(rtr.data(), rdmap_op::write, true, 1, 0, 0);
+  finish_fpdu(rtr, true);
+  ASSERT_TRUE(p.send_all(rtr));
+  auto info = fut.get();
+  ASSERT_TRUE(info.has_value()) << info.error().to_string();
+  EXPECT_FALSE(info->attr.iwarp->large_fpdus);
+  ASSERT_LE(p.mss(), small_mss);
+  std::vector<std::byte> data(max_ulpdu - ddp::tagged_hdr - 1);  // ULPDU_Length 65534
+  fill(data, 11);
+  const auto fpdu = encode_tagged(rdmap_op::write, true, t.mr.rkey(), t.mr.addr() + 8, data, true);
+  ASSERT_EQ(fpdu.size(), fpdu_size(max_ulpdu - 1));
+  ASSERT_TRUE(p.send_all(fpdu));
+  const auto n = static_cast<std::uint32_t>(data.size());
+  ASSERT_TRUE(p.send_all(encode_read_request({0x77, 0, n, t.mr.rkey(), t.mr.addr() + 8}, 1, true)));
+  std::vector<std::byte> got;
+  for (bool last = false; !last;) {
+    auto resp = p.read_fpdu();
+    ASSERT_TRUE(resp.has_value()) << "no READ response: the large FPDU was refused?";
+    auto h = parse_fpdu_header(*resp);
+    ASSERT_TRUE(h.has_value());
+    ASSERT_EQ(h->opcode, rdmap_op::read_response);
+    EXPECT_LE(resp->size(), std::size_t(p.mss())) << "the target's own FPDUs stay within the MSS";
+    got.insert(got.end(), resp->begin() + static_cast<long>(h->header_len),
+               resp->begin() + static_cast<long>(h->header_len + h->payload_len));
+    last = h->last;
+  }
+  EXPECT_EQ(got, data);
+  EXPECT_EQ(0, std::memcmp(t.mr.data() + 8, data.data(), data.size()));
+  EXPECT_EQ(t.qp.state(), qp_state::rts);
+}
+
 }  // namespace
 }  // namespace large_fpdu_test
