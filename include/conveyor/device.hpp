@@ -86,6 +86,12 @@ struct device_event {
 // handshakes). verbs ignores them.
 struct software_device_options {
   bool request_crc = true;  // soft: ask peers for MPA CRC32c (the peer may ask too)
+  // soft: accept FPDUs larger than the TCP MSS and say so in the MPA frame
+  // (flag 0x08, Linux siw's experimental GSO bit), and send FPDUs of up to
+  // 64 KiB (one GSO segment, not one MSS) to a peer that says the same. Only
+  // soft peers do: siw, hardware RNICs and peers with this off get FPDUs of at
+  // most one MSS. false: neither offered nor used (CONVEYOR_SOFT_LARGE_FPDUS=0).
+  bool large_fpdus = true;
   // The engine thread busy-polls this long after activity before sleeping in
   // epoll_wait: long enough to catch the next request of a request/response
   // exchange without a thread wake-up (tens of microseconds on a VM), short

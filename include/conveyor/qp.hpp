@@ -162,12 +162,16 @@ struct iwarp_connection_attr {
   bool crc = false;               // MPA CRC32c on every FPDU, both directions
   std::uint32_t mss = 0;          // the TCP connection's maximum segment size when it came up
   // Bytes of each FPDU this side sends (header + payload + CRC) when the
-  // connection came up; at most `mss`. Bulk transfers follow the MSS as TCP
-  // raises it later, so it may grow.
+  // connection came up; at most `mss` unless `large_fpdus`. Bulk transfers
+  // follow the MSS as TCP raises it later, so it may grow.
   std::uint32_t max_fpdu = 0;
   // RFC 6581 ready-to-receive message the connection used: "write" or "read"
   // (zero-length RDMA Write or Read), or "none" (MPA revision 1).
   std::string rtr;
+  // Both sides accept FPDUs larger than the MSS (software_device_options::
+  // large_fpdus, MPA flag 0x08): this side sends FPDUs of up to 64 KiB
+  // (`max_fpdu`, above `mss` across hosts), one GSO segment each.
+  bool large_fpdus = false;
   bool operator==(const iwarp_connection_attr&) const = default;
 };
 

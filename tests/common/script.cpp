@@ -189,12 +189,18 @@ std::string run_two_party_initiator(const two_party_script& s, const std::string
   if (conn->iwarp) {
     const auto& iw = *conn->iwarp;
     if (iw.mss == 0) return "connection mss is 0";
-    if (iw.max_fpdu == 0 || iw.max_fpdu > iw.mss) {
-      return "max_fpdu " + std::to_string(iw.max_fpdu) + " not in (0, mss " +
-             std::to_string(iw.mss) + "]";
+    // Large FPDUs (both sides soft with software.large_fpdus, the default):
+    // 64 KiB whatever the MSS; otherwise an FPDU fits in one TCP segment.
+    if (iw.large_fpdus ? iw.max_fpdu != 65536 : (iw.max_fpdu == 0 || iw.max_fpdu > iw.mss)) {
+      return "max_fpdu " + std::to_string(iw.max_fpdu) +
+             (iw.large_fpdus ? std::string(" with large FPDUs, not 65536")
+                             : " not in (0, mss " + std::to_string(iw.mss) + "]");
     }
+    if (conveyor_peer(s.provider) && !iw.large_fpdus)
+      return "soft<->soft connection without large FPDUs";
     if (iw.crc != s.crc) return std::string("crc negotiated ") + (iw.crc ? "on" : "off");
-    sizes = " mss=" + std::to_string(iw.mss) + " max_fpdu=" + std::to_string(iw.max_fpdu);
+    sizes = " mss=" + std::to_string(iw.mss) + " max_fpdu=" + std::to_string(iw.max_fpdu) +
+            (iw.large_fpdus ? " (large)" : "");
   }
   if (s.max_mss != 0 && (!conn->iwarp || conn->iwarp->mss > s.max_mss)) {
     return "mss " + (conn->iwarp ? std::to_string(conn->iwarp->mss) : std::string("unknown")) +

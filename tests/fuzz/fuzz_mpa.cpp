@@ -4,7 +4,9 @@
 //    20 + PD_Length bytes; need_more below that, bad_length above);
 //  - a decoded frame is consistent (no markers, v2 words iff rev 2 with H);
 //  - encode_mpa(decode_mpa(x)) == x, byte for byte;
-//  - a frame built from fuzz bytes with encode_mpa decodes back to itself.
+//  - a frame built from fuzz bytes with encode_mpa decodes back to itself;
+//  - the large-FPDU flag 0x08 counts in a Reply only next to ext_ack without
+//    ext_offer, so no echo of a Conveyor Request (Linux siw's Reply) enables it.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -26,6 +28,11 @@ void check_decoded(bytes frame, const mpa_frame& f, bool reply, std::uint16_t pd
   FUZZ_CHECK(f.v2.has_value() == (f.revision == 2 && f.enhanced()));
   FUZZ_CHECK(f.private_data.size() + (f.v2 ? 4u : 0u) == pd);
   if (f.v2) FUZZ_CHECK(f.v2->ird <= mpa_v2::mask && f.v2->ord <= mpa_v2::mask);
+  FUZZ_CHECK(request_accepts_large_fpdus(f.flags) == ((f.flags & mpa_flag::large_fpdus) != 0));
+  if (reply_accepts_large_fpdus(f.flags))
+    FUZZ_CHECK((f.flags & mpa_flag::large_fpdus) && (f.flags & mpa_flag::ext_ack) &&
+               !(f.flags & mpa_flag::ext_offer));
+  if (f.flags & mpa_flag::ext_offer) FUZZ_CHECK(!reply_accepts_large_fpdus(f.flags));
   FUZZ_CHECK(same_bytes(encode_mpa(f), frame));
 }
 

@@ -1,7 +1,8 @@
 // Stateful libFuzzer target for the soft provider's receive path: each input
 // becomes the byte stream of a raw peer connected over loopback TCP to a real
-// soft QP (MPA handshake done by the harness, RFC 7306 offered, CRC chosen by
-// the first byte). The rest of the input is a program of operations that the
+// soft QP (MPA handshake done by the harness, RFC 7306 offered, CRC and the
+// large-FPDU flag 0x08 chosen by the first byte: with 0x08 the target answers
+// READs with 64 KiB FPDUs). The rest of the input is a program of operations that the
 // harness encodes with the project's wire codecs: WRITEs, READ requests,
 // SENDs (with and without invalidate, solicited), atomics, immediate data,
 // unsolicited READ/atomic responses, Terminates and raw bytes, naming regions
@@ -156,6 +157,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   reader in{data, size};
   const std::uint8_t mode = in.u8();
   const bool crc = mode & 1;
+  const bool large = mode & 2;
 
   const conveyor::access all = conveyor::access::local_write | conveyor::access::remote_write |
                                conveyor::access::remote_read | conveyor::access::remote_atomic;
@@ -180,7 +182,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(fd >= 0);
   {
     mpa_frame f;
-    f.flags = static_cast<std::uint8_t>((crc ? mpa_flag::crc : 0) | mpa_flag::ext_offer);
+    f.flags = static_cast<std::uint8_t>((crc ? mpa_flag::crc : 0) | mpa_flag::ext_offer |
+                                        (large ? mpa_flag::large_fpdus : 0));
     f.revision = 2;
     f.v2 = mpa_v2_words{8, 8, true, false, true, false};
     auto req = encode_mpa(f);
@@ -195,6 +198,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto info = creq->accept(qp, {});
   FUZZ_CHECK(info.has_value());
   FUZZ_CHECK(info->attr.extensions);
+  FUZZ_CHECK(info->attr.iwarp && info->attr.iwarp->large_fpdus == large);
 
   // The program.
   std::vector<std::byte> stream;

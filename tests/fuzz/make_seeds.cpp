@@ -159,6 +159,10 @@ int main(int argc, char** argv) {
   rep.private_data.clear();
   mpa_frame req_crc = req;
   req_crc.flags = mpa_flag::crc | mpa_flag::ext_offer;
+  mpa_frame req_large = req_crc;  // a Conveyor request: CRC, RFC 7306, large FPDUs
+  req_large.flags |= mpa_flag::large_fpdus;
+  mpa_frame rep_large = rep;  // a Conveyor reply accepting both
+  rep_large.flags = mpa_flag::crc | mpa_flag::ext_ack | mpa_flag::large_fpdus;
   mpa_frame v1_req;
   v1_req.revision = 1;
   v1_req.private_data = text("rev one");
@@ -175,6 +179,8 @@ int main(int argc, char** argv) {
   ok &= save(mpa, "req_v2_p2p", encode_mpa(req));
   ok &= save(mpa, "rep_v2_write_rtr", encode_mpa(rep));
   ok &= save(mpa, "req_v2_crc_ext", encode_mpa(req_crc));
+  ok &= save(mpa, "req_v2_crc_ext_large", encode_mpa(req_large));
+  ok &= save(mpa, "rep_v2_ext_ack_large", encode_mpa(rep_large));
   ok &= save(mpa, "req_v1", encode_mpa(v1_req));
   ok &= save(mpa, "rep_v1_crc", encode_mpa(v1_rep));
   ok &= save(mpa, "rep_reject", encode_mpa(reject));

@@ -37,9 +37,10 @@ raw_peer::~raw_peer() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-raw_peer raw_peer::connect_to(std::uint16_t port, int rcvbuf) {
+raw_peer raw_peer::connect_to(std::uint16_t port, int rcvbuf, int maxseg) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  if (maxseg > 0) setsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &maxseg, sizeof maxseg);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -50,6 +51,13 @@ raw_peer raw_peer::connect_to(std::uint16_t port, int rcvbuf) {
   }
   set_timeouts(fd);
   return raw_peer(fd);
+}
+
+int raw_peer::mss() const {
+  int m = 0;
+  socklen_t l = sizeof m;
+  if (getsockopt(fd_, IPPROTO_TCP, TCP_MAXSEG, &m, &l) != 0) return -1;
+  return m;
 }
 
 bool raw_peer::send_all(std::span<const std::byte> b) {
@@ -115,8 +123,9 @@ bool raw_peer::sees_eof(std::chrono::milliseconds t) {
   return false;
 }
 
-raw_listener::raw_listener() {
+raw_listener::raw_listener(int maxseg) {
   fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (maxseg > 0) setsockopt(fd_, IPPROTO_TCP, TCP_MAXSEG, &maxseg, sizeof maxseg);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

@@ -21,8 +21,12 @@ class raw_peer {
   ~raw_peer();
 
   // 127.0.0.1, 5 s receive timeout; rcvbuf > 0 shrinks the receive buffer
-  // before connecting (so the window stays small).
-  static raw_peer connect_to(std::uint16_t port, int rcvbuf = 0);
+  // before connecting (so the window stays small); maxseg > 0 sets TCP_MAXSEG
+  // before connecting, so both ends of the connection get an MSS of at most
+  // that (a loopback MSS is ~64 KiB; this is what an MTU does across hosts).
+  static raw_peer connect_to(std::uint16_t port, int rcvbuf = 0, int maxseg = 0);
+  // TCP's current MSS of the socket.
+  int mss() const;
   int fd() const { return fd_; }
   void set_crc(bool on) { crc_ = on; }
   bool crc() const { return crc_; }
@@ -46,7 +50,9 @@ class raw_peer {
 // A listening raw socket on 127.0.0.1 (port chosen by the kernel).
 class raw_listener {
  public:
-  raw_listener();
+  // maxseg > 0: TCP_MAXSEG on the listening socket (accepted connections get
+  // an MSS of at most that, both ways).
+  explicit raw_listener(int maxseg = 0);
   ~raw_listener();
   std::uint16_t port() const { return port_; }
   raw_peer accept_one();  // 5 s timeout; fd -1 on failure

@@ -44,6 +44,7 @@ void expect_perf_schema(const json& j, const std::string& test, const std::strin
       EXPECT_TRUE(w.at(k).is_number_unsigned()) << k;
     EXPECT_TRUE(w.at("crc").is_boolean());
     EXPECT_TRUE(w.at("rtr").is_string());
+    EXPECT_TRUE(w.at("large_fpdus").is_boolean());
   }
   if (s.at("shm").is_object()) {
     const auto& m = s.at("shm");

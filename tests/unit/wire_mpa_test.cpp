@@ -353,6 +353,51 @@ TEST(mpa, reserved_nibble_flags_survive_a_round_trip) {
   }
 }
 
+// The large-FPDU negotiation on the wire: Conveyor's Request is C|H|0x04|0x08
+// (0x5C), a Conveyor Reply that accepts is C|H|0x02|0x08 (0x5A). Linux siw
+// builds its Reply from the Request's flag byte (siw_cm.c, siw_proc_mpareq),
+// so its Reply to that Request is 0x5C again: 0x08 with ext_offer is an echo
+// and does not count.
+TEST(mpa, large_fpdu_flag_is_0x08_and_a_reply_counts_only_next_to_ext_ack) {
+  EXPECT_EQ(mpa_flag::large_fpdus, 0x08);
+  auto req = v2_request();
+  req.flags = mpa_flag::crc | mpa_flag::ext_offer | mpa_flag::large_fpdus;
+  const auto wire = encode_mpa(req);
+  EXPECT_EQ(to_hex(std::span(wire).subspan(16, 4)),
+            "5c"
+            "02"
+            "0009");
+  const auto in = decode_mpa(wire, false);
+  ASSERT_TRUE(in.has_value());
+  EXPECT_TRUE(request_accepts_large_fpdus(in->flags));
+  EXPECT_FALSE(request_accepts_large_fpdus(mpa_flag::crc | mpa_flag::enhanced | 0x04));
+
+  mpa_frame rep;
+  rep.reply = true;
+  rep.revision = 2;
+  rep.flags = mpa_flag::crc | mpa_flag::ext_ack | mpa_flag::large_fpdus;
+  rep.v2 = mpa_v2_words{8, 8, true, false, true, false};
+  const auto rw = encode_mpa(rep);
+  EXPECT_EQ(to_hex(std::span(rw).subspan(16, 4)),
+            "5a"
+            "02"
+            "0004");
+  const auto out = decode_mpa(rw, true);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_TRUE(reply_accepts_large_fpdus(out->flags));
+
+  // siw's echo of our Request: 0x08 and ext_offer, no ext_ack.
+  EXPECT_FALSE(reply_accepts_large_fpdus(0x5C));
+  // ext_ack and ext_offer together: an echo of a Request that had both.
+  EXPECT_FALSE(reply_accepts_large_fpdus(0x5E));
+  // A Conveyor responder with large FPDUs off: ext_ack alone.
+  EXPECT_FALSE(reply_accepts_large_fpdus(0x52));
+  // A Reply with 0x08 but no proof it read our Request (a peer that sets
+  // reserved bits, or siw with try_gso answering a Request without ext_offer).
+  EXPECT_FALSE(reply_accepts_large_fpdus(0x18));
+  EXPECT_TRUE(reply_accepts_large_fpdus(0x1A));
+}
+
 TEST(mpa, decoded_frames_re_encode_to_identical_bytes) {
   std::vector<std::vector<std::byte>> frames;
   frames.push_back(encode_mpa(v2_request()));

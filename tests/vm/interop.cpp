@@ -173,8 +173,16 @@ void run_server(const config& c, scenario sc, caps k, std::promise<std::string>&
     const auto iw = info->attr.iwarp.value_or(cvy::iwarp_connection_attr{});
     CHECK(info->attr.iwarp.has_value(), "server (soft) reports no MPA facts");
     CHECK(iw.crc == c.crc, "server (soft) CRC %d, wanted %d", iw.crc, c.crc);
-    std::printf("interop: server soft: crc %s, mpa rev %d, ird %u ord %u\n", iw.crc ? "on" : "off",
-                iw.mpa_revision, info->attr.ird, info->attr.ord);
+    // Large FPDUs only between two soft peers: siw's Reply echoes soft's 0x08
+    // (siw_proc_mpareq reuses the Request's flags) and its Request never has it.
+    const bool peer_soft = c.client.rfind("soft", 0) == 0;
+    CHECK(iw.large_fpdus == peer_soft, "server (soft) large FPDUs %d with %s", iw.large_fpdus,
+          c.client.c_str());
+    CHECK(iw.large_fpdus || iw.max_fpdu <= iw.mss, "server (soft) FPDU %u above the MSS %u",
+          iw.max_fpdu, iw.mss);
+    std::printf("interop: server soft: crc %s, mpa rev %d, ird %u ord %u, mss %u, fpdu %u%s\n",
+                iw.crc ? "on" : "off", iw.mpa_revision, info->attr.ird, info->attr.ord, iw.mss,
+                iw.max_fpdu, iw.large_fpdus ? " (large)" : "");
   }
   if (sc != scenario::data) {
     // The peer's violation must end in a Terminate that moves our QP to ERROR:
@@ -276,8 +284,16 @@ void run_client(const config& c, scenario sc, caps k, const std::string& addr,
     const auto iw = info->attr.iwarp.value_or(cvy::iwarp_connection_attr{});
     CHECK(info->attr.iwarp.has_value(), "client (soft) reports no MPA facts");
     CHECK(iw.crc == c.crc, "client (soft) CRC %d, wanted %d", iw.crc, c.crc);
-    std::printf("interop: client soft: crc %s, mpa rev %d, ird %u ord %u\n", iw.crc ? "on" : "off",
-                iw.mpa_revision, info->attr.ird, info->attr.ord);
+    // Large FPDUs only between two soft peers: siw's Reply echoes soft's 0x08
+    // (siw_proc_mpareq reuses the Request's flags) and its Request never has it.
+    const bool peer_soft = c.server.rfind("soft", 0) == 0;
+    CHECK(iw.large_fpdus == peer_soft, "client (soft) large FPDUs %d with %s", iw.large_fpdus,
+          c.server.c_str());
+    CHECK(iw.large_fpdus || iw.max_fpdu <= iw.mss, "client (soft) FPDU %u above the MSS %u",
+          iw.max_fpdu, iw.mss);
+    std::printf("interop: client soft: crc %s, mpa rev %d, ird %u ord %u, mss %u, fpdu %u%s\n",
+                iw.crc ? "on" : "off", iw.mpa_revision, info->attr.ird, info->attr.ord, iw.mss,
+                iw.max_fpdu, iw.large_fpdus ? " (large)" : "");
   }
   auto peer = cvy::remote_region::decode(info->private_data).value();
   auto peer_inv = cvy::remote_region::decode(

@@ -24,6 +24,8 @@ constexpr variable variables[] = {
      "soft, shm: the engine thread busy-polls this many µs after activity"},
     {"CONVEYOR_ENGINE_PARK", "1",
      "soft: 0 keeps the engine thread awake while the application polls"},
+    {"CONVEYOR_SOFT_LARGE_FPDUS", "1",
+     "soft: 0 keeps every FPDU within one TCP MSS (no 0x08 in MPA, no 64 KiB FPDUs)"},
     {"CONVEYOR_SHM_CMA", "on",
      "shm: off forbids cross-memory attach (bulk data staged through the rings)"},
     {"CONVEYOR_SHM_DIRECT", "on", "shm: off forbids direct mapping of a peer's allocated regions"},

@@ -83,8 +83,9 @@ void print_settings(std::FILE* out, const perf_settings& s) {
   if (s.shm) facts += ", data path " + describe_data_path(*s.shm);
   if (s.iwarp)
     facts += ", CRC " + std::string(s.iwarp->crc ? "on" : "off") + ", MSS " +
-             std::to_string(s.iwarp->mss) + ", FPDU " + std::to_string(s.iwarp->max_fpdu) +
-             " B, MPA rev " + std::to_string(s.iwarp->mpa_revision);
+             std::to_string(s.iwarp->mss) + ", FPDU " + std::to_string(s.iwarp->max_fpdu) + " B" +
+             (s.iwarp->large_fpdus ? " (large)" : "") + ", MPA rev " +
+             std::to_string(s.iwarp->mpa_revision);
   if (s.verbs)
     facts += s.verbs->path_mtu != 0 ? ", path MTU " + std::to_string(s.verbs->path_mtu) + " B"
                                     : ", port MTU " + std::to_string(s.verbs->port_mtu) + " B";
@@ -212,7 +213,8 @@ nlohmann::json to_json(const perf_settings& s, const std::vector<perf_result>& r
                                {"mss", s.iwarp->mss},
                                {"max_fpdu", s.iwarp->max_fpdu},
                                {"mpa_revision", s.iwarp->mpa_revision},
-                               {"rtr", s.iwarp->rtr}}
+                               {"rtr", s.iwarp->rtr},
+                               {"large_fpdus", s.iwarp->large_fpdus}}
                         : json(nullptr)},
       {"shm", s.shm ? json{{"data_path", s.shm->data_path},
                            {"direct_mapping", s.shm->direct_mapping},

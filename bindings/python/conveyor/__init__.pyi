@@ -182,7 +182,7 @@ class Device:
     @staticmethod
     def open(name: str, *, progress: ProgressMode = ..., request_crc: bool = True, spin_us: int = 20,
              engine_spin_us: int = 50, engine_park: bool = True, handshake_timeout_ms: int = 5000,
-             max_pending_handshakes: int = 256) -> Device:
+             max_pending_handshakes: int = 256, large_fpdus: bool = True) -> Device:
         """Opens 'soft', 'soft:<label>', 'shm', 'verbs[:name]'; NotFound names the devices that exist."""
     @property
     def name(self) -> str: ...
@@ -355,6 +355,7 @@ class IwarpConnectionAttr:
     mss: int
     max_fpdu: int
     rtr: str
+    large_fpdus: bool
 
 class ShmConnectionAttr:
     """How an shm connection moves data."""

@@ -531,7 +531,8 @@ void init_module(py::module_& m) {
           "open",
           [](const std::string& name, progress_mode progress, bool request_crc,
              std::uint32_t spin_us, std::uint32_t engine_spin_us, bool engine_park,
-             std::uint32_t handshake_timeout_ms, std::uint32_t max_pending_handshakes) {
+             std::uint32_t handshake_timeout_ms, std::uint32_t max_pending_handshakes,
+             bool large_fpdus) {
             device_options o;
             o.progress = progress;
             o.spin_us = spin_us;
@@ -541,6 +542,7 @@ void init_module(py::module_& m) {
             o.software.engine_spin_us = engine_spin_us;
             o.software.engine_park = engine_park;
             o.software.max_pending_handshakes = max_pending_handshakes;
+            o.software.large_fpdus = large_fpdus;
             auto d = device::open(name, o);
             if (!d) raise_error(d.error());
             auto p = std::make_unique<py_device>();
@@ -550,7 +552,7 @@ void init_module(py::module_& m) {
           py::arg("name"), py::kw_only(), py::arg("progress") = progress_mode::thread,
           py::arg("request_crc") = true, py::arg("spin_us") = 20, py::arg("engine_spin_us") = 50,
           py::arg("engine_park") = true, py::arg("handshake_timeout_ms") = 5000,
-          py::arg("max_pending_handshakes") = 256,
+          py::arg("max_pending_handshakes") = 256, py::arg("large_fpdus") = true,
           "Opens a device by name ('soft', 'soft:<label>', 'shm', 'verbs[:name]') or provider. "
           "Raises NotFound naming the devices that exist.")
       .def_property_readonly("name", [](py_device& d) { return std::string(d.get().name()); })

@@ -417,7 +417,8 @@ void bind_queue(py::module_& m) {
       .def_readonly("crc", &iwarp_connection_attr::crc)
       .def_readonly("mss", &iwarp_connection_attr::mss)
       .def_readonly("max_fpdu", &iwarp_connection_attr::max_fpdu)
-      .def_readonly("rtr", &iwarp_connection_attr::rtr);
+      .def_readonly("rtr", &iwarp_connection_attr::rtr)
+      .def_readonly("large_fpdus", &iwarp_connection_attr::large_fpdus);
 
   py::class_<shm_connection_attr>(m, "ShmConnectionAttr", "How an shm connection moves data.")
       .def_readonly("data_path", &shm_connection_attr::data_path)

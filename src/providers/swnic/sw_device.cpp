@@ -15,6 +15,7 @@ device_options with_env_overrides(device_options o) {
   if (auto v = detail::env_u32("CONVEYOR_SPIN_US")) o.spin_us = *v;
   if (auto v = detail::env_u32("CONVEYOR_ENGINE_SPIN_US")) o.software.engine_spin_us = *v;
   if (auto v = detail::env_u32("CONVEYOR_ENGINE_PARK")) o.software.engine_park = *v != 0;
+  if (auto v = detail::env_u32("CONVEYOR_SOFT_LARGE_FPDUS")) o.software.large_fpdus = *v != 0;
   return o;
 }
 

@@ -2,11 +2,15 @@
 // enhanced setup, as initiator (connect) and responder (listener/accept).
 //
 // Initiator: TCP connect, MPA Request rev 2 with H, the IRD/ORD words, peer-to-
-// peer mode offering Write and Read RTRs, C if the device asks for CRC, and
-// Conveyor's RFC 7306 offer bit. Reply parsed; the RTR the Reply chose is sent
-// as the first FPDU. Responder: accepts rev 1 and rev 2 requests, refuses
-// markers, echoes C and A, picks the Write RTR when offered (else Read), and
-// answers the extension offer with ext_ack (never by echoing the offer).
+// peer mode offering Write and Read RTRs, C if the device asks for CRC,
+// Conveyor's RFC 7306 offer bit and, with software.large_fpdus, 0x08 ("I
+// accept FPDUs larger than the MSS"). Reply parsed; the RTR the Reply chose is
+// sent as the first FPDU. Responder: accepts rev 1 and rev 2 requests, refuses
+// markers, echoes C and A, picks the Write RTR when offered (else Read),
+// answers the extension offer with ext_ack (never by echoing the offer) and
+// sets 0x08 with software.large_fpdus. Each side sends FPDUs larger than the
+// MSS only when its own option is on and the peer's frame said 0x08 (a Reply's
+// only next to ext_ack: wire::reply_accepts_large_fpdus).
 // accept() returns once the Reply is sent; the device's RTR pump reads the
 // initiator's RTR and then starts the QP (or fails it at the deadline).
 #include "providers/soft/engine/soft_qp.hpp"
@@ -324,9 +328,12 @@ result<connection_info> soft_conn_request::accept(queue_pair& qp, std::span<cons
   rep.flags = crc ? mpa_flag::crc : 0;
   const bool ext = (req_.flags & mpa_flag::ext_offer) != 0;
   if (ext) rep.flags |= mpa_flag::ext_ack;  // never ext_offer: an echo proves nothing
+  const bool large = dev_->options().software.large_fpdus;
+  if (large) rep.flags |= mpa_flag::large_fpdus;
   conn_params cp;
   cp.crc = crc;
   cp.ext = ext;
+  cp.large_fpdus = large && request_accepts_large_fpdus(req_.flags);
   std::string rtr = "none";
   bool p2p = false;
   bool read_rtr = false;
@@ -437,7 +444,8 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
   req.reply = false;
   req.revision = 2;
   req.flags = static_cast<std::uint8_t>((dopts.software.request_crc ? mpa_flag::crc : 0) |
-                                        mpa_flag::ext_offer);
+                                        mpa_flag::ext_offer |
+                                        (dopts.software.large_fpdus ? mpa_flag::large_fpdus : 0));
   mpa_v2_words w;
   w.ird = static_cast<std::uint16_t>(want_ird_);
   w.ord = static_cast<std::uint16_t>(want_ord_);
@@ -461,6 +469,8 @@ result<connection_info> soft_qp::connect(std::string_view address, const connect
   // Confirmed only by the ack bit *without* the offer bit: an echo of our flags
   // (what Linux siw sends back) has the offer bit and no ack.
   cp.ext = (rep->flags & mpa_flag::ext_ack) && !(rep->flags & mpa_flag::ext_offer);
+  // Linux siw's Reply echoes our 0x08 along with ext_offer: that is no answer.
+  cp.large_fpdus = dopts.software.large_fpdus && reply_accepts_large_fpdus(rep->flags);
   std::string rtr = "none";
   if (rep->v2) {
     cp.ord = std::clamp<std::uint32_t>(std::min<std::uint32_t>(want_ord_, rep->v2->ird), 1, 128);

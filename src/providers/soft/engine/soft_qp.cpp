@@ -160,8 +160,9 @@ void soft_qp::start(net::fd_guard fd, const conn_params& p, qp_connection_attr a
     if (p.crc && !stage_) stage_.reset(new std::byte[stage_size]);
     auto& iw = attr.iwarp.value();  // soft_cm fills the MPA facts, the socket the rest
     iw.mss = net::tcp_mss(fd_);
-    max_fpdu_ = std::min<std::size_t>(iw.mss, max_fpdu_size) & ~std::size_t(7);
+    max_fpdu_ = fpdu_limit(fd_);
     iw.max_fpdu = static_cast<std::uint32_t>(max_fpdu_);
+    iw.large_fpdus = p.large_fpdus;
     attr_ = attr;
     state_.store(qp_state::rts);
     if (p.answer_read_rtr) {  // the RTR was Read Request MSN 1: answer it with a zero-length
@@ -186,8 +187,9 @@ void soft_qp::await_rtr(int fd, const conn_params& p, qp_connection_attr attr,
   if (p.crc && !stage_) stage_.reset(new std::byte[stage_size]);
   auto& iw = attr.iwarp.value();
   iw.mss = net::tcp_mss(fd);
-  max_fpdu_ = std::min<std::size_t>(iw.mss, max_fpdu_size) & ~std::size_t(7);
+  max_fpdu_ = fpdu_limit(fd);
   iw.max_fpdu = static_cast<std::uint32_t>(max_fpdu_);
+  iw.large_fpdus = p.large_fpdus;
   attr_ = attr;
   awaiting_rtr_ = true;
   rtr_link_ = std::move(link);
@@ -238,8 +240,8 @@ void soft_qp::go_live() noexcept {
                          std::to_string(iw.mpa_revision) + ", IRD " + std::to_string(attr_.ird) +
                          ", ORD " + std::to_string(attr_.ord) + ", CRC " + (iw.crc ? "on" : "off") +
                          ", MSS " + std::to_string(iw.mss) + ", FPDU " +
-                         std::to_string(iw.max_fpdu) + ", RTR " + iw.rtr + ", RFC 7306 " +
-                         (attr_.extensions ? "on" : "off"));
+                         std::to_string(iw.max_fpdu) + (iw.large_fpdus ? " (large)" : "") +
+                         ", RTR " + iw.rtr + ", RFC 7306 " + (attr_.extensions ? "on" : "off"));
   }
   attached_.store(true);
   dev_->eng().attach(this, fd_);

@@ -51,6 +51,7 @@ struct conn_params {
   std::uint32_t ird = 0;         // inbound reads we accept
   std::uint32_t ord = 0;         // outbound reads we may have outstanding
   bool answer_read_rtr = false;  // the responder got a zero-length Read RTR to answer
+  bool large_fpdus = false;      // the peer accepts FPDUs larger than the MSS, and so do we
 };
 
 class soft_qp final : public swnic::sw_qp {
@@ -165,6 +166,8 @@ class soft_qp final : public swnic::sw_qp {
                             std::size_t payload_len) noexcept;
   void after_send_locked(std::size_t sent_now) noexcept;
   void refresh_fpdu_size_locked(std::uint64_t pending) noexcept;
+  // The FPDU size to send with on socket fd: one MSS, or 64 KiB with large_fpdus.
+  std::size_t fpdu_limit(int fd) const noexcept;
   void retire_locked() noexcept;
   void complete_send_locked(swqe& w, wc_status st) noexcept;
   // Whether every local SGE of SQ entry idx still names a live region.

@@ -179,12 +179,23 @@ bool soft_qp::add_data_fpdu_locked(bool tagged, rdmap_op op, bool last, std::uin
   return true;
 }
 
+std::size_t soft_qp::fpdu_limit(int fd) const noexcept {
+  // With a peer that accepts them (MPA flag 0x08 both ways), FPDUs are sized to
+  // what TCP hands the device at once (a 64 KiB GSO segment), not to one
+  // segment on the wire: at an MSS of 1460 a MiB was 720 FPDUs, each with its
+  // header, CRC and per-FPDU work on both sides, and the receiver read them
+  // through its staging buffer instead of straight into the region.
+  if (cp_.large_fpdus) return max_fpdu_size & ~std::size_t(7);
+  return std::min<std::size_t>(net::tcp_mss(fd), max_fpdu_size) & ~std::size_t(7);
+}
+
 void soft_qp::refresh_fpdu_size_locked(std::uint64_t pending) noexcept {
   // Only for payloads that need several FPDUs, and at most once per MiB framed:
-  // one getsockopt, never on the small-message path.
-  if (pending <= max_fpdu_ || tx_framed_ < mss_check_at_ || fd_ < 0) return;
+  // one getsockopt, never on the small-message path. Large FPDUs do not
+  // follow the MSS.
+  if (cp_.large_fpdus || pending <= max_fpdu_ || tx_framed_ < mss_check_at_ || fd_ < 0) return;
   mss_check_at_ = tx_framed_ + mss_check_interval;
-  max_fpdu_ = std::min<std::size_t>(net::tcp_mss(fd_), max_fpdu_size) & ~std::size_t(7);
+  max_fpdu_ = fpdu_limit(fd_);
 }
 
 bool soft_qp::frame_sq_locked(std::uint32_t idx) noexcept {

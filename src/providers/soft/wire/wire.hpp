@@ -84,10 +84,15 @@ inline constexpr std::uint8_t enhanced = 0x10;  // RFC 6581
 // Conveyor's RFC 7306 negotiation in the reserved nibble: the initiator offers
 // with ext_offer; a Conveyor responder answers with ext_ack and *without*
 // ext_offer, so a peer that echoes the request's flag byte (Linux siw does) is
-// never mistaken for one that understood the offer. 0x08 is left alone (siw's
-// experimental GSO flag).
+// never mistaken for one that understood the offer.
 inline constexpr std::uint8_t ext_offer = 0x04;
 inline constexpr std::uint8_t ext_ack = 0x02;
+// Linux siw's MPA_RR_FLAG_GSO_EXP, with siw's meaning: the sender of this frame
+// accepts FPDUs larger than the TCP MSS (up to the 16-bit ULPDU_Length), so its
+// peer may size FPDUs to a GSO segment. In a Request it speaks for the
+// initiator; in a Reply for the responder, and there it counts only next to
+// ext_ack without ext_offer (see reply_accepts_large_fpdus).
+inline constexpr std::uint8_t large_fpdus = 0x08;
 }  // namespace mpa_flag
 
 // RFC 6581 IRD/ORD words (the first 4 bytes of v2 private data).
@@ -120,6 +125,20 @@ struct mpa_frame {
   bool rejected() const noexcept { return flags & mpa_flag::reject; }
   bool enhanced() const noexcept { return flags & mpa_flag::enhanced; }
 };
+
+// Whether the initiator that sent this Request accepts FPDUs larger than the MSS.
+constexpr bool request_accepts_large_fpdus(std::uint8_t request_flags) noexcept {
+  return (request_flags & mpa_flag::large_fpdus) != 0;
+}
+// Whether the responder that sent this Reply (to a Request that offered
+// ext_offer) accepts FPDUs larger than the MSS. Linux siw builds its Reply from
+// the Request's flag byte (siw_cm.c, siw_proc_mpareq), so a Reply to a Request
+// with 0x08 carries 0x08 whether or not siw means it: the bit counts only from
+// a responder that proves it read the Request (ext_ack without ext_offer).
+constexpr bool reply_accepts_large_fpdus(std::uint8_t reply_flags) noexcept {
+  return (reply_flags & mpa_flag::large_fpdus) != 0 && (reply_flags & mpa_flag::ext_ack) != 0 &&
+         (reply_flags & mpa_flag::ext_offer) == 0;
+}
 
 // Encodes a request or reply; v2 words are written when frame.v2 is set (and H
 // is then set in the flags). Returns empty if private data is too long.
