@@ -24,8 +24,8 @@ struct node_ref {
 };
 
 struct slot_table {
-  std::vector<node_ref> nodes;       // each once, by id
-  std::vector<std::int32_t> owner;   // 16384 entries: an index into nodes, -1 not served
+  std::vector<node_ref> nodes;      // each once, by id
+  std::vector<std::int32_t> owner;  // 16384 entries: an index into nodes, -1 not served
 };
 
 // CLUSTER INFO's reply (a bulk string): its cluster_current_epoch.

@@ -325,7 +325,7 @@ int serve(const server_options& so) {
     // takes a generated name on this host, which is not announced (the map
     // holds host:port addresses), so such a node serves shards without
     // replicas; replicas need soft (or verbs).
-    const bool named = so.provider == "shm" || so.provider.starts_with("shm:");
+    const bool named = dev->attr().transport_type == transport::shm;
     if (!named) rpo.primary.address = host + ":" + std::to_string(so.cluster_repl_port);
     rpo.primary.ack_timeout_ms = so.repl_timeout_ms;
     rpo.primary.isr_lag_ms = so.repl_isr_lag_ms;

@@ -17,7 +17,8 @@ round prints its failover time (the fault to the first acknowledged write
 invoked after it).
 
 KV_FAILOVER_KILLS / KV_FAILOVER_STOPS set the rounds (default 6 and 3, about
-40 s; the soak in docs/KV-CLUSTER.md ran more); KV_FAILOVER_LOGS=1 prints the
+40 s; ctest's release preset runs 20 and 10, about 2 minutes; the soak in
+docs/KV-CLUSTER.md ran more); KV_FAILOVER_LOGS=1 prints the
 nodes' logs at the end. Every process is started here
 and stopped here; every wait is bounded.
 
@@ -183,9 +184,17 @@ class Failover(unittest.TestCase):
     def rejoin(self, node, old_epoch):
         """The node restarted (or resumed) is a replica again, caught up and
         back in the in-sync set, under a newer map."""
-        wait_until(lambda: self.in_sync(2) and config(self.etcd)["epoch"] > old_epoch
-                   and self.primary() is not node, 20,
-                   "node %d back in the in-sync set" % node.port)
+        try:
+            wait_until(lambda: self.in_sync(2) and config(self.etcd)["epoch"] > old_epoch
+                       and self.primary() is not node, 20,
+                       "node %d back in the in-sync set" % node.port)
+        except AssertionError:
+            # What each node said, and the map, for the report.
+            for n in self.nodes:
+                print("--- node %d (%s) log tail:\n%s" % (n.port, n.id[:8], n.read_log()[-3000:]),
+                      file=sys.stderr)
+            print("--- map: %s" % self.etcd.get("/conveyor-kv/%s/config" % NAME), file=sys.stderr)
+            raise
 
     def test_failover_under_load_loses_no_acknowledged_write(self):
         kills = int(os.environ.get("KV_FAILOVER_KILLS", "6"))
@@ -202,7 +211,14 @@ class Failover(unittest.TestCase):
                     t = time.monotonic_ns()
                     old.proc.send_signal(signal.SIGKILL)
                     old.proc.wait(10)
-                    took = load.first_ack_after(t, 20)
+                    # Acknowledged by the new primary: invoked once the old one
+                    # is dead (a write invoked between t and the kill's landing
+                    # may be the old primary's, answered at once: a restart
+                    # after it would come back before its lease expired, as
+                    # the primary, which docs/KV-CLUSTER.md lists as not
+                    # covered). The time is still counted from the kill.
+                    dead = time.monotonic_ns()
+                    took = load.first_ack_after(dead, 20) + (dead - t) / 1e9
                     old.log.close()
                     old.start()
                 else:
