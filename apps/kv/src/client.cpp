@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "location_cache.hpp"
+#include "reply_text.hpp"
 #include "store_layout.hpp"
 
 namespace conveyor::kv {
@@ -350,22 +351,12 @@ class client_impl final : public client {
       return make_error(errc::io_error, std::move(what));
   }
   static std::unexpected<error> reply_error(std::string_view r) {
-    if (!r.empty() && r[0] == '-') {
-      auto e = r.substr(1);
-      if (e.ends_with("\r\n")) e.remove_suffix(2);
-      return make_error(errc::rejected, std::string(e));
-    }
-    return make_error(errc::protocol_error,
-                      "kv client: unexpected reply: " + std::string(r.substr(0, 64)));
+    return reply_text::error_of(r, "kv client");
   }
   result<std::int64_t> integer(std::span<const std::string_view> argv) {
     auto r = command(argv);
     if (!r) return std::unexpected(r.error());
-    std::int64_t v = 0;
-    if (r->size() < 4 || (*r)[0] != ':' || !r->ends_with("\r\n")) return reply_error(*r);
-    auto [p, ec] = std::from_chars(r->data() + 1, r->data() + r->size() - 2, v);
-    if (ec != std::errc{} || p != r->data() + r->size() - 2) return reply_error(*r);
-    return v;
+    return reply_text::integer_of(*r, "kv client");
   }
 
   template <class Sink>
