@@ -229,6 +229,24 @@ def reap_up(up):
     up.stderr.close()
 
 
+def stop_cluster(etcd, dir, nodes, logs_env=None):
+    """Stops the nodes, then etcd, and removes the folder start_cluster made;
+    raises with what went wrong (a node that did not exit cleanly or left a
+    sanitizer report). With the environment variable `logs_env` set, prints
+    each node's log tail first."""
+    problems = [n.stop() for n in nodes]
+    if logs_env and os.environ.get(logs_env):
+        for n in nodes:
+            print("---- node %d\n%s" % (n.port, n.read_log()[-6000:]), file=sys.stderr)
+    if etcd is not None:
+        etcd.stop()
+    if dir:
+        shutil.rmtree(dir, ignore_errors=True)
+    problems = [p for p in problems if p]
+    if problems:
+        raise AssertionError("\n".join(problems))
+
+
 def start_cluster(prefix, count, shards, replicas, *extra):
     """A local etcd, `count` nodes (each given `extra`) in a new temporary
     folder, and the map `kv cluster create` writes for them: (etcd, folder,
@@ -269,11 +287,7 @@ class Cluster(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        problems = [p for p in (n.stop() for n in cls.nodes) if p]
-        cls.etcd.stop()
-        shutil.rmtree(cls.dir, ignore_errors=True)
-        if problems:
-            raise AssertionError("\n".join(problems))
+        stop_cluster(cls.etcd, cls.dir, cls.nodes)
 
     def cluster_client(self):
         return RedisCluster(host="127.0.0.1", port=self.nodes[0].port, socket_timeout=10)

@@ -27,7 +27,6 @@ Usage: kv_failover.py CONVEYOR_BINARY [unittest args...]
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import sys
@@ -161,15 +160,7 @@ class Failover(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        problems = [n.stop() for n in getattr(cls, "nodes", [])]
-        if os.environ.get("KV_FAILOVER_LOGS"):
-            for n in getattr(cls, "nodes", []):
-                print("---- node %d\n%s" % (n.port, n.read_log()[-6000:]), file=sys.stderr)
-        cls.etcd.stop()
-        shutil.rmtree(cls.dir, ignore_errors=True)
-        problems = [p for p in problems if p]
-        if problems:
-            raise AssertionError("\n".join(problems))
+        kv_cluster.stop_cluster(cls.etcd, cls.dir, getattr(cls, "nodes", []), "KV_FAILOVER_LOGS")
 
     @classmethod
     def in_sync(cls, n):

@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import unittest
-import shutil
 
 import redis
 
@@ -105,12 +104,7 @@ class Replication(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        problems = [n.stop() for n in getattr(cls, "nodes", [])]
-        cls.etcd.stop()
-        shutil.rmtree(cls.dir, ignore_errors=True)
-        problems = [p for p in problems if p]
-        if problems:
-            raise AssertionError("\n".join(problems))
+        kv_cluster.stop_cluster(cls.etcd, cls.dir, getattr(cls, "nodes", []))
 
     def reader(self):
         """A READONLY connection to the replica, once it serves: after a
