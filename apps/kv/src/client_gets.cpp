@@ -177,7 +177,8 @@ result<void> client_impl::run_gets_ref(std::span<const std::string_view> keys, s
 
 // For a timed-out batch: how many GETs were left, how long the slowest had
 // been running since its last (re)start, and how many rounds were repeated.
-std::string client_impl::unfinished(std::size_t left, const std::vector<std::uint32_t>& free_lanes) const {
+std::string client_impl::unfinished(std::size_t left,
+                                    const std::vector<std::uint32_t>& free_lanes) const {
   int restarts = 0, slow = 0, pending = 0;
   clock::duration oldest{};
   const auto now = clock::now();
@@ -208,7 +209,6 @@ std::string client_impl::first_error() {
   }
   return {};
 }
-
 
 // READs are collected while a round of lanes starts or a batch of
 // completions is handled, then posted together: one doorbell for them all
