@@ -101,7 +101,7 @@ void check_decisions(const cl::shard_map& m) {
     if (!primaries.contains(n.id)) live[n.id] = {n.id, n.resp, n.rdma, "b", n.repl};
   for (const auto& sh : m.shards)
     for (const auto& id : sh.replicas)
-      reports[id] = {sh.id, sh.primary, static_cast<std::uint64_t>(id[0]), false, true};
+      reports[id] = {sh.id, sh.primary, static_cast<std::uint64_t>(id[0]), false, true, "b"};
   if (auto d = cl::decide_failover(m, live, reports, {})) {
     FUZZ_CHECK(cl::validate(d->map).has_value());
     FUZZ_CHECK(d->map.epoch == m.epoch + 1);
@@ -113,7 +113,7 @@ void check_decisions(const cl::shard_map& m) {
         FUZZ_CHECK(cl::validate(*n).has_value());
         FUZZ_CHECK(n->epoch == m.epoch + 1);
       }
-      if (auto f = cl::manual_failover(m, sh.id, id)) {
+      if (auto f = cl::manual_failover(m, sh.id, id, "fuzzboot")) {
         FUZZ_CHECK(cl::validate(f->map).has_value());
         FUZZ_CHECK(f->map.epoch == m.epoch + 1);
       }

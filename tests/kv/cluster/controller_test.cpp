@@ -45,7 +45,7 @@ live_set alive(const shard_map& m, std::string_view dead = {}) {
 }
 
 offset_report down(std::uint64_t offset, bool synced = true, char primary = '1') {
-  return {hex_id('b'), hex_id(primary), offset, false, synced};
+  return {hex_id('b'), hex_id(primary), offset, false, synced, "boot"};
 }
 
 TEST(controller, nothing_changes_while_every_primary_is_registered) {
@@ -86,7 +86,7 @@ TEST(controller, waits_for_every_live_in_sync_replica_to_report_until_the_grace_
   EXPECT_FALSE(decide_failover(m, alive(m, hex_id('1')), r, {}));
   // A report with the link up is no report of the final offset either.
   report_map up = r;
-  up[hex_id('8')] = {hex_id('b'), hex_id('1'), 0, true, false};
+  up[hex_id('8')] = {hex_id('b'), hex_id('1'), 0, true, false, "boot"};
   EXPECT_FALSE(decide_failover(m, alive(m, hex_id('1')), up, {}));
   auto d = decide_failover(m, alive(m, hex_id('1')), r, {hex_id('b')});
   ASSERT_TRUE(d);
@@ -96,7 +96,7 @@ TEST(controller, waits_for_every_live_in_sync_replica_to_report_until_the_grace_
   // After the grace, a link still up with its snapshot applied counts (its
   // keyspace is whole), at its snapshot's offset.
   report_map synced_up{{hex_id('7'), down(100)},
-                       {hex_id('8'), {hex_id('b'), hex_id('1'), 500, true, true}}};
+                       {hex_id('8'), {hex_id('b'), hex_id('1'), 500, true, true, "boot"}}};
   EXPECT_FALSE(decide_failover(m, alive(m, hex_id('1')), synced_up, {}));
   auto e = decide_failover(m, alive(m, hex_id('1')), synced_up, {hex_id('b')});
   ASSERT_TRUE(e);
@@ -125,6 +125,57 @@ TEST(controller, never_promotes_a_replica_that_is_out_of_sync_dead_or_reporting_
   EXPECT_EQ(d->map.shards[1].isr, std::vector<std::string>{hex_id('7')});
   // A shard with no replica at all: nothing to do (it stays down).
   EXPECT_FALSE(decide_failover(m, alive(m, hex_id('0')), {}, {hex_id('a')}));
+}
+
+TEST(controller, a_primary_registered_by_another_process_is_gone_and_the_new_one_is_recorded) {
+  auto m = with_replicas();
+  m.shards[1].primary_boot = "boot";
+  const report_map r{{hex_id('7'), down(100)}, {hex_id('8'), down(250)}};
+  // Registered by the process the map names: alive, nothing changes.
+  EXPECT_FALSE(decide_failover(m, alive(m), r, {}));
+  // The same id registered by another process (it restarted before its
+  // lease expired): gone, as if unregistered.
+  auto l = alive(m);
+  l[hex_id('1')].boot_id = "restarted";
+  l[hex_id('8')].boot_id = "boot-8";
+  report_map r8 = r;
+  r8[hex_id('8')].boot = "boot-8";
+  auto d = decide_failover(m, l, r8, {});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->deposed, std::vector<std::string>{hex_id('1')});
+  const auto& sh = d->map.shards[1];
+  EXPECT_EQ(sh.primary, hex_id('8'));
+  EXPECT_EQ(sh.primary_boot, "boot-8");  // the promoted process
+  EXPECT_EQ(sh.replicas, (std::vector<std::string>{hex_id('7'), hex_id('1')}));
+  EXPECT_EQ(std::count(sh.isr.begin(), sh.isr.end(), hex_id('1')), 0);
+  EXPECT_TRUE(validate(d->map));
+  EXPECT_TRUE(primary_alive(sh, l));
+  EXPECT_FALSE(primary_alive(m.shards[1], l));
+  // A map that records no boot for a shard does not check it.
+  m.shards[1].primary_boot.clear();
+  EXPECT_FALSE(decide_failover(m, l, r8, {}));
+}
+
+TEST(controller, a_report_left_by_an_earlier_process_of_a_replica_is_not_its_own) {
+  const auto m = with_replicas();
+  auto l = alive(m, hex_id('1'));
+  l[hex_id('8')].boot_id = "restarted";  // '8' restarted: its keyspace is new
+  // '8''s report is its earlier process's (still on etcd until that lease
+  // expires): the highest offset, but not a candidate's.
+  const report_map r{{hex_id('7'), down(100)}, {hex_id('8'), down(999)}};
+  EXPECT_FALSE(decide_failover(m, l, r, {}));  // waits for '8''s own report
+  auto d = decide_failover(m, l, r, {hex_id('b')});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->map.shards[1].primary, hex_id('7'));
+  // Alone, it is never promoted.
+  EXPECT_FALSE(decide_failover(m, l, {{hex_id('8'), down(999)}}, {hex_id('b')}));
+  // Its own report (after its snapshot) makes it one.
+  report_map own = r;
+  own[hex_id('8')].boot = "restarted";
+  auto e = decide_failover(m, l, own, {});
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->map.shards[1].primary, hex_id('8'));
+  EXPECT_EQ(e->map.shards[1].primary_boot, "restarted");
 }
 
 TEST(controller, refreshes_a_node_whose_registration_gives_new_addresses) {
@@ -392,32 +443,41 @@ TEST(controller, a_shrink_is_not_written_without_etcd_or_a_valid_map) {
 
 TEST(controller, manual_failover_takes_only_an_in_sync_replica) {
   auto m = with_replicas();
-  auto d = manual_failover(m, hex_id('b'), hex_id('8'));
+  auto d = manual_failover(m, hex_id('b'), hex_id('8'), "boot-8");
   ASSERT_TRUE(d);
   EXPECT_EQ(d->map.shards[1].primary, hex_id('8'));
+  EXPECT_EQ(d->map.shards[1].primary_boot, "boot-8");
   EXPECT_EQ(d->map.shards[1].isr, (std::vector<std::string>{hex_id('8'), hex_id('7')}));
   EXPECT_TRUE(validate(d->map));
   m.shards[1].isr = {hex_id('1')};
-  EXPECT_FALSE(manual_failover(m, hex_id('b'), hex_id('8')));
-  EXPECT_FALSE(manual_failover(m, hex_id('b'), hex_id('1')));
-  EXPECT_FALSE(manual_failover(m, hex_id('f'), hex_id('8')));
+  EXPECT_FALSE(manual_failover(m, hex_id('b'), hex_id('8'), "boot-8"));
+  EXPECT_FALSE(manual_failover(m, hex_id('b'), hex_id('1'), "boot-8"));
+  EXPECT_FALSE(manual_failover(m, hex_id('f'), hex_id('8'), "boot-8"));
 }
 
 TEST(controller, offset_reports_round_trip_and_hostile_ones_are_refused) {
-  const offset_report r{hex_id('b'), hex_id('1'), 12345678901234ULL, false, true};
+  const offset_report r{hex_id('b'), hex_id('1'), 12345678901234ULL, false, true, "b1"};
   EXPECT_EQ(parse_offset_report(to_json(r)).value(), r);
+  // The same report without its boot is not one.
+  auto no_boot = r;
+  no_boot.boot.clear();
+  EXPECT_FALSE(parse_offset_report(to_json(no_boot)));
   for (
       const char* bad : {
           "",
           "[]",
           "{}",
           "nul",
-          R"({"shard":"x","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true})",
-          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":-1,"link_up":false,"synced":true})",
-          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1.5,"link_up":false,"synced":true})",
-          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":0,"synced":true})",
-          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"extra":true})",
-          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true,"x":1})",
+          R"({"shard":"x","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true,"boot":"b1"})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":-1,"link_up":false,"synced":true,"boot":"b1"})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1.5,"link_up":false,"synced":true,"boot":"b1"})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":0,"synced":true,"boot":"b1"})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"extra":true,"boot":"b1"})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true,"x":1,"boot":"b1"})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true,"boot":""})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true,"boot":"a b"})",
+          R"({"shard":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","primary":"1111111111111111111111111111111111111111","offset":1,"link_up":false,"synced":true,"boot":7})",
       })
     EXPECT_FALSE(parse_offset_report(bad)) << bad;
   EXPECT_FALSE(parse_offset_report(std::string(2000, ' ') + to_json(r)));

@@ -74,6 +74,32 @@ TEST(routing, keys_in_two_slots_are_crossslot_and_an_unserved_slot_is_clusterdow
   EXPECT_EQ(route({mine}, nullptr), "CLUSTERDOWN Hash slot not served");
 }
 
+TEST(routing, a_primary_restarted_under_another_boot_serves_nothing_of_its_shard) {
+  auto m = three_shards();
+  m.shards[1].primary_boot = "boot-1";
+  const auto k = key_in(5461, 10922);
+  // The process the map made primary: it serves.
+  auto same = make_view(m, hex_id('1'), 0, "boot-1").value();
+  EXPECT_EQ(route({k}, same.get()), "");
+  EXPECT_NE(primary_of(*same), nullptr);
+  EXPECT_EQ(restarted_primary_of(*same), nullptr);
+  // The node restarted (same id, another boot): TRYAGAIN for its keys, not
+  // a primary, not anyone's replica; other shards' keys still redirect.
+  auto again = make_view(m, hex_id('1'), 0, "boot-2").value();
+  EXPECT_EQ(route({k}, again.get()), err_restarted_primary);
+  EXPECT_EQ(primary_of(*again), nullptr);
+  EXPECT_EQ(replica_of(*again), nullptr);
+  ASSERT_NE(restarted_primary_of(*again), nullptr);
+  EXPECT_EQ(restarted_primary_of(*again)->id, hex_id('b'));
+  const auto other = key_in(0, 5460);
+  EXPECT_EQ(route({other}, again.get()),
+            "MOVED " + std::to_string(slot_of(other)) + " 127.0.0.1:7001");
+  // A map that records no boot, or a view that knows none, checks nothing.
+  m.shards[1].primary_boot.clear();
+  EXPECT_EQ(route({k}, make_view(m, hex_id('1'), 0, "boot-2").value().get()), "");
+  EXPECT_EQ(route({k}, make_view(three_shards(), hex_id('1')).value().get()), "");
+}
+
 TEST(routing, a_node_in_no_shard_redirects_every_key) {
   auto v = make_view(three_shards(), hex_id('9')).value();
   EXPECT_EQ(route({"foo"}, v.get()), "MOVED 12182 127.0.0.1:7003");

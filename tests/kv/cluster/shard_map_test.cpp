@@ -74,6 +74,30 @@ TEST(cluster_shard_map, nodes_carry_their_replication_address) {
   EXPECT_NE(validate_error(m).find("repl"), std::string::npos);
 }
 
+TEST(cluster_shard_map, shards_carry_their_primarys_boot_when_recorded) {
+  auto m = three_shards();
+  m.shards[1].primary_boot = "0123abcd_-Z";
+  auto text = to_json(m);
+  EXPECT_NE(text.find(R"("primary_boot":"0123abcd_-Z")"), std::string::npos);
+  auto back = parse_shard_map(text);
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(back->shards[1].primary_boot, "0123abcd_-Z");
+  EXPECT_EQ(back->shards[0].primary_boot, "");  // not recorded: not written
+  EXPECT_EQ(to_json(three_shards()).find("primary_boot"), std::string::npos);
+  for (const char* bad : {"a b", "x/y", "\n"}) {
+    m.shards[1].primary_boot = bad;
+    EXPECT_NE(validate_error(m).find("primary_boot"), std::string::npos) << bad;
+  }
+  m.shards[1].primary_boot = std::string(max_boot_id_bytes + 1, 'a');
+  EXPECT_NE(validate_error(m).find("primary_boot"), std::string::npos);
+  // Not a string: refused by the reader.
+  auto j = to_json(three_shards());
+  const auto at = j.find(R"("primary":)");
+  ASSERT_NE(at, std::string::npos);
+  j.insert(at, R"("primary_boot":7,)");
+  EXPECT_FALSE(parse_shard_map(j));
+}
+
 TEST(cluster_shard_map, reads_the_documented_shape) {
   const std::string a = hex_id('a'), n = hex_id('1');
   auto m = parse_shard_map(R"({"epoch": 3, "shards": [{"id": ")" + a + R"(", "slots": [[0, 16383]],

@@ -20,9 +20,9 @@ inline conveyor::kv::cluster::shard_map three_shards() {
   for (int i = 0; i < 3; ++i)
     m.nodes.push_back(
         {hex_id(static_cast<char>('0' + i)), "127.0.0.1:" + std::to_string(7001 + i), "", ""});
-  m.shards.push_back({hex_id('a'), {{100, 5460}}, hex_id('0'), {hex_id('0')}, {}});
-  m.shards.push_back({hex_id('b'), {{5461, 10922}}, hex_id('1'), {hex_id('1')}, {}});
-  m.shards.push_back({hex_id('c'), {{10923, 16383}}, hex_id('2'), {hex_id('2')}, {}});
+  m.shards.push_back({hex_id('a'), {{100, 5460}}, hex_id('0'), {hex_id('0')}, {}, {}});
+  m.shards.push_back({hex_id('b'), {{5461, 10922}}, hex_id('1'), {hex_id('1')}, {}, {}});
+  m.shards.push_back({hex_id('c'), {{10923, 16383}}, hex_id('2'), {hex_id('2')}, {}, {}});
   return m;
 }
 

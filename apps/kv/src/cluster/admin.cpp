@@ -255,6 +255,7 @@ result<cluster_state> create_cluster(const cluster_admin_options& a,
     sh.id = cluster::random_id();
     sh.slots.push_back({static_cast<std::uint16_t>(first), static_cast<std::uint16_t>(last)});
     sh.primary = nodes[i].id;
+    sh.primary_boot = nodes[i].boot_id;  // the process made primary (shard_map.hpp)
     sh.isr = {nodes[i].id};
     m.nodes.push_back({nodes[i].id, nodes[i].resp, nodes[i].rdma, nodes[i].repl});
     // The nodes after the primaries, in address order, c.replicas per shard:

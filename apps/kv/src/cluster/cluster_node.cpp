@@ -160,6 +160,12 @@ struct cluster_node::state {
   std::chrono::seconds cur_ttl{0};
   steady::time_point fence_until = steady::time_point::min();
   bool held = true;
+  // Under lease_mu: the map names this node primary under another boot
+  // (routing.hpp's restarted_primary): its lease vouches for nothing.
+  bool withheld = false;
+  steady::time_point served_until() const {
+    return withheld ? steady::time_point::min() : fence_until;
+  }
   bool lease_lost = false;
   std::string last_log;        // the node's thread only: the last error's kind (log_error)
   std::string last_isr_error;  // the node's thread only: the last isr change's failure logged
@@ -205,7 +211,7 @@ struct cluster_node::state {
       return;
     }
     const auto epoch = m->epoch;
-    auto v = make_view(std::move(*m), id, kv.mod_revision);
+    auto v = make_view(std::move(*m), id, kv.mod_revision, boot_id);
     if (!v) {
       log("ignoring the shard map at revision " + std::to_string(kv.mod_revision) + ": " +
           v.error().to_string());
@@ -214,7 +220,15 @@ struct cluster_node::state {
     applied = kv.mod_revision;
     log("shard map epoch " + std::to_string(epoch) + " (revision " +
         std::to_string(kv.mod_revision) + ")");
+    const bool restarted = restarted_primary_of(**v) != nullptr;
     if (opts.on_view) opts.on_view(std::move(*v));
+    std::lock_guard lk(lease_mu);
+    if (restarted == withheld) return;
+    withheld = restarted;
+    log(restarted ? "the map names this node a primary under another process (boot): it "
+                    "restarted and serves nothing until the shard fails over"
+                  : "the map no longer names this node a restarted primary");
+    if (!held) fence(served_until());
   }
 
   // ---- the controller role (controller.hpp) ----------------------------------
@@ -272,7 +286,7 @@ struct cluster_node::state {
     std::set<std::string, std::less<>> grace_over;
     std::map<std::string, steady::time_point, std::less<>> still;
     for (const auto& sh : m->shards) {
-      if (live.contains(sh.primary)) continue;
+      if (primary_alive(sh, live)) continue;
       auto it = missing.find(sh.id);
       const auto since = it != missing.end() ? it->second : now;
       still[sh.id] = since;
@@ -282,8 +296,9 @@ struct cluster_node::state {
     if (!missing.empty()) control_due = true;  // look again soon: reports may come
     auto d = decide_failover(*m, live, reports, grace_over);
     if (!d) return;
-    std::vector<std::string> absent;
-    for (const auto& p : d->deposed) absent.push_back(np + p);
+    std::vector<std::string> absent;  // a restarted primary's registration may stay
+    for (const auto& p : d->deposed)
+      if (!live.contains(p)) absent.push_back(np + p);
     auto w = etcd->put_if_absent(config_key(opts.cluster_name), to_json(d->map),
                                  (*cfg)->mod_revision, absent);
     if (!w) {
@@ -424,7 +439,7 @@ struct cluster_node::state {
           const auto d = fence_deadline(sent, std::min(*k, ttl));
           if (d > fence_until) {
             fence_until = d;
-            if (!held) fence(d);
+            if (!held && !withheld) fence(d);
           }
         }
       }
@@ -507,7 +522,7 @@ struct cluster_node::state {
         if (holding) {  // the map as of after the registration was delivered
           holding = false;
           held = false;
-          fence(fence_until);
+          fence(served_until());
         }
         in_time = !held && steady::now() < fence_until;
       }
@@ -608,6 +623,7 @@ result<std::unique_ptr<cluster_node>> cluster_node::start(node_options opts) {
 }
 
 void cluster_node::report_offset(offset_report r) {
+  r.boot = s_->boot_id;
   {
     std::lock_guard lk(s_->mu);
     s_->report = std::move(r);

@@ -18,11 +18,8 @@ std::string offsets_prefix(std::string_view cluster_name) {
 }
 
 std::string to_json(const offset_report& r) {
-  json j = {{"shard", r.shard},
-            {"primary", r.primary},
-            {"offset", r.offset},
-            {"link_up", r.link_up},
-            {"synced", r.synced}};
+  json j = {{"shard", r.shard},     {"primary", r.primary}, {"offset", r.offset},
+            {"link_up", r.link_up}, {"synced", r.synced},   {"boot", r.boot}};
   return j.dump();
 }
 
@@ -33,7 +30,7 @@ result<offset_report> parse_offset_report(std::string_view text) {
   if (text.size() > 1024) return bad("over 1 KiB");
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return bad("not a JSON object");
-  if (j.size() != 5) return bad("not exactly shard, primary, offset, link_up, synced");
+  if (j.size() != 6) return bad("not exactly shard, primary, offset, link_up, synced, boot");
   offset_report r;
   for (const auto& [k, v] : j.items()) {
     if (k == "shard" || k == "primary") {
@@ -46,6 +43,10 @@ result<offset_report> parse_offset_report(std::string_view text) {
     } else if (k == "link_up" || k == "synced") {
       if (!v.is_boolean()) return bad(k + " is not a boolean");
       (k == "link_up" ? r.link_up : r.synced) = v.get<bool>();
+    } else if (k == "boot") {
+      if (!v.is_string() || !valid_boot_id(v.get_ref<const std::string&>()))
+        return bad("boot is not 1..64 of [A-Za-z0-9_-]");
+      r.boot = v.get<std::string>();
     } else {
       return bad("unknown field");
     }
@@ -62,7 +63,8 @@ bool contains(const std::vector<std::string>& v, std::string_view s) {
 
 // `sh` with `to` as its primary: the isr is `to` and the other members of
 // `keep` (in the old order); the old primary joins the replicas, out of sync.
-void promote(shard& sh, const std::string& to, const std::vector<std::string>& keep) {
+void promote(shard& sh, const std::string& to, std::string_view to_boot,
+             const std::vector<std::string>& keep) {
   const std::string old = sh.primary;
   std::vector<std::string> isr{to};
   for (const auto& id : keep)
@@ -72,11 +74,18 @@ void promote(shard& sh, const std::string& to, const std::vector<std::string>& k
     if (id != to) replicas.push_back(id);
   replicas.push_back(old);
   sh.primary = to;
+  sh.primary_boot = to_boot;
   sh.isr = std::move(isr);
   sh.replicas = std::move(replicas);
 }
 
 }  // namespace
+
+bool primary_alive(const shard& sh,
+                   const std::map<std::string, node_registration, std::less<>>& live) noexcept {
+  auto it = live.find(sh.primary);
+  return it != live.end() && (sh.primary_boot.empty() || it->second.boot_id == sh.primary_boot);
+}
 
 std::optional<failover_decision> decide_failover(
     const shard_map& m, const std::map<std::string, node_registration, std::less<>>& live,
@@ -85,7 +94,7 @@ std::optional<failover_decision> decide_failover(
   failover_decision d;
   d.map = m;
   for (auto& sh : d.map.shards) {
-    if (live.contains(sh.primary)) continue;
+    if (primary_alive(sh, live)) continue;
     std::optional<std::string> best;
     std::uint64_t best_offset = 0;
     bool waiting = false;
@@ -94,8 +103,9 @@ std::optional<failover_decision> decide_failover(
       if (id == sh.primary || !live.contains(id)) continue;
       keep.push_back(id);
       auto r = reports.find(id);
-      const bool ours =
-          r != reports.end() && r->second.shard == sh.id && r->second.primary == sh.primary;
+      const bool ours = r != reports.end() && r->second.shard == sh.id &&
+                        r->second.primary == sh.primary &&
+                        r->second.boot == live.find(id)->second.boot_id;
       if (!ours || r->second.link_up) waiting = true;  // its final offset is still to come
       if (!ours || !r->second.synced) continue;
       const auto off = r->second.offset;
@@ -107,7 +117,7 @@ std::optional<failover_decision> decide_failover(
     if (!best || (waiting && !grace_over.contains(sh.id))) continue;
     d.deposed.push_back(sh.primary);
     d.promoted.push_back(*best);
-    promote(sh, *best, keep);
+    promote(sh, *best, live.find(*best)->second.boot_id, keep);
   }
   bool moved = false;
   for (auto& n : d.map.nodes) {
@@ -126,7 +136,7 @@ std::optional<failover_decision> decide_failover(
 }
 
 result<failover_decision> manual_failover(const shard_map& m, std::string_view shard_id,
-                                          std::string_view to) {
+                                          std::string_view to, std::string_view to_boot) {
   failover_decision d;
   d.map = m;
   for (auto& sh : d.map.shards) {
@@ -139,7 +149,7 @@ result<failover_decision> manual_failover(const shard_map& m, std::string_view s
                         "acknowledged writes");
     d.deposed.push_back(sh.primary);
     d.promoted.emplace_back(to);
-    promote(sh, std::string(to), sh.isr);
+    promote(sh, std::string(to), to_boot, sh.isr);
     ++d.map.epoch;
     return d;
   }

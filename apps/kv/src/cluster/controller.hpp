@@ -60,30 +60,46 @@ struct offset_report {
   std::uint64_t offset = 0;
   bool link_up = false;
   bool synced = false;
+  // The reporting process's boot_id (its registration's), stamped by
+  // cluster_node: a report left on etcd by an earlier process of the same node
+  // (its lease not yet expired) is not taken for the restarted one's, whose
+  // keyspace starts empty.
+  std::string boot;
   friend bool operator==(const offset_report&, const offset_report&) = default;
 };
 std::string to_json(const offset_report& r);
-// Hostile input: exactly the fields above, ids valid, at most 1 KiB.
+// Hostile input: exactly the fields above, ids and boot valid, at most 1 KiB.
 result<offset_report> parse_offset_report(std::string_view text);
 
 struct failover_decision {
-  shard_map map;                      // the next map (epoch + 1)
-  std::vector<std::string> deposed;   // the primaries replaced: their registrations
-                                      // must still be absent when the map is written
+  shard_map map;  // the next map (epoch + 1)
+  // The primaries replaced. Those with no registration must still have none
+  // when the map is written (a CAS condition: a primary that came back under
+  // the same process, its lease renewed after a pause, is not deposed); one
+  // registered by another process needs no condition (its process cannot
+  // become the one the map named).
+  std::vector<std::string> deposed;
   std::vector<std::string> promoted;  // one per deposed primary, same order
 };
 
-// The controller's rule. For each shard whose primary has no registration
-// (not in `live`): the candidates are the live members of its isr (not the
-// primary) whose report names this shard and primary with the keyspace
-// whole. It waits (no change for that shard) while a live isr replica has no
-// such report with the link down (its final offset), unless the shard is in
-// `grace_over` (it waited long enough: then it chooses among the candidates,
-// a link still up counting with its snapshot's offset). The chosen
-// one (highest offset, then lowest id) becomes the primary; the isr becomes
-// it and the other live isr members; the old primary becomes a replica (not
-// in sync: it catches up when it returns). Also, a node of the map whose
-// live registration gives other addresses (it restarted on another
+// Whether the map's primary of `sh` is alive: registered (in `live`) by the
+// process the map made primary (the registration's boot_id is the shard's
+// primary_boot, when the map records one). A registration under its id with
+// another boot_id is the node restarted: it lost what it held (without an
+// AOF, everything), so it is treated as gone.
+bool primary_alive(const shard& sh,
+                   const std::map<std::string, node_registration, std::less<>>& live) noexcept;
+
+// The controller's rule. For each shard whose primary is not alive
+// (primary_alive): the candidates are the live members of its isr (not the
+// primary) whose report names this shard and primary, comes from the
+// member's live process (boot) and has the keyspace whole. It waits (no change for that shard)
+// while a live isr replica has no such report with the link down (its final offset), unless the
+// shard is in `grace_over` (it waited long enough: then it chooses among the candidates, a link
+// still up counting with its snapshot's offset). The chosen one (highest offset, then lowest id)
+// becomes the primary (primary_boot: its registration's boot_id); the isr becomes it and the other
+// live isr members; the old primary becomes a replica (not in sync: it catches up when it returns).
+// Also, a node of the map whose live registration gives other addresses (it restarted on another
 // replication port) gets them. nullopt: nothing to change. `live`: the
 // registrations by node id. The map must be valid; so is the result.
 std::optional<failover_decision> decide_failover(
@@ -92,10 +108,11 @@ std::optional<failover_decision> decide_failover(
     const std::set<std::string, std::less<>>& grace_over);
 
 // A manual failover (`conveyor kv cluster failover`): the shard's primary
-// replaced by `to` (a live isr member of it), epoch + 1, the old primary
-// kept as a replica outside the isr. Errors name why not.
+// replaced by `to` (a live isr member of it, registered with boot_id
+// `to_boot`), epoch + 1, the old primary kept as a replica outside the isr.
+// Errors name why not.
 result<failover_decision> manual_failover(const shard_map& m, std::string_view shard_id,
-                                          std::string_view to);
+                                          std::string_view to, std::string_view to_boot);
 
 // The map with `replica` added to the isr of the shard whose primary is
 // `primary` (epoch + 1), or nullopt when that is no longer so (another

@@ -9,7 +9,7 @@
 namespace conveyor::kv::cluster {
 
 result<std::shared_ptr<const cluster_view>> make_view(shard_map map, std::string my_id,
-                                                      std::int64_t revision) {
+                                                      std::int64_t revision, std::string my_boot) {
   auto t = slot_table::build(map);
   if (!t) return std::unexpected(t.error());
   auto v = std::make_shared<cluster_view>();
@@ -17,6 +17,7 @@ result<std::shared_ptr<const cluster_view>> make_view(shard_map map, std::string
   v->table = std::move(*t);
   v->my_id = std::move(my_id);
   v->revision = revision;
+  v->my_boot = std::move(my_boot);
   return std::shared_ptr<const cluster_view>(std::move(v));
 }
 
@@ -31,7 +32,8 @@ std::string route_keys(std::span<const std::string_view> keys, const cluster_vie
   for (std::size_t i = 1; i < keys.size(); ++i)
     if (slot_of(keys[i]) != slot) return std::string(err_crossslot);
   const auto& sh = view->map.shards[*owner];
-  if (sh.primary == view->my_id) return {};
+  if (sh.primary == view->my_id)
+    return restarted_primary(*view, sh) ? std::string(err_restarted_primary) : std::string();
   if (replica_read &&
       std::find(sh.replicas.begin(), sh.replicas.end(), view->my_id) != sh.replicas.end())
     return {};
@@ -47,9 +49,20 @@ const shard* replica_of(const cluster_view& v) noexcept {
   return nullptr;
 }
 
+bool restarted_primary(const cluster_view& v, const shard& sh) noexcept {
+  return sh.primary == v.my_id && !v.my_boot.empty() && !sh.primary_boot.empty() &&
+         sh.primary_boot != v.my_boot;
+}
+
+const shard* restarted_primary_of(const cluster_view& v) noexcept {
+  for (const auto& sh : v.map.shards)
+    if (restarted_primary(v, sh)) return &sh;
+  return nullptr;
+}
+
 const shard* primary_of(const cluster_view& v) noexcept {
   for (const auto& sh : v.map.shards)
-    if (sh.primary == v.my_id) return &sh;
+    if (sh.primary == v.my_id) return restarted_primary(v, sh) ? nullptr : &sh;
   return nullptr;
 }
 

@@ -126,6 +126,9 @@ result<void> validate(const shard_map& m) {
       return {};
     };
     if (auto r = known(s.primary, "primary"); !r) return r;
+    if (!s.primary_boot.empty() && !valid_boot_id(s.primary_boot))
+      return invalid(where + ": primary_boot " + shown(s.primary_boot) +
+                     " is not 1..64 of [A-Za-z0-9_-]");
     for (const auto& id : s.replicas)
       if (auto r = known(id, "replica"); !r) return r;
 
@@ -157,6 +160,14 @@ result<void> validate(const shard_map& m) {
   return {};
 }
 
+bool valid_boot_id(std::string_view boot) noexcept {
+  return !boot.empty() && boot.size() <= max_boot_id_bytes &&
+         std::all_of(boot.begin(), boot.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                  c == '-' || c == '_';
+         });
+}
+
 result<void> validate(const node_registration& r) {
   if (!valid_id(r.id)) return invalid("node registration: id " + shown(r.id) + " is not 40 hex");
   const std::string where = "node registration " + r.id;
@@ -166,12 +177,7 @@ result<void> validate(const node_registration& r) {
     return invalid(where + ": rdma " + shown(r.rdma) + " is not host:port");
   if (!r.repl.empty() && !valid_address(r.repl))
     return invalid(where + ": repl " + shown(r.repl) + " is not host:port");
-  bool boot_ok = !r.boot_id.empty() && r.boot_id.size() <= max_boot_id_bytes &&
-                 std::all_of(r.boot_id.begin(), r.boot_id.end(), [](char c) {
-                   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
-                          (c >= 'A' && c <= 'Z') || c == '-' || c == '_';
-                 });
-  if (!boot_ok)
+  if (!valid_boot_id(r.boot_id))
     return invalid(where + ": boot_id " + shown(r.boot_id) + " is not 1..64 of [A-Za-z0-9_-]");
   return {};
 }
@@ -308,11 +314,13 @@ std::string to_json(const shard_map& m) {
   for (const auto& s : m.shards) {
     json slots = json::array();
     for (const auto& r : s.slots) slots.push_back({r.first, r.last});
-    shards.push_back({{"id", s.id},
-                      {"slots", std::move(slots)},
-                      {"primary", s.primary},
-                      {"isr", s.isr},
-                      {"replicas", s.replicas}});
+    json sj = {{"id", s.id},
+               {"slots", std::move(slots)},
+               {"primary", s.primary},
+               {"isr", s.isr},
+               {"replicas", s.replicas}};
+    if (!s.primary_boot.empty()) sj["primary_boot"] = s.primary_boot;
+    shards.push_back(std::move(sj));
   }
   json nodes = json::array();
   for (const auto& n : m.nodes) nodes.push_back(node_json(n.id, n.resp, n.rdma, n.repl));
@@ -342,10 +350,11 @@ result<shard_map> parse_shard_map(std::string_view text) {
     std::size_t ranges = 0;
     for (const auto& sj : doc.array("shards", max_shards)) {
       object_reader s(sj, "shard map: shard " + std::to_string(i++),
-                      {"id", "slots", "primary", "isr", "replicas"});
+                      {"id", "slots", "primary", "primary_boot", "isr", "replicas"});
       shard sh;
       sh.id = s.string("id");
       sh.primary = s.string("primary");
+      sh.primary_boot = s.string("primary_boot", false, max_boot_id_bytes);
       sh.replicas = s.ids("replicas", max_replicas);
       sh.isr = s.ids("isr", max_replicas + 1);
       const json& slots = s.array("slots", max_slot_ranges);

@@ -4,6 +4,7 @@
 //
 //   {"epoch": 7,
 //    "shards": [{"id": "<40 hex>", "slots": [[0, 5460]], "primary": "<node id>",
+//                "primary_boot": "<its registration's boot_id>",
 //                "isr": ["<node id>", ...], "replicas": ["<node id>", ...]}, ...],
 //    "nodes":  [{"id": "<40 hex>", "resp": "10.0.0.1:7000", "rdma": "10.0.0.1:17000",
 //               "repl": "10.0.0.1:27000"}, ...]}
@@ -20,6 +21,15 @@
 // them) and reported by uncovered_slots(). Every node a shard names is listed
 // in `nodes`, and a node serves at most one shard. Ids (nodes and shards) are
 // 40 lowercase hex characters, as Redis's node and shard ids are.
+//
+// `primary_boot` names the process the map made primary: the boot_id of its
+// registration when the map was written. A node that restarts keeps its id
+// but not its boot_id (nor, without an AOF, its data), so a registration under
+// the primary's id with another boot_id is a new process, not the primary:
+// the controller fails the shard over as if the primary were gone, and the
+// restarted node serves nothing of the shard until the map changes
+// (docs/KV-CLUSTER.md, "A primary that restarts"). Optional: empty in a map
+// written before it existed, then the controller records the live one.
 //
 // The JSON readers take hostile input: any document that is not exactly this
 // shape (a wrong type, a missing or unknown field, a value out of range, more
@@ -75,6 +85,7 @@ struct shard {
   std::string primary;
   std::vector<std::string> isr;       // in-sync: the primary and some replicas
   std::vector<std::string> replicas;  // not the primary
+  std::string primary_boot;           // the primary's boot_id; empty: not recorded
   friend bool operator==(const shard&, const shard&) = default;
 };
 
@@ -97,6 +108,8 @@ struct node_registration {
 
 // True for 40 lowercase hex characters.
 bool valid_id(std::string_view id) noexcept;
+// True for 1..64 of [A-Za-z0-9_-] (a registration's boot_id).
+bool valid_boot_id(std::string_view boot) noexcept;
 // True for "host:port": an IPv4 address, a bracketed IPv6 address or a DNS
 // name, and a port 1..65535.
 bool valid_address(std::string_view addr) noexcept;

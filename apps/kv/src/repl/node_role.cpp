@@ -71,7 +71,8 @@ void node_role::set_view(const cluster::cluster_view& v) {
   if (opts_.report)
     ro.on_link = [report = opts_.report, shard = sh->id, from = sh->primary](
                      bool up, std::uint64_t offset, bool synced) {
-      report(cluster::offset_report{shard, from, offset, up, synced});
+      report(cluster::offset_report{
+          shard, from, offset, up, synced, {}});  // boot: stamped by cluster_node
     };
   auto r = replica::start(dev_, pd_, loop_, exec_, std::move(ro));
   if (!r) {
