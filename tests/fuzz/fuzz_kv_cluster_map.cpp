@@ -152,6 +152,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(o.error().code == errc::invalid_argument && !o.error().context.empty());
   }
 
+  if (auto h = cl::parse_handover_request(text)) {
+    FUZZ_CHECK(cl::valid_id(*h));
+    FUZZ_CHECK(cl::parse_handover_request(cl::handover_request_json(*h)).value() == *h);
+  } else {
+    FUZZ_CHECK(h.error().code == errc::invalid_argument && !h.error().context.empty());
+  }
+
   // The input as a node's reply to the cluster client.
   namespace cr = conveyor::kv::cluster_reply;
   if (auto t = cr::parse_slots(text)) {

@@ -1,8 +1,9 @@
-// conveyor kv cluster — create, status and up (kv_cluster.hpp).
+// conveyor kv cluster — create, status, up and failover (kv_cluster.hpp).
 //
 //   conveyor kv cluster up --shards 3                    # etcd + 3 nodes on 7001..7003
 //   conveyor kv cluster create --etcd 127.0.0.1:2379 --shards 3
 //   conveyor kv cluster status --etcd 127.0.0.1:2379 [--json]
+//   conveyor kv cluster failover --etcd 127.0.0.1:2379 --shard 127.0.0.1:7001 [--to <id>]
 //
 // `up` is Redis's create-cluster script for conveyor-kv: it starts a local
 // etcd (/usr/bin/etcd, a data directory of its own, free loopback ports) when
@@ -84,6 +85,20 @@ int run_create(const kv_cluster_options& o) {
   auto s = create(o, "create");
   if (!s) {
     std::fprintf(stderr, "conveyor kv cluster create: %s\n", s.error().to_string().c_str());
+    return s.error().code == errc::invalid_argument ? 2 : 1;
+  }
+  std::printf("%s", kv::to_table(*s).c_str());
+  return 0;
+}
+
+int run_failover(const kv_cluster_options& o) {
+  kv::cluster_failover_options f;
+  f.shard = o.shard;
+  f.to = o.to;
+  f.wait = std::chrono::seconds(o.failover_wait_s);
+  auto s = kv::failover_cluster(admin(o), f);
+  if (!s) {
+    std::fprintf(stderr, "conveyor kv cluster failover: %s\n", s.error().to_string().c_str());
     return s.error().code == errc::invalid_argument ? 2 : 1;
   }
   std::printf("%s", kv::to_table(*s).c_str());
@@ -379,7 +394,11 @@ kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o)
       "up",
       "a whole local cluster in one command: etcd (unless --etcd) and --shards x (1 + "
       "--replicas) nodes");
-  for (auto* sub : {c.create, c.status, c.up}) {
+  c.failover = cl->add_subcommand(
+      "failover",
+      "promote an in-sync replica of a shard by hand: its primary fences itself, waits for the "
+      "replica to hold every write, then hands over (nothing lost, nothing stale served)");
+  for (auto* sub : {c.create, c.status, c.up, c.failover}) {
     auto* e = sub->add_option("--etcd", o.etcd, "etcd endpoints, host:port[,host:port...]");
     if (sub != c.up) e->required();
     sub->add_option("--name", o.name, "the cluster's name in etcd")->capture_default_str();
@@ -395,6 +414,16 @@ kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o)
         ->capture_default_str();
   }
   c.status->add_flag("--json", o.json, "JSON output");
+  c.failover->add_option("--shard", o.shard,
+                         "the shard: its id (or 4+ leading characters), or its primary's id or "
+                         "RESP address (default: the only shard)");
+  c.failover->add_option("--to", o.to,
+                         "the node to promote: its id or 4+ leading characters (default: the "
+                         "first registered in-sync replica)");
+  c.failover
+      ->add_option("--wait-s", o.failover_wait_s,
+                   "seconds to wait for the map that names the new primary")
+      ->capture_default_str();
   c.up->add_option("--port", o.port, "the first node's RESP port (then +1 for each)")
       ->capture_default_str();
   c.up->add_option("--etcd-port", o.etcd_port,
@@ -411,6 +440,7 @@ int run_kv_cluster(const kv_cluster_commands& c, const kv_cluster_options& o) {
   if (c.create && *c.create) return run_create(o);
   if (c.status && *c.status) return run_status(o);
   if (c.up && *c.up) return run_up(o);
+  if (c.failover && *c.failover) return run_failover(o);
   return -1;
 }
 

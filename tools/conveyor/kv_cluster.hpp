@@ -20,10 +20,13 @@ struct kv_cluster_options {
   std::uint16_t port = 7001;    // up: the first node's RESP port
   std::uint16_t etcd_port = 0;  // up: the local etcd's client port (0: a free one)
   std::string dir;              // up: where the nodes and etcd keep their files (empty: a temp dir)
+  std::string shard;            // failover: the shard (id, prefix, or its primary's id or address)
+  std::string to;               // failover: the node to promote (empty: an in-sync replica)
+  unsigned failover_wait_s = 10;  // failover: for the map that names the new primary
 };
 
 struct kv_cluster_commands {
-  CLI::App *create = nullptr, *status = nullptr, *up = nullptr;
+  CLI::App *create = nullptr, *status = nullptr, *up = nullptr, *failover = nullptr;
 };
 
 kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o);

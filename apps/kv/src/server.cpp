@@ -20,6 +20,7 @@
 #include "aof.hpp"
 #include "cluster/cluster_node.hpp"
 #include "commands.hpp"
+#include "node_fence.hpp"
 #include "rdma_server.hpp"
 #include "repl/node_role.hpp"
 #include "repl/wire.hpp"
@@ -32,16 +33,6 @@
 namespace conveyor::kv {
 
 namespace {
-
-// A steady-clock deadline as CLOCK_REALTIME milliseconds, for the index
-// header's valid_until word (one-sided readers compare it with their own
-// clock); 0 for none (time_point::min(): fenced).
-std::int64_t realtime_ms_at(std::chrono::steady_clock::time_point until) {
-  using namespace std::chrono;
-  if (until == steady_clock::time_point::min()) return 0;
-  const auto left = duration_cast<milliseconds>(until - steady_clock::now()).count();
-  return std::max<std::int64_t>(layout::now_ms() + left, 0);
-}
 
 // server_ready::stop outlives the loop it stops: after serve() returns it does nothing.
 struct stop_handle {
@@ -316,6 +307,7 @@ int serve(const server_options& so) {
   // Cluster mode: the replication listener (its replicas connect to it as
   // soon as the map names them) streams every write; replies wait for the
   // in-sync replicas' acknowledgements (repl/, docs/KV-CLUSTER.md).
+  node_fence fence(exec, rdma.get());           // cluster mode's fence (loop thread)
   std::unique_ptr<cluster::cluster_node> node;  // started below; used from the loop thread
   std::unique_ptr<repl::node_role> role;
   if (!so.cluster.empty()) {
@@ -379,28 +371,55 @@ int serve(const server_options& so) {
     if (const auto p = cluster::split_address(role->address()).second; p != 0)
       no.repl = announce + ":" + std::to_string(p);
     no.lease_ttl = std::chrono::seconds(so.cluster_lease_s);
-    no.on_view = [&loop, &exec, &role](std::shared_ptr<const cluster::cluster_view> v) {
-      loop.post([&exec, &role, v = std::move(v)] {
+    no.on_view = [&loop, &exec, &role, &fence](std::shared_ptr<const cluster::cluster_view> v) {
+      loop.post([&exec, &role, &fence, v = std::move(v)] {
         exec.set_cluster(v);
         role->set_view(*v);
         exec.data().set_epoch(v->map.epoch);
+        // A hand-over ends when the map names another primary (it was written).
+        if (fence.handing_over() && cluster::primary_of(*v) == nullptr) {
+          std::fprintf(stderr,
+                       "conveyor kv serve: cluster: hand-over done: serving as a replica\n");
+          fence.end_handover();
+        }
       });
     };
     // Fencing: the deadline comes in order with the maps (both posted).
-    no.on_lease = [&loop, &exec, &rdma](std::chrono::steady_clock::time_point until) {
-      loop.post([&exec, &rdma, until] {
-        exec.set_fence(until);
-        if (rdma) rdma->set_fence(until);
-        exec.data().set_valid_until(realtime_ms_at(until));
+    no.on_lease = [&loop, &fence](std::chrono::steady_clock::time_point until) {
+      loop.post([&fence, until] { fence.lease(until); });
+    };
+    // A manual failover (docs/KV-CLUSTER.md "Manual failover"): fenced at
+    // once; the 20 ms timer below asks for the map's CAS once the replica
+    // holds every record.
+    no.on_handover = [&loop, &exec, &fence](const std::string& to) {
+      loop.post([&exec, &fence, to] {
+        const auto* v = exec.cluster();
+        const auto* sh = v ? cluster::primary_of(*v) : nullptr;
+        const bool in_sync = sh && to != sh->primary &&
+                             std::find(sh->isr.begin(), sh->isr.end(), to) != sh->isr.end();
+        if (!in_sync || fence.handing_over()) {
+          std::fprintf(stderr, "conveyor kv serve: cluster: hand-over to %.8s refused: %s\n",
+                       to.c_str(),
+                       fence.handing_over() ? "one is under way"
+                                            : "not an in-sync replica of this node's shard");
+          return;
+        }
+        fence.begin_handover(to, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      });
+    };
+    no.on_handover_done = [&loop, &fence](bool written, const std::string& reason) {
+      loop.post([&fence, written, reason] {
+        if (written || !fence.handing_over()) return;  // written: the new map ends it
+        std::fprintf(stderr, "conveyor kv serve: cluster: hand-over abandoned: %s\n",
+                     reason.c_str());
+        fence.end_handover();
       });
     };
     no.log = [](const std::string& line) {
       std::fprintf(stderr, "conveyor kv serve: cluster: %s\n", line.c_str());
     };
     // Fenced until the first lease.
-    exec.set_fence(std::chrono::steady_clock::time_point::min());
-    if (rdma) rdma->set_fence(std::chrono::steady_clock::time_point::min());
-    exec.data().set_valid_until(0);
+    fence.lease(std::chrono::steady_clock::time_point::min());
     auto n = cluster::cluster_node::start(std::move(no));
     if (!n) {
       loop.remove_fd(sfd);
@@ -421,7 +440,19 @@ int serve(const server_options& so) {
   // stop), and they are accepted again once the lease is renewed.
   if (!so.cluster.empty()) {
     auto was = std::make_shared<bool>(false);
-    loop.every(std::chrono::milliseconds(20), [&exec, &resp, &rdma, was] {
+    loop.every(std::chrono::milliseconds(20), [&exec, &resp, &rdma, &fence, &role, &node, was] {
+      if (fence.handing_over() && !fence.cas_asked()) {
+        if (role->replica_caught_up(fence.to())) {
+          fence.set_cas_asked();
+          node->write_handover(fence.to());
+        } else if (std::chrono::steady_clock::now() >= fence.deadline()) {
+          std::fprintf(stderr,
+                       "conveyor kv serve: cluster: hand-over abandoned: replica %.8s did not "
+                       "acknowledge every record within 5 s\n",
+                       fence.to().c_str());
+          fence.end_handover();
+        }
+      }
       const bool f = exec.fenced();
       if (f) resp.replicated();
       if (f == *was) return;
@@ -429,7 +460,9 @@ int serve(const server_options& so) {
       if (rdma && f) rdma->close_all();
       std::fprintf(
           stderr, "conveyor kv serve: cluster: %s\n",
-          f ? "fenced: the lease is not confirmed; serving nothing" : "lease confirmed: serving");
+          f ? (fence.handing_over() ? "fenced for a hand-over; serving nothing"
+                                    : "fenced: the lease is not confirmed; serving nothing")
+            : "lease confirmed: serving");
     });
   }
 

@@ -156,6 +156,30 @@ TEST(controller, a_primary_registered_by_another_process_is_gone_and_the_new_one
   EXPECT_FALSE(decide_failover(m, l, r8, {}));
 }
 
+TEST(controller, a_restarted_primary_without_in_sync_replicas_keeps_its_shard) {
+  auto m = kvtest::three_shards();  // no replicas
+  m.shards[1].primary_boot = "boot-1";
+  auto l = alive(m);
+  l[hex_id('1')].boot_id = "boot-1";
+  EXPECT_FALSE(decide_failover(m, l, {}, {}));
+  l[hex_id('1')].boot_id = "boot-2";  // it restarted
+  auto d = decide_failover(m, l, {}, {});
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->deposed.empty());
+  EXPECT_EQ(d->map.epoch, m.epoch + 1);
+  EXPECT_EQ(d->map.shards[1].primary, hex_id('1'));
+  EXPECT_EQ(d->map.shards[1].primary_boot, "boot-2");
+  EXPECT_TRUE(primary_alive(d->map.shards[1], l));
+  // With an in-sync replica, even a dead one, it does not: that replica may
+  // hold acknowledged writes the new process lacks.
+  auto r = with_replicas();
+  r.shards[1].primary_boot = "boot-1";
+  auto lr = alive(r, hex_id('7'));
+  lr.erase(hex_id('8'));
+  lr[hex_id('1')].boot_id = "boot-2";
+  EXPECT_FALSE(decide_failover(r, lr, {}, {hex_id('b')}));
+}
+
 TEST(controller, a_report_left_by_an_earlier_process_of_a_replica_is_not_its_own) {
   const auto m = with_replicas();
   auto l = alive(m, hex_id('1'));
@@ -439,6 +463,49 @@ TEST(controller, a_shrink_is_not_written_without_etcd_or_a_valid_map) {
   EXPECT_EQ(propose_isr_change(c, cluster, hex_id('1'), hex_id('7'), false, 3).result,
             isr_change::outcome::failed);
   EXPECT_EQ(changes, 3);
+}
+
+TEST(controller, the_hand_over_promotes_a_registered_in_sync_replica_by_cas) {
+  memory_coord c;
+  auto m = one_replica();
+  m.shards[1].primary_boot = "boot-1";
+  (void)c.put(config_key(cluster), to_json(m), 0);
+  // '7' is not registered: nothing written.
+  auto s = propose_handover(c, cluster, hex_id('1'), "boot-1", hex_id('7'));
+  EXPECT_EQ(s.result, isr_change::outcome::moot);
+  EXPECT_NE(s.error.find("not registered"), std::string::npos) << s.error;
+  (void)c.put(nodes_prefix(cluster) + hex_id('7'),
+              to_json(node_registration{hex_id('7'), "127.0.0.1:7007", "", "boot-7", ""}), 0);
+  // Another process of '1' (it restarted) may not hand the shard over.
+  EXPECT_EQ(propose_handover(c, cluster, hex_id('1'), "boot-other", hex_id('7')).result,
+            isr_change::outcome::moot);
+  // Not an in-sync replica of the shard: refused.
+  EXPECT_EQ(propose_handover(c, cluster, hex_id('1'), "boot-1", hex_id('2')).result,
+            isr_change::outcome::moot);
+  // A CAS that loses to another change computes again from the new map.
+  c.before_cas = [&] {
+    auto again = map_in(c);
+    ++again.epoch;
+    (void)c.put(config_key(cluster), to_json(again), 0);
+  };
+  s = propose_handover(c, cluster, hex_id('1'), "boot-1", hex_id('7'));
+  ASSERT_EQ(s.result, isr_change::outcome::written) << s.error;
+  const auto now = map_in(c);
+  EXPECT_EQ(s.epoch, m.epoch + 2);
+  EXPECT_EQ(now.shards[1].primary, hex_id('7'));
+  EXPECT_EQ(now.shards[1].primary_boot, "boot-7");
+  EXPECT_EQ(now.shards[1].isr, std::vector<std::string>{hex_id('7')});
+  // Done: the old primary is no longer one; asking again changes nothing.
+  EXPECT_EQ(propose_handover(c, cluster, hex_id('1'), "boot-1", hex_id('7')).result,
+            isr_change::outcome::moot);
+}
+
+TEST(controller, hand_over_requests_are_exactly_one_node_id) {
+  EXPECT_EQ(parse_handover_request(handover_request_json(hex_id('7'))).value(), hex_id('7'));
+  for (const char* bad : {"", "{}", "[]", R"({"to":"x"})", R"({"to":7})",
+                          R"({"to":"7777777777777777777777777777777777777777","x":1})"})
+    EXPECT_FALSE(parse_handover_request(bad)) << bad;
+  EXPECT_FALSE(parse_handover_request(std::string(2000, ' ') + handover_request_json(hex_id('7'))));
 }
 
 TEST(controller, manual_failover_takes_only_an_in_sync_replica) {

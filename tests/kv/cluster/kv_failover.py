@@ -9,6 +9,8 @@ complete times (history.py), while the test
     in-sync set (so it can be promoted in the next round); every other kill
     restarts the node at once, before its lease expires (the controller must
     see that another process registered under the primary's id);
+  - hands the shard over by hand (`conveyor kv cluster failover`): the
+    primary fences itself, waits for its replica, writes the new map;
   - SIGSTOPs the primary for twice the lease, then SIGCONTs it: a GET and a
     SET it had in its socket while stopped are answered with an error
     (-CLUSTERDOWN from its fence, or -MOVED once it read the new map), never
@@ -18,7 +20,7 @@ read-back of every key: 0 violations and 0 acknowledged writes lost. Each
 round prints its failover time (the fault to the first acknowledged write
 invoked after it).
 
-KV_FAILOVER_KILLS / KV_FAILOVER_STOPS set the rounds (default 6 and 3, about
+KV_FAILOVER_KILLS / KV_FAILOVER_HANDOVERS / KV_FAILOVER_STOPS set the rounds (default 6, 2 and 3, about
 40 s; ctest's release preset runs 20 and 10, about 2 minutes; the soak in
 docs/KV-CLUSTER.md ran more); KV_FAILOVER_LOGS=1 prints the
 nodes' logs at the end. Every process is started here
@@ -193,9 +195,10 @@ class Failover(unittest.TestCase):
         kills = int(os.environ.get("KV_FAILOVER_KILLS", "6"))
         stops = int(os.environ.get("KV_FAILOVER_STOPS", "3"))
         load = Load(self.nodes)
-        times = {"kill": [], "kill, restarted at once": [], "stop": []}
+        handovers = int(os.environ.get("KV_FAILOVER_HANDOVERS", "2"))
+        times = {"kill": [], "kill, restarted at once": [], "handover": [], "stop": []}
         try:
-            rounds = ["kill"] * kills + ["stop"] * stops
+            rounds = ["kill"] * kills + ["handover"] * handovers + ["stop"] * stops
             for r, kind in enumerate(rounds):
                 time.sleep(0.5)  # writes flow to the current primary
                 old = self.primary()
@@ -226,6 +229,8 @@ class Failover(unittest.TestCase):
                         old.log.close()
                         old.start()
                     kind = "kill, restarted at once" if at_once else "kill"
+                elif kind == "handover":
+                    took = self.handover_round(load, old)
                 else:
                     took = self.stop_round(load, old)
                 times[kind].append(took)
@@ -309,6 +314,51 @@ class Failover(unittest.TestCase):
                 return False
         wait_until(serving, 20, "the cluster serving again after etcd came back")
         wait_until(lambda: self.in_sync(2), 20, "both nodes in the in-sync set again")
+
+    def handover_round(self, load, old):
+        """`conveyor kv cluster failover`: the primary fences itself, waits for
+        the replica to hold every record, and writes the map that promotes
+        it. Nothing acknowledged is lost (the history's check) and the old
+        primary serves nothing once the new one may acknowledge."""
+        # Refusals first: the primary itself, and a node that is not in the shard.
+        r = kv_cluster.run("kv", "cluster", "failover", "--etcd", self.etcd.endpoint, "--name",
+                           NAME, "--to", old.id)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("already the shard's primary", r.stderr)
+        r = kv_cluster.run("kv", "cluster", "failover", "--etcd", self.etcd.endpoint, "--name",
+                           NAME, "--to", "f" * 40)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("no in-sync replica of the shard", r.stderr)
+        t = time.monotonic_ns()
+        r = kv_cluster.run("kv", "cluster", "failover", "--etcd", self.etcd.endpoint, "--name",
+                           NAME, "--shard", "127.0.0.1:%d" % old.port, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        done = time.monotonic_ns()
+        new = self.primary()
+        self.assertIsNot(new, old)
+        self.assertIn(new.id, r.stdout)  # the state after, as a table
+        # The command's time, then the first write acknowledged after it.
+        took = (done - t) / 1e9 + load.first_ack_after(done, 20)
+        # The old primary never takes a write again: fenced (CLUSTERDOWN)
+        # until it reads the new map, then it redirects to the new primary.
+        c = redis.Redis(host="127.0.0.1", port=old.port, socket_timeout=2)
+        answers = []
+        try:
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                try:
+                    c.set("fo:probe", "x")
+                    answers.append("OK")
+                except redis.ResponseError as e:
+                    answers.append(str(e).split()[0])
+                if answers[-1] != "CLUSTERDOWN":
+                    break
+                time.sleep(0.05)
+        finally:
+            c.close()
+        self.assertEqual(answers[-1], "MOVED", answers)
+        self.assertNotIn("OK", answers)
+        return took
 
     def stop_round(self, load, old):
         """SIGSTOP the primary for twice the lease; what it had in its socket

@@ -1,6 +1,7 @@
 // conveyor_kv/cluster.hpp — administering a conveyor-kv cluster (issue 35,
-// docs/KV-CLUSTER.md): read what etcd holds about it, and create its shard
-// map. `conveyor kv cluster status|create|up` are command lines around it.
+// docs/KV-CLUSTER.md): read what etcd holds about it, create its shard map,
+// fail a shard over by hand. `conveyor kv cluster status|create|up|failover`
+// are command lines around it.
 //
 //   conveyor::kv::cluster_admin_options a;
 //   a.etcd = {"127.0.0.1:2379"};
@@ -92,5 +93,29 @@ struct cluster_create_options {
 // none exists. Returns the state read after.
 result<cluster_state> create_cluster(const cluster_admin_options& a,
                                      const cluster_create_options& c);
+
+struct cluster_failover_options {
+  // The shard: its id or a unique prefix of it (at least 4 characters), or
+  // the id or RESP address of its primary; empty: the cluster's only shard.
+  std::string shard;
+  // The node to promote: its id or a unique prefix; empty: the first
+  // registered in-sync replica of the shard.
+  std::string to;
+  std::chrono::seconds wait{10};  // for the map that names it
+};
+
+// A manual failover without losing or hiding a write (Redis's CLUSTER
+// FAILOVER, docs/KV-CLUSTER.md "Manual failover"): puts a hand-over request
+// (on a lease of its own, so a stale one vanishes) that the shard's primary
+// acts on: it fences itself (no key served, no write, one-sided readers
+// refused), waits until the replica holds every record it streamed, and
+// writes the map that promotes it by compare-and-swap, then serves as a
+// replica. Returns the state read once the map names the new primary.
+// Errors: invalid_argument (no such shard or node, the node is not an
+// in-sync replica of the shard), timed_out (the primary did not hand over
+// within `wait`: dead, fenced, or the replica not caught up within 5 s; its
+// log says which), etcd's.
+result<cluster_state> failover_cluster(const cluster_admin_options& a,
+                                       const cluster_failover_options& f);
 
 }  // namespace conveyor::kv

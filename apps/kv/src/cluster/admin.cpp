@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cluster/cluster_node.hpp"
+#include "cluster/controller.hpp"
 #include "cluster/etcd.hpp"
 #include "cluster/routing.hpp"
 #include "cluster/shard_map.hpp"
@@ -277,6 +278,118 @@ result<cluster_state> create_cluster(const cluster_admin_options& a,
                                                   " got a shard map from someone else meanwhile (" +
                                                   key + "): not overwritten");
   return state_of(etcd, a);
+}
+
+namespace {
+
+// The one element of `v` that `want` names (all of it, or a prefix of at
+// least 4 characters of it, by `key`); an error says which way it did not.
+template <class T, class Key>
+result<const T*> pick(const std::vector<T>& v, const std::string& want, Key key, const char* what) {
+  const T* found = nullptr;
+  for (const auto& x : v) {
+    const std::string& k = key(x);
+    const bool match = k == want || (want.size() >= 4 && k.starts_with(want));
+    if (!match) continue;
+    if (found != nullptr && k != want)
+      return make_error(errc::invalid_argument,
+                        std::string(what) + " '" + want + "' is ambiguous: give more of it");
+    found = &x;
+    if (k == want) break;
+  }
+  if (found == nullptr)
+    return make_error(errc::invalid_argument, std::string("no ") + what + " '" + want + "'");
+  return found;
+}
+
+}  // namespace
+
+result<cluster_state> failover_cluster(const cluster_admin_options& a,
+                                       const cluster_failover_options& f) {
+  auto e = open_etcd(a);
+  if (!e) return std::unexpected(e.error());
+  etcd_coord& etcd = **e;
+  const std::string key = cluster::config_key(a.name);
+  auto cfg = etcd.get(key);
+  if (!cfg) return std::unexpected(cfg.error());
+  if (!*cfg) return make_error(errc::invalid_argument, "cluster " + a.name + " has no shard map");
+  auto m = cluster::parse_shard_map((*cfg)->value);
+  if (!m) return std::unexpected(m.error());
+  const cluster::shard* sh = nullptr;
+  if (f.shard.empty()) {
+    if (m->shards.size() != 1)
+      return make_error(
+          errc::invalid_argument,
+          "the cluster has " + std::to_string(m->shards.size()) + " shards: say which (--shard)");
+    sh = &m->shards[0];
+  } else {
+    // A primary's id or RESP address names its shard too.
+    for (const auto& s : m->shards) {
+      const auto* n = cluster::find_node(*m, s.primary);
+      if (s.primary == f.shard || (n != nullptr && n->resp == f.shard)) sh = &s;
+    }
+    if (sh == nullptr) {
+      auto p = pick(
+          m->shards, f.shard, [](const cluster::shard& s) -> const std::string& { return s.id; },
+          "shard");
+      if (!p) return std::unexpected(p.error());
+      sh = *p;
+    }
+  }
+  auto regs = read_registrations(etcd, a.name);
+  if (!regs) return std::unexpected(regs.error());
+  auto registered = [&](const std::string& id) {
+    return std::any_of(regs->nodes.begin(), regs->nodes.end(),
+                       [&](const auto& r) { return r.id == id; });
+  };
+  std::string to;
+  if (f.to.empty()) {
+    for (const auto& id : sh->isr)
+      if (id != sh->primary && registered(id)) {
+        to = id;
+        break;
+      }
+    if (to.empty())
+      return make_error(errc::invalid_argument,
+                        "shard " + sh->id + " has no registered in-sync replica to promote");
+  } else {
+    std::vector<std::string> members(sh->isr.begin(), sh->isr.end());
+    auto p = pick(
+        members, f.to, [](const std::string& id) -> const std::string& { return id; },
+        "in-sync replica of the shard");
+    if (!p) return std::unexpected(p.error());
+    to = **p;
+    if (to == sh->primary)
+      return make_error(errc::invalid_argument, "node " + to + " is already the shard's primary");
+  }
+  const std::string shard_id = sh->id;
+  // The request lives on a lease of its own: if nobody acts on it, it goes.
+  auto lease = etcd.grant_lease(f.wait + 5s);
+  if (!lease) return std::unexpected(lease.error());
+  auto put = etcd.put(cluster::handover_prefix(a.name) + shard_id,
+                      cluster::handover_request_json(to), lease->id);
+  if (!put) {
+    (void)etcd.revoke_lease(lease->id);
+    return std::unexpected(put.error());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + f.wait;
+  for (;;) {
+    std::this_thread::sleep_for(100ms);
+    auto now_cfg = etcd.get(key);
+    if (now_cfg && *now_cfg)
+      if (auto now_map = cluster::parse_shard_map((*now_cfg)->value))
+        for (const auto& s : now_map->shards)
+          if (s.id == shard_id && s.primary == to) {
+            (void)etcd.revoke_lease(lease->id);
+            return state_of(etcd, a);
+          }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+  }
+  (void)etcd.revoke_lease(lease->id);
+  return make_error(errc::timed_out,
+                    "the primary of shard " + shard_id + " did not hand over to " + to +
+                        " within " + std::to_string(f.wait.count()) +
+                        " s (its log says why: not alive, fenced, or the replica not caught up)");
 }
 
 }  // namespace conveyor::kv

@@ -144,6 +144,11 @@ struct cluster_node::state {
   // under mu: the isr changes to write, in order (replica, add or remove);
   // at most one per replica (a later request replaces an earlier one).
   std::vector<std::pair<std::string, bool>> isr_changes;
+  std::optional<std::string> handover_to;  // under mu: the hand-over's CAS to write
+  // The node's thread only: the map delivered last, and the revision of the
+  // last hand-over request acted on.
+  std::shared_ptr<const cluster_view> view;
+  std::int64_t handover_rev = 0;
   std::atomic<bool> controlling{false};
   std::atomic<std::int64_t> lease{0};
   // The lease's renewals run on their own thread (keeper), so that a slow
@@ -221,6 +226,7 @@ struct cluster_node::state {
     log("shard map epoch " + std::to_string(epoch) + " (revision " +
         std::to_string(kv.mod_revision) + ")");
     const bool restarted = restarted_primary_of(**v) != nullptr;
+    view = *v;
     if (opts.on_view) opts.on_view(std::move(*v));
     std::lock_guard lk(lease_mu);
     if (restarted == withheld) return;
@@ -229,6 +235,23 @@ struct cluster_node::state {
                     "restarted and serves nothing until the shard fails over"
                   : "the map no longer names this node a restarted primary");
     if (!held) fence(served_until());
+  }
+
+  // A hand-over request (handover/<shard id>): acted on once, and only by
+  // the primary of that shard (this process, per the map delivered last).
+  void handover_requested(const key_value& kv) {
+    if (kv.mod_revision <= handover_rev) return;
+    handover_rev = kv.mod_revision;
+    const auto prefix = handover_prefix(opts.cluster_name);
+    const shard* sh = view ? primary_of(*view) : nullptr;
+    if (sh == nullptr || std::string_view(kv.key).substr(prefix.size()) != sh->id) return;
+    auto to = parse_handover_request(kv.value);
+    if (!to) {
+      log("ignoring a hand-over request: " + to.error().to_string());
+      return;
+    }
+    log("hand-over to " + to->substr(0, 8) + " requested: fencing, then promoting it");
+    if (opts.on_handover) opts.on_handover(*to);
   }
 
   // ---- the controller role (controller.hpp) ----------------------------------
@@ -323,11 +346,21 @@ struct cluster_node::state {
   void publish(std::int64_t l) {
     std::optional<offset_report> rep;
     std::vector<std::pair<std::string, bool>> changes;
+    std::optional<std::string> hand_to;
     {
       std::lock_guard lk(mu);
       rep = std::move(report);
       report.reset();
       changes.swap(isr_changes);
+      hand_to.swap(handover_to);
+    }
+    if (hand_to) {
+      const auto c = propose_handover(*etcd, opts.cluster_name, id, boot_id, *hand_to);
+      const bool ok = c.result == isr_change::outcome::written;
+      log(ok ? "hand-over: " + hand_to->substr(0, 8) + " is the primary (epoch " +
+                   std::to_string(c.epoch) + ")"
+             : "hand-over to " + hand_to->substr(0, 8) + " not written: " + c.error);
+      if (opts.on_handover_done) opts.on_handover_done(ok, c.error);
     }
     if (rep) {
       auto p = etcd->put(offsets_prefix(opts.cluster_name) + id, to_json(*rep), l);
@@ -382,7 +415,7 @@ struct cluster_node::state {
 
   bool work_queued() {
     std::lock_guard lk(mu);
-    return report.has_value() || !isr_changes.empty();
+    return report.has_value() || !isr_changes.empty() || handover_to.has_value();
   }
 
   // The keeper thread: renews the current lease every quarter of its TTL,
@@ -536,7 +569,7 @@ struct cluster_node::state {
       auto wait = std::chrono::milliseconds(500);
       if (control_due && controlling.load()) wait = std::min(wait, 250ms);
       if (work_queued() || (opts.controller && !controlling.load())) wait = std::min(wait, 250ms);
-      auto w = etcd->watch_prefix(opts.controller ? prefix : cfg_key, watch_from, wait);
+      auto w = etcd->watch_prefix(prefix, watch_from, wait);
       if (!w) {
         log_error("watching " + prefix, w.error());
         if (!pause(500ms)) break;
@@ -547,7 +580,12 @@ struct cluster_node::state {
         watch_from = 0;  // events lost: read the key again
         continue;
       }
+      const auto hp = handover_prefix(opts.cluster_name);
       for (const auto& ev : w->events) {
+        if (ev.kv.key.starts_with(hp)) {
+          if (ev.type == watch_event::kind::put) handover_requested(ev.kv);
+          continue;
+        }
         if (ev.kv.key != cfg_key) {
           // Registrations, reports, the controller key: the controller looks again.
           control_due = true;
@@ -627,6 +665,14 @@ void cluster_node::report_offset(offset_report r) {
   {
     std::lock_guard lk(s_->mu);
     s_->report = std::move(r);
+  }
+  s_->cv.notify_all();
+}
+
+void cluster_node::write_handover(std::string to) {
+  {
+    std::lock_guard lk(s_->mu);
+    s_->handover_to = std::move(to);
   }
   s_->cv.notify_all();
 }

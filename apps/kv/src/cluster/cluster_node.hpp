@@ -32,6 +32,11 @@
 // are delivered in revision order, each once, from the node's thread, through
 // on_view: the callee hands it to whichever thread uses it.
 //
+// A manual failover: `conveyor kv cluster failover` puts a request under
+// handover/<shard id>; the shard's primary fences itself, waits until the
+// replica to promote holds every record, and writes the map that promotes it
+// (on_handover, write_handover).
+//
 // The controller role (controller.hpp): every node with `controller` set
 // tries to create the `controller` key on its lease (only if absent); the
 // holder watches registrations and offset reports and writes the failover
@@ -99,6 +104,14 @@ struct node_options {
   // on_view's delivery of it; when the lease is found gone, time_point::min().
   // Called on the node's thread, in order with on_view.
   std::function<void(std::chrono::steady_clock::time_point)> on_lease;
+  // A manual failover (controller.hpp's handover request): called when a
+  // request for this node's shard arrives while the map names this process
+  // its primary, with the node to promote (an id; not yet checked against
+  // the map). The callee fences the node, waits for that replica to hold
+  // every record, then calls write_handover. Each request once.
+  std::function<void(const std::string& to)> on_handover;
+  // write_handover's outcome: written (the map names `to` now), or why not.
+  std::function<void(bool written, const std::string& why)> on_handover_done;
   // Whether this node may take the controller role (failover).
   bool controller = true;
   // How long the controller waits for every live in-sync replica's report
@@ -132,6 +145,10 @@ class cluster_node {
   // while etcd does not answer. A later request for the same replica (an add
   // after it caught up again) replaces a pending one.
   void request_isr_remove(std::string replica);
+  // The hand-over's CAS (propose_handover: this node's shard to `to`), by
+  // the node's thread while its lease holds; the outcome goes to
+  // on_handover_done. Thread-safe.
+  void write_handover(std::string to);
   // True while this node holds the controller key (for tests and INFO).
   bool is_controller() const noexcept;
   // Ends the thread (bounded: one etcd call's timeout) and revokes the lease.

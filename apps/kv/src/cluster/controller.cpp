@@ -93,8 +93,19 @@ std::optional<failover_decision> decide_failover(
     const std::set<std::string, std::less<>>& grace_over) {
   failover_decision d;
   d.map = m;
+  bool adopted = false;
   for (auto& sh : d.map.shards) {
     if (primary_alive(sh, live)) continue;
+    const auto reg = live.find(sh.primary);
+    if (reg != live.end() && sh.isr.size() == 1) {
+      // The primary restarted and the shard has no in-sync replica: no copy
+      // is more complete than what its new process holds (its AOF's, or
+      // nothing), so that process takes the shard, as a restarted Redis
+      // primary without replicas does.
+      sh.primary_boot = reg->second.boot_id;
+      adopted = true;
+      continue;
+    }
     std::optional<std::string> best;
     std::uint64_t best_offset = 0;
     bool waiting = false;
@@ -129,7 +140,7 @@ std::optional<failover_decision> decide_failover(
       moved = true;
     }
   }
-  if (d.deposed.empty() && !moved) return std::nullopt;
+  if (d.deposed.empty() && !moved && !adopted) return std::nullopt;
   if (!validate(d.map)) return std::nullopt;
   ++d.map.epoch;
   return d;
@@ -201,6 +212,56 @@ isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::stri
     if (!w) return {outcome::failed, 0, w.error().to_string()};
     if (w->succeeded) return {outcome::written, next->epoch, {}};
     cur = std::move(w->current);  // the loser reads again: the map as it is now
+  }
+  return {outcome::failed, 0, "the shard map kept changing"};
+}
+
+std::string handover_prefix(std::string_view cluster_name) {
+  return cluster_prefix(cluster_name) + "handover/";
+}
+
+std::string handover_request_json(std::string_view to) {
+  return json{{"to", to}}.dump();
+}
+
+result<std::string> parse_handover_request(std::string_view text) {
+  auto bad = [](std::string what) {
+    return make_error(errc::invalid_argument, "hand-over request: " + std::move(what));
+  };
+  if (text.size() > 1024) return bad("over 1 KiB");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.size() != 1 || !j.contains("to")) return bad("not {\"to\": id}");
+  const auto& v = j["to"];
+  if (!v.is_string() || !valid_id(v.get_ref<const std::string&>())) return bad("to is not an id");
+  return v.get<std::string>();
+}
+
+isr_change propose_handover(coord& c, std::string_view cluster_name, std::string_view primary,
+                            std::string_view primary_boot, std::string_view to, int attempts) {
+  using outcome = isr_change::outcome;
+  auto reg = c.get(nodes_prefix(cluster_name) + std::string(to));
+  if (!reg) return {outcome::failed, 0, reg.error().to_string()};
+  if (!*reg) return {outcome::moot, 0, "the node to promote is not registered"};
+  auto r = parse_node_registration((*reg)->value);
+  if (!r || r->id != to) return {outcome::moot, 0, "the node to promote has no valid registration"};
+  const std::string key = config_key(cluster_name);
+  auto got = c.get(key);
+  if (!got) return {outcome::failed, 0, got.error().to_string()};
+  std::optional<key_value> cur = std::move(*got);
+  for (int i = 0; i < attempts; ++i) {
+    if (!cur) return {outcome::moot, 0, "no shard map"};
+    auto m = parse_shard_map(cur->value);
+    if (!m) return {outcome::moot, 0, m.error().to_string()};
+    auto sh = std::find_if(m->shards.begin(), m->shards.end(),
+                           [&](const shard& s) { return s.primary == primary; });
+    if (sh == m->shards.end() || (!sh->primary_boot.empty() && sh->primary_boot != primary_boot))
+      return {outcome::moot, 0, "this node is no longer the shard's primary"};
+    auto d = manual_failover(*m, sh->id, to, r->boot_id);
+    if (!d) return {outcome::moot, 0, d.error().context};
+    auto w = c.put_if(key, to_json(d->map), cur->mod_revision);
+    if (!w) return {outcome::failed, 0, w.error().to_string()};
+    if (w->succeeded) return {outcome::written, d->map.epoch, {}};
+    cur = std::move(w->current);
   }
   return {outcome::failed, 0, "the shard map kept changing"};
 }

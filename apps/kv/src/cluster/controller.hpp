@@ -99,6 +99,8 @@ bool primary_alive(const shard& sh,
 // still up counting with its snapshot's offset). The chosen one (highest offset, then lowest id)
 // becomes the primary (primary_boot: its registration's boot_id); the isr becomes it and the other
 // live isr members; the old primary becomes a replica (not in sync: it catches up when it returns).
+// A primary restarted under another boot whose shard has no in-sync replica keeps the shard: the
+// map records its new boot (there is no more complete copy to promote).
 // Also, a node of the map whose live registration gives other addresses (it restarted on another
 // replication port) gets them. nullopt: nothing to change. `live`: the
 // registrations by node id. The map must be valid; so is the result.
@@ -113,6 +115,13 @@ std::optional<failover_decision> decide_failover(
 // Errors name why not.
 result<failover_decision> manual_failover(const shard_map& m, std::string_view shard_id,
                                           std::string_view to, std::string_view to_boot);
+
+// A manual failover's request (`conveyor kv cluster failover`), put by the
+// admin under handover/<shard id> on a lease of its own: {"to": "<node id>"}.
+// Hostile input: exactly that field, a valid id, at most 1 KiB.
+std::string handover_prefix(std::string_view cluster_name);  // ".../handover/"
+std::string handover_request_json(std::string_view to);
+result<std::string> parse_handover_request(std::string_view text);  // the `to` id
 
 // The map with `replica` added to the isr of the shard whose primary is
 // `primary` (epoch + 1), or nullopt when that is no longer so (another
@@ -150,6 +159,15 @@ struct isr_change {
 };
 isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::string_view primary,
                               std::string_view replica, bool add, int attempts = 3);
+
+// The hand-over's CAS, written by the primary `primary` (process
+// `primary_boot`) once it has fenced itself and `to` has acknowledged every
+// record: manual_failover of its shard to `to`, with `to`'s boot read from its
+// registration (`to` must be registered). read, compute, put_if, as
+// propose_isr_change; moot when the map no longer names this process the
+// primary or `to` is not an in-sync replica of its shard (error says why).
+isr_change propose_handover(coord& c, std::string_view cluster_name, std::string_view primary,
+                            std::string_view primary_boot, std::string_view to, int attempts = 3);
 
 // Fencing. A node renews its lease by sending a keep-alive at `sent` (its
 // monotonic clock, read before the request left); etcd restarts the lease's

@@ -82,6 +82,10 @@ void node_role::set_view(const cluster::cluster_view& v) {
   replica_ = std::move(*r);
 }
 
+bool node_role::replica_caught_up(std::string_view replica) const {
+  return primary_->caught_up_fully(replica);
+}
+
 void node_role::info(std::string& out) const {
   if (replica_)
     replica_->info(out);

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "commands.hpp"
 #include "repl/primary.hpp"
@@ -50,6 +51,8 @@ class node_role {
   // A new shard map (after executor::set_cluster).
   void set_view(const cluster::cluster_view& v);
   void info(std::string& out) const;
+  // As a primary: whether `replica` acknowledged every record streamed so far.
+  bool replica_caught_up(std::string_view replica) const;
 
  private:
   node_role(device& dev, protection_domain& pd, server_loop& loop, executor& exec,

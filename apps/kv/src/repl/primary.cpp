@@ -597,6 +597,13 @@ std::string primary::address() const {
   return p_->address;
 }
 
+bool primary::caught_up_fully(std::string_view node_id) const {
+  for (const auto& [id, k] : p_->links)
+    if (k->node_id == node_id && k->caught_up && !k->closing && k->ack >= p_->sync.offset)
+      return true;
+  return false;
+}
+
 void primary::set_shard(std::string shard_id, std::vector<std::string> replicas,
                         std::vector<std::string> in_sync,
                         std::map<std::string, std::string, std::less<>> resp) {

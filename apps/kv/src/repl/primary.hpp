@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "commands.hpp"
@@ -95,6 +96,9 @@ class primary final : public record_sink {
   void append(std::span<const std::string_view> argv) override;
   // The offset and the acknowledged offset the front ends wait on.
   sync_point& sync() noexcept;
+  // Whether `node_id` has a caught-up link that acknowledged every stream
+  // byte so far (the manual failover's hand-over waits for it).
+  bool caught_up_fully(std::string_view node_id) const;
   std::string address() const;
   // From the shard map: this node's shard, its replicas (who may connect) and
   // the in-sync ones (whose acks a reply waits for). A link of a node no
