@@ -31,7 +31,7 @@ binary: a real etcd and 1-shard x 1-replica clusters with a 2 s lease.
     only to etcd, so no garbage can be sent to it.)
 
 Each test prints what it measured. Every process is started here and stopped
-here by its PID; every wait is bounded. About 40 s.
+here by its PID; every wait is bounded. About 20 s.
 
 Usage: kv_faults.py CONVEYOR_BINARY [unittest args...]
 """
@@ -254,6 +254,7 @@ class EtcdOutage(unittest.TestCase):
         rr = redis.Redis(port=r.port, socket_timeout=1, single_connection_client=True)
         self.assertTrue(rr.execute_command("READONLY"))
         self.assertEqual(rr.get("pre:7"), b"pre-v7")
+        logs0 = {n.id: len(n.read_log()) for n in self.nodes}
         try:
             time.sleep(0.5)  # writes flow
             t_stop = time.monotonic_ns()
@@ -321,6 +322,18 @@ class EtcdOutage(unittest.TestCase):
             "epoch %d -> %d, primary %s" %
             ((t_restart - t_stop) / 1e9, (t_serving - t_up) / 1e9, (t_up - t_restart) / 1e9,
              before["epoch"], after["epoch"], "unchanged" if q is p else "failed over"))
+        # How each node got its lease back: etcd keeps leases across its
+        # restart (a new leader extends every lease by its TTL), so the node
+        # renews the one it had; one found gone makes the node register again.
+        how = {}
+        for n in self.nodes:
+            text = n.read_log()[logs0[n.id]:]
+            self.assertIn("fenced", text)
+            how[n.port] = "registered again" if "registering again" in text else \
+                "renewed its lease" if "the lease is renewed again" in text else "?"
+            self.assertNotEqual(how[n.port], "?", text)
+        log("  after the restart: %s" % ", ".join(
+            "%s %s" % ("primary" if n is p else "replica", how[n.port]) for n in self.nodes))
         c = q.client()
         for k, v in kept.items():
             self.assertEqual(c.get(k), v, k)
