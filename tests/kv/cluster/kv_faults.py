@@ -17,6 +17,10 @@ binary: a real etcd and 1-shard x 1-replica clusters with a 2 s lease.
     its namespace) within its lease and acknowledges nothing; the replica is
     promoted; clients' acknowledged writes all survive; healed, the old
     primary registers again and rejoins as a replica in the in-sync set.
+    Then (the namespace's node made primary again by a clean stop of the
+    other) a partition healed the moment etcd dropped the primary's
+    registration: its registering again races the failover's CAS; whichever
+    wins, nothing acknowledged is lost and the cluster converges.
     Skipped (with the reason) without root or `ip netns`.
   - Garbage at the replication endpoint (random bytes, an MPA header that
     announces too much, a truncated handshake, a silent connection, a
@@ -31,7 +35,7 @@ binary: a real etcd and 1-shard x 1-replica clusters with a 2 s lease.
     only to etcd, so no garbage can be sent to it.)
 
 Each test prints what it measured. Every process is started here and stopped
-here by its PID; every wait is bounded. About 20 s.
+here by its PID; every wait is bounded. About 25 s.
 
 Usage: kv_faults.py CONVEYOR_BINARY [unittest args...]
 """
@@ -95,9 +99,10 @@ class Load:
     another node on errors, writing unique values (75 %) and reading KEYS,
     every operation recorded (history.py)."""
 
-    def __init__(self, addrs, password=None):
+    def __init__(self, addrs, password=None, tag="c"):
         self.addrs = list(addrs)  # (host, port)
         self.password = password
+        self.tag = tag  # the values' prefix: unique across loads on the same keys
         self.rec = history.Recorder()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(CLIENTS)]
@@ -124,7 +129,7 @@ class Load:
                     continue
             key, write = rnd.choice(KEYS), rnd.random() < 0.75
             n += 1
-            value = "c%d-%d" % (i, n)
+            value = "%s%d-%d" % (self.tag, i, n)
             op = self.rec.record(client="c%d" % i, key=key, kind="write" if write else "read",
                                  value=value if write else None)
             try:
@@ -180,17 +185,18 @@ class Load:
         raise AssertionError("no write acknowledged within %s s of the fault" % timeout)
 
 
-def verify(test, ops, client):
+def verify(test, ops, client, initial=None):
     """The whole history is linearizable and every acknowledged write is still
-    there (read back through `client`, the primary's)."""
+    there (read back through `client`, the primary's); `initial`: KEYS'
+    values before the history (default: none)."""
     final = {}
     for k in KEYS:
         v = client.get(k)
         final[k] = None if v is None else v.decode()
     acked = sum(1 for o in ops if o.kind == "write" and o.outcome == "ok")
     unknown = sum(1 for o in ops if o.outcome == "unknown")
-    res = linearizability.check(ops)
-    lost = linearizability.lost_writes(ops, final)
+    res = linearizability.check(ops, initial)
+    lost = linearizability.lost_writes(ops, final, initial)
     log("  history: %d operations, %d acknowledged writes, %d unknown; %s; %d lost" %
         (len(ops), acked, unknown, res.report().splitlines()[0], len(lost)))
     test.assertGreater(acked, 50)
@@ -529,6 +535,69 @@ class Partition(unittest.TestCase):
                          single_connection_client=True)
         rd.execute_command("READONLY")
         wait_until(lambda: rd.get("pre:199") == b"pre-v199", 10, "the old primary serving reads")
+
+
+    def test_b_a_partition_healed_as_the_lease_expires_loses_nothing(self):
+        """The race of the old primary's registering again with the
+        controller's failover CAS (which requires its registration absent):
+        the link comes back the moment etcd dropped the primary's
+        registration. Whichever wins, no acknowledged write is lost and the
+        cluster converges (one primary, both nodes in the in-sync set)."""
+        etcd = self.etcd
+        ns_node, root_node = self.nodes
+        if config(etcd)["shards"][0]["primary"] != ns_node.id:
+            # test_a left the root node primary: a clean stop revokes its
+            # lease and the controller promotes the namespace's node; it
+            # comes back as a replica.
+            self.assertEqual(root_node.stop(), "")
+            wait_until(lambda: config(etcd)["shards"][0]["primary"] == ns_node.id, 15,
+                       "the namespace's node promoted")
+            root_node.start()
+            wait_until(lambda: in_sync(etcd, 2), 20, "both nodes in the in-sync set")
+        before = config(etcd)
+        wait_until(lambda: serves(ns_node, password=PASSWORD), 20, "the primary serving writes")
+        kept = write_batch(cli(ns_node), "pre2", 200)
+        # The keys hold test_a's last values: the history starts from them.
+        initial = {k: (lambda v: None if v is None else v.decode())(cli(ns_node).get(k))
+                   for k in KEYS}
+        load = Load([(ns_node.host, ns_node.port), (root_node.host, root_node.port)],
+                    password=PASSWORD, tag="b")
+        try:
+            time.sleep(0.5)
+            ip("-n", self.ns, "link", "set", self.veth_ns, "down")
+            t_cut = time.monotonic_ns()
+            try:
+                wait_until(lambda: not ns_node.registered(), LEASE_S + 3,
+                           "the cut-off primary's registration expires")
+            finally:
+                ip("-n", self.ns, "link", "set", self.veth_ns, "up")
+            t_heal = time.monotonic_ns()
+
+            def converged():
+                try:
+                    c = config(etcd)
+                    primary = self.nodes[0] if c["shards"][0]["primary"] == ns_node.id \
+                        else root_node
+                    return ns_node.registered() and root_node.registered() and \
+                        in_sync(etcd, 2) and serves(primary, password=PASSWORD)
+                except Exception:
+                    return False
+            wait_until(converged, 20, "one primary serving, both nodes in the in-sync set")
+            t_converged = time.monotonic_ns()
+            time.sleep(0.5)
+        finally:
+            ops = load.finish()
+        after = config(etcd)
+        q = ns_node if after["shards"][0]["primary"] == ns_node.id else root_node
+        log("short partition: healed %.2f s after the cut, as the registration expired; "
+            "converged %.2f s later: %s (epoch %d -> %d)" %
+            ((t_heal - t_cut) / 1e9, (t_converged - t_heal) / 1e9,
+             "the old primary kept its shard" if q is ns_node else "the replica was promoted",
+             before["epoch"], after["epoch"]))
+        c = cli(q)
+        for k, v in kept.items():
+            self.assertEqual(c.get(k), v, k)
+        verify(self, ops, c, initial)
 
 
 # ------------------------------------------------------------ garbage peers --
