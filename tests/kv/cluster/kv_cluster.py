@@ -52,39 +52,57 @@ def stop_process(p, timeout=5):
 
 
 class Etcd:
-    """One etcd member on free loopback ports, in a temporary directory."""
+    """One etcd member on free ports of `host` (loopback by default), in a
+    temporary directory."""
 
-    def __init__(self):
+    def __init__(self, host="127.0.0.1"):
         self.dir = tempfile.mkdtemp(prefix="conveyor-kv-cluster-etcd.")
         for _ in range(3):
             client, peer = free_port(), free_port()
             if client == peer:
                 continue
-            self.endpoint = "127.0.0.1:%d" % client
-            curl, purl = "http://" + self.endpoint, "http://127.0.0.1:%d" % peer
+            self.endpoint = "%s:%d" % (host, client)
+            curl, purl = "http://" + self.endpoint, "http://%s:%d" % (host, peer)
+            self.cmd = [ETCD, "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
+                        "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                        "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                        "--initial-cluster", "t=" + purl, "--heartbeat-interval", "50",
+                        "--election-timeout", "250"]
             self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
-            self.proc = subprocess.Popen(
-                [ETCD, "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
-                 "--listen-client-urls", curl, "--advertise-client-urls", curl,
-                 "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-                 "--initial-cluster", "t=" + purl, "--heartbeat-interval", "50",
-                 "--election-timeout", "250"],
-                stdout=self.log, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 15
-            # Ours once its own log says it serves on the port: a port taken
-            # between free_port() and etcd's bind would have another etcd answer.
-            serving = ("serving insecure client requests on " + self.endpoint).encode()
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    self.call("kv/range", {"key": b64("/probe")})
-                    with open(os.path.join(self.dir, "etcd.log"), "rb") as f:
-                        if serving in f.read():
-                            return
-                except OSError:
-                    pass
-                time.sleep(0.1)
-            stop_process(self.proc)
+            if self.launch():
+                return
         raise RuntimeError("etcd did not start")
+
+    def launch(self):
+        """Starts self.cmd; True once it serves (else it is stopped again)."""
+        start = os.path.getsize(os.path.join(self.dir, "etcd.log"))
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        # Ours once its own log says it serves on the port: a port taken
+        # between free_port() and etcd's bind would have another etcd answer.
+        serving = ("serving insecure client requests on " + self.endpoint).encode()
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                self.call("kv/range", {"key": b64("/probe")})
+                with open(os.path.join(self.dir, "etcd.log"), "rb") as f:
+                    f.seek(start)
+                    if serving in f.read():
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.1)
+        stop_process(self.proc)
+        return False
+
+    def kill(self):
+        """SIGKILL (a crash): its data directory and ports stay for restart()."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def restart(self):
+        """The same member again: same data directory, same ports."""
+        if not self.launch():
+            raise RuntimeError("etcd did not restart on " + self.endpoint)
 
     def call(self, method, body):
         req = urllib.request.Request("http://%s/v3/%s" % (self.endpoint, method),
@@ -111,10 +129,16 @@ def b64(s):
 
 class Node:
     """`conveyor kv serve --cluster` on a fixed port with its own directory
-    (kept across restarts: the node id lives there)."""
+    (kept across restarts: the node id lives there). `host` is the address it
+    announces and clients use, `bind` what it binds (default: `host`); `wrap`
+    a command it is run under that execs it (e.g. `ip netns exec NS`), so that
+    the process is still the node."""
 
-    def __init__(self, etcd, port, dir, *extra):
+    def __init__(self, etcd, port, dir, *extra, host="127.0.0.1", bind=None, wrap=()):
         self.etcd, self.port, self.dir, self.extra = etcd, port, dir, list(extra)
+        self.host, self.bind, self.wrap = host, bind or host, list(wrap)
+        if host != "127.0.0.1" or self.bind != host:
+            self.extra += ["--bind", self.bind, "--cluster-announce", host]
         self.start()
 
     def start(self):
@@ -135,7 +159,7 @@ class Node:
         self.log = open(self.log_path, "ab")
         self.log_start = self.log.tell()
         self.proc = subprocess.Popen(
-            [BIN, "kv", "serve", "--port", str(self.port), "--dir", self.dir,
+            [*self.wrap, BIN, "kv", "serve", "--port", str(self.port), "--dir", self.dir,
              "--data-bytes", "64mb", "--cluster", self.etcd.endpoint, "--cluster-name", NAME,
              "--cluster-lease", str(LEASE_S), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT)
@@ -144,7 +168,7 @@ class Node:
         # own log line says so (a restart finds the id file of its last run,
         # and another process may answer on the port).
         id_file = os.path.join(self.dir, "cluster-node.id")
-        bound = ("RESP on 127.0.0.1:%d " % self.port).encode()
+        bound = ("RESP on %s:%d " % (self.bind, self.port)).encode()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -166,7 +190,7 @@ class Node:
         return self.etcd.get("/conveyor-kv/%s/nodes/%s" % (NAME, self.id)) is not None
 
     def client(self):
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10)
+        return redis.Redis(host=self.host, port=self.port, socket_timeout=10)
 
     def stop(self):
         """Stops it (SIGTERM: a clean stop is exit 0); returns why not, or ""."""
