@@ -339,6 +339,11 @@ int serve(const server_options& so) {
     rpo.report = [&node](const cluster::offset_report& r) {
       if (node) node->report_offset(r);
     };
+    // A replica connects (and lets a snapshot empty its keyspace) only once
+    // etcd says it is not synced (docs/KV-CLUSTER.md "Synchronous replication").
+    rpo.publish = [&node](const cluster::offset_report& r) {
+      return node && node->publish_offset(r, std::chrono::milliseconds(1000));
+    };
     auto r = repl::node_role::start(*dev, *pd, loop, exec, std::move(rpo));
     if (!r) {
       loop.remove_fd(sfd);

@@ -141,6 +141,9 @@ struct cluster_node::state {
   std::condition_variable cv;
   bool stopping = false;                // under mu
   std::optional<offset_report> report;  // under mu: to publish
+  // Under mu: the sequence number of the last report queued, and of the
+  // last one in etcd (publish_offset waits for it).
+  std::uint64_t report_seq = 0, published_seq = 0;
   // under mu: the isr changes to write, in order (replica, add or remove);
   // at most one per replica (a later request replaces an earlier one).
   std::vector<std::pair<std::string, bool>> isr_changes;
@@ -347,8 +350,10 @@ struct cluster_node::state {
     std::optional<offset_report> rep;
     std::vector<std::pair<std::string, bool>> changes;
     std::optional<std::string> hand_to;
+    std::uint64_t rep_seq = 0;
     {
       std::lock_guard lk(mu);
+      rep_seq = report_seq;
       rep = std::move(report);
       report.reset();
       changes.swap(isr_changes);
@@ -368,6 +373,12 @@ struct cluster_node::state {
         log_error("publishing the replication offset", p.error());
         std::lock_guard lk(mu);
         if (!report) report = std::move(rep);
+      } else {
+        {
+          std::lock_guard lk(mu);
+          published_seq = std::max(published_seq, rep_seq);
+        }
+        cv.notify_all();
       }
     }
     std::vector<std::pair<std::string, bool>> retry;
@@ -665,8 +676,19 @@ void cluster_node::report_offset(offset_report r) {
   {
     std::lock_guard lk(s_->mu);
     s_->report = std::move(r);
+    ++s_->report_seq;
   }
   s_->cv.notify_all();
+}
+
+bool cluster_node::publish_offset(offset_report r, std::chrono::milliseconds timeout) {
+  r.boot = s_->boot_id;
+  std::unique_lock lk(s_->mu);
+  s_->report = std::move(r);
+  const auto seq = ++s_->report_seq;
+  s_->cv.notify_all();
+  return s_->cv.wait_for(lk, timeout, [&] { return s_->stopping || s_->published_seq >= seq; }) &&
+         s_->published_seq >= seq;
 }
 
 void cluster_node::write_handover(std::string to) {

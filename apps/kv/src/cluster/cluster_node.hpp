@@ -135,6 +135,9 @@ class cluster_node {
   // Publish this replica's offset report (offsets/<id> on the lease; the
   // latest one wins).
   void report_offset(offset_report r);
+  // report_offset, then wait until that report (or a later one) is in etcd,
+  // at most `timeout`: true when it is. From any thread but the node's.
+  bool publish_offset(offset_report r, std::chrono::milliseconds timeout);
   // As a primary: add `replica` to this node's shard's isr by a map CAS
   // (retried while the map still names this node its primary and the
   // replica outside the isr).

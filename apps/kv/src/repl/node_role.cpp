@@ -74,6 +74,11 @@ void node_role::set_view(const cluster::cluster_view& v) {
       report(cluster::offset_report{
           shard, from, offset, up, synced, {}});  // boot: stamped by cluster_node
     };
+  if (opts_.publish)
+    ro.before_link = [publish = opts_.publish, shard = sh->id, from = sh->primary] {
+      // The snapshot this link brings empties the keyspace: say so first.
+      return publish(cluster::offset_report{shard, from, 0, true, false, {}});
+    };
   auto r = replica::start(dev_, pd_, loop_, exec_, std::move(ro));
   if (!r) {
     if (opts_.log) opts_.log("replication: " + r.error().to_string());

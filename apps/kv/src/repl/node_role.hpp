@@ -36,6 +36,11 @@ struct role_options {
   // As a replica: each time the link to the primary goes up or down, what
   // to publish for the controller (cluster_node::report_offset). Null: none.
   std::function<void(const cluster::offset_report&)> report;
+  // As a replica, once connected to the primary and before the link is
+  // used (replica_options::before_link): publish this report and wait
+  // (bounded) until it is in etcd (cluster_node's publish_offset); false:
+  // not published, the link is dropped. Null: none (the link is used at once).
+  std::function<bool(const cluster::offset_report&)> publish;
 };
 
 class node_role {

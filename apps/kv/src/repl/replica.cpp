@@ -60,6 +60,9 @@ struct replica::impl {
   request_parser parser;
   std::uint64_t snap_offset = 0, stream_base = 0, fed = 0, applied = 0, ack_sent = 0;
   bool in_block = false, data_seen = false;
+  // The keyspace is a whole copy of the stream up to `applied`: from a
+  // snapshot's end until the next snapshot begins (emptying it).
+  bool whole = false;
   std::vector<std::vector<std::string>> block;
   std::size_t block_bytes = 0;
   std::string msg;
@@ -93,13 +96,20 @@ struct replica::impl {
         if (stopping) return;
       }
       last_try = clock::now();
-      auto c = make_conn();
       std::string why;
+      auto c = make_conn();
       if (c) {
         const auto h = encode_hello({opts.node_id, opts.shard_id, opts.password});
         auto info = conveyor::connect((*c)->qp, opts.primary,
                                       {.private_data = h, .timeout = opts.connect_timeout});
-        if (info) {
+        if (info && opts.before_link && !opts.before_link()) {
+          c->reset();  // disconnects: the primary serves the next attempt
+          why = "etcd was not told that this replica resynchronises";
+          // The link's last report again: the keyspace is as it was.
+          loop.post([this, a = std::weak_ptr<bool>(alive)] {
+            if (a.lock() && !link && opts.on_link) opts.on_link(false, applied, whole);
+          });
+        } else if (info) {
           {
             std::lock_guard lk(mu);
             want_connect = false;
@@ -111,8 +121,9 @@ struct replica::impl {
             if (a.lock()) adopt(std::move(owned));
           });
           continue;
+        } else {
+          why = info.error().to_string();
         }
-        why = info.error().to_string();
       } else {
         why = c.error().to_string();
       }
@@ -189,7 +200,7 @@ struct replica::impl {
     last_error = why;
     down_since = clock::now();
     say("replication: link to primary " + opts.primary + " closed: " + why);
-    if (opts.on_link) opts.on_link(false, applied, ph == phase::streaming);
+    if (opts.on_link) opts.on_link(false, applied, whole);
     loop.post([this, a = std::weak_ptr<bool>(alive)] {
       if (!a.lock() || !link) return;
       loop.remove_fd(link->cq.fd());
@@ -231,6 +242,7 @@ struct replica::impl {
     switch (h->type) {
       case msg_type::snap_begin: {
         if (ph != phase::wait_snapshot) return fail("a second snap_begin");
+        whole = false;
         const std::string_view flush[] = {"FLUSHALL"};
         if (!exec.apply_replicated(flush, why)) return fail("emptying the keyspace: " + why);
         ph = phase::snapshot;
@@ -249,6 +261,7 @@ struct replica::impl {
         ph = phase::streaming;
         parser = request_parser(opts.limits);
         stream_base = applied = snap_offset;
+        whole = true;
         if (opts.on_link) opts.on_link(true, applied, true);
         fed = 0;
         ++syncs;

@@ -57,6 +57,18 @@ struct replica_options {
   // the keyspace is whole: streaming, not inside a snapshot).
   // Loop thread. Null: none.
   std::function<void(bool up, std::uint64_t offset, bool synced)> on_link;
+  // After each connection is made, before the link is used (connector
+  // thread): the link is adopted (and the primary's snapshot, which empties
+  // the keyspace, applied) only when this returns true, i.e. once the
+  // controller can no longer take this node for a replica with a whole
+  // keyspace (cluster_node's publish_offset of a "link up, not synced" report
+  // has reached etcd); a report from before it (synced, at a high offset)
+  // would otherwise let a failover promote the half-filled replica. False:
+  // the connection is dropped, the link's last down report made again (the
+  // keyspace is as it was), and the next attempt comes 500 ms later. Asked
+  // only with a live primary on the line, so a replica whose primary died
+  // keeps reporting its final offset. Bounded by the callee. Null: always.
+  std::function<bool()> before_link;
   std::function<void(const std::string&)> log;  // one line; null: silent
 };
 
