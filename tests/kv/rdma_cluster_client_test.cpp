@@ -4,7 +4,8 @@
 // SLOTS names each node's RDMA address): keys go to their slot's primary and nowhere else; MGET
 // splits across the nodes; a map change is noticed by the epoch in a GET's
 // header words (no question to the server) and by -MOVED on a write; a node
-// whose lease does not vouch is retried until it does.
+// whose lease does not vouch is retried until it does; with replica_reads,
+// GETs go to the slot's replica (writes still to its primary).
 #include <gtest/gtest.h>
 
 #include <conveyor/conveyor.hpp>
@@ -205,6 +206,45 @@ TEST_P(kv_cluster_client, a_node_whose_lease_does_not_vouch_is_retried_until_it_
   auto r = short_c->get(key);
   ASSERT_FALSE(r.has_value());
   EXPECT_NE(r.error().to_string().find("CLUSTERDOWN"), std::string::npos) << r.error().to_string();
+}
+
+TEST_P(kv_cluster_client, replica_reads_go_to_the_slots_replica_only_when_asked) {
+  three_nodes n(GetParam());
+  // Two shards: node 0 the primary of 0..8191 with node 1 its replica, node
+  // 2 the primary of the rest.
+  cl::shard_map m = n.map;
+  ++m.epoch;
+  m.shards[0].slots = {{0, 8191}};
+  m.shards[0].replicas = {hex_id('1')};
+  m.shards[0].isr = {hex_id('0'), hex_id('1')};
+  m.shards[2].slots = {{8192, 16383}};
+  m.shards.erase(m.shards.begin() + 1);
+  n.install(m);
+  const std::string k = key_in(0, 8191), other = key_in(8192, 16383);
+  n.put(0, k, "at-primary");
+  n.put(1, k, "at-replica");
+  n.put(2, other, "only-primary");
+  auto plain = connect(n);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->get(k).value().value_or("<nil>"), "at-primary");
+  EXPECT_EQ(plain->stats().replica_reads, 0u);
+  kv::client_options o;
+  o.replica_reads = true;
+  auto c = kv::cluster_client::connect(GetParam() + ":kvcc", n.s[2]->rdma->address(), o);
+  ASSERT_TRUE(c.has_value()) << c.error().to_string();
+  auto& rc = **c;
+  EXPECT_EQ(rc.get(k).value().value_or("<nil>"), "at-replica");
+  // A slot without a replica is read at its primary; writes go to the primary.
+  EXPECT_EQ(rc.get(other).value().value_or("<nil>"), "only-primary");
+  std::array<std::string_view, 2> both{k, other};
+  auto all = rc.mget(both);
+  ASSERT_TRUE(all.has_value()) << all.error().to_string();
+  EXPECT_EQ((*all)[0].value_or("<nil>"), "at-replica");
+  EXPECT_EQ((*all)[1].value_or("<nil>"), "only-primary");
+  EXPECT_EQ(rc.stats().replica_reads, 2u);
+  ASSERT_TRUE(rc.set(k, "written"));
+  EXPECT_EQ(n.stored(0, k).value_or("<nil>"), "written");
+  EXPECT_EQ(n.stored(1, k).value_or("<nil>"), "at-replica");
 }
 
 INSTANTIATE_TEST_SUITE_P(providers, kv_cluster_client, ::testing::Values("soft"),

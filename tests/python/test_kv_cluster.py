@@ -5,6 +5,7 @@ from the node's memory and needs none of its CPU, so a SIGSTOPped node keeps
 from the lease word it reads in the same doorbell, with no extra round trip:
 before any failover could have promoted another node. Against the real
 binary and a real etcd (tests/kv/cluster/kv_cluster.py's), lease 2 s."""
+import json
 import os
 import signal
 import sys
@@ -148,3 +149,33 @@ def test_the_cluster_client_routes_like_a_redis_cluster_client(tmp_path):
         why = [n.stop() for n in nodes]
         etcd.stop()
     assert not any(why), why
+
+
+def test_replica_reads_are_served_by_the_replicas_memory():
+    """ClusterClient(replica_reads=True) on a real 1-shard x 1-replica cluster
+    (soft): GETs go to the replica, which holds every acknowledged write, and
+    are answered there one-sided; writes still go to the primary."""
+    kv_cluster.BIN = TOOL
+    etcd, d, nodes = kv_cluster.start_cluster("conveyor-kv-replica-reads.", 2, 1, 1,
+                                              "--rdma-listen", "127.0.0.1:0")
+    try:
+        cfg = json.loads(etcd.get("/conveyor-kv/%s/config" % kv_cluster.NAME))
+        kv_cluster.wait_until(lambda: len(json.loads(etcd.get(
+            "/conveyor-kv/%s/config" % kv_cluster.NAME))["shards"][0]["isr"]) == 2, 20,
+            "the replica in the in-sync set")
+        by_id = {n.id: n for n in nodes}
+        primary = by_id[cfg["shards"][0]["primary"]]
+        rdma = primary.client().info("conveyor")["rdma_address"]
+        keys = ["rr:%d" % i for i in range(20)]
+        with conveyor.kv.ClusterClient.connect(rdma, timeout=5.0) as w:
+            for k in keys:
+                w.set(k, "v-" + k)  # acknowledged: on the replica too
+        with conveyor.kv.ClusterClient.connect(rdma, timeout=5.0, replica_reads=True) as r:
+            assert r.mget(keys) == [("v-" + k).encode() for k in keys]
+            assert r.get(keys[0]) == ("v-" + keys[0]).encode()
+            s = r.stats()
+            assert s["replica_reads"] == len(keys) + 1, s
+            r.set("rr:new", "x")  # the primary's
+            assert primary.client().get("rr:new") == b"x"
+    finally:
+        kv_cluster.stop_cluster(etcd, d, nodes)

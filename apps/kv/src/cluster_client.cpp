@@ -83,7 +83,7 @@ class cluster_client_impl final : public cluster_client {
       std::map<std::string, std::vector<std::size_t>> by_node;
       std::optional<error> failed;
       for (auto i : left) {
-        auto addr = owner(keys[i]);
+        auto addr = reader(keys[i]);
         if (!addr) {
           failed = addr.error();
           break;
@@ -233,6 +233,27 @@ class cluster_client_impl final : public cluster_client {
     return nodes_[static_cast<std::size_t>(i)].rdma;
   }
 
+  // Where a GET of `key` goes: one of the slot's replicas with an RDMA
+  // front end (in turn) when the caller asked for replica reads, else the
+  // slot's primary (owner).
+  result<std::string> reader(std::string_view key) {
+    if (!opts_.replica_reads) return owner(key);
+    if (owner_.empty())
+      if (auto r = refresh(); !r) return std::unexpected(r.error());
+    const auto set = replica_set_[cluster::slot_of(key)];
+    if (set >= 0) {
+      const auto& reps = replica_sets_[static_cast<std::size_t>(set)];
+      for (std::size_t k = 0; k < reps.size(); ++k) {
+        const auto& n = nodes_[static_cast<std::size_t>(reps[(next_replica_ + k) % reps.size()])];
+        if (n.rdma.empty()) continue;
+        next_replica_ = (next_replica_ + k + 1) % reps.size();
+        ++stats_.replica_reads;
+        return n.rdma;
+      }
+    }
+    return owner(key);
+  }
+
   static result<std::uint64_t> info_epoch(client& c) {
     std::array<std::string_view, 2> a{"CLUSTER", "INFO"};
     auto r = c.command(a);
@@ -260,6 +281,8 @@ class cluster_client_impl final : public cluster_client {
       if (!t) return std::unexpected(t.error());
       nodes_ = std::move(t->nodes);
       owner_ = std::move(t->owner);
+      replica_sets_ = std::move(t->replica_sets);
+      replica_set_ = std::move(t->replica_set);
       map_epoch_ = *e1;
       return {};
     }
@@ -279,7 +302,10 @@ class cluster_client_impl final : public cluster_client {
   client_options opts_;
   std::map<std::string, std::unique_ptr<client>> conns_;  // by RDMA address
   std::vector<node_ref> nodes_;
-  std::vector<std::int32_t> owner_;  // slot -> nodes_ index, -1: not served
+  std::vector<std::int32_t> owner_;                      // slot -> nodes_ index, -1: not served
+  std::vector<std::vector<std::int32_t>> replica_sets_;  // cluster_reply::slot_table's
+  std::vector<std::int32_t> replica_set_;
+  std::size_t next_replica_ = 0;
   std::uint64_t map_epoch_ = 0;
   std::uint64_t want_epoch_ = 0;  // the newest epoch a node's header words showed
   cluster_client_stats stats_;

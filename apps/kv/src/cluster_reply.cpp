@@ -108,6 +108,7 @@ result<slot_table> parse_slots(std::string_view reply) {
   if (v->type != '*' || v->nil) return bad("CLUSTER SLOTS: not an array");
   slot_table t;
   t.owner.assign(slot_count, -1);
+  t.replica_set.assign(slot_count, -1);
   for (const auto& range : v->items) {
     if (range.type != '*' || range.items.size() < 3 || range.items[0].type != ':' ||
         range.items[1].type != ':')
@@ -115,30 +116,53 @@ result<slot_table> parse_slots(std::string_view reply) {
     const auto first = range.items[0].integer, last = range.items[1].integer;
     if (first < 0 || last < first || last >= slot_count)
       return bad("CLUSTER SLOTS: a range out of 0..16383");
-    const auto& pn = range.items[2];
-    if (pn.type != '*' || pn.items.size() < 3 || pn.items[2].type != '$' ||
-        pn.items[2].text.empty())
-      return bad("CLUSTER SLOTS: a node is not [host, port, id, ...]");
-    node_ref n{pn.items[2].text, {}};
-    if (pn.items.size() >= 4 && pn.items[3].type == '*') {
-      const auto& meta = pn.items[3].items;
-      for (std::size_t k = 0; k + 1 < meta.size(); k += 2)
-        if (meta[k].type == '$' && meta[k].text == "rdma" && meta[k + 1].type == '$')
-          n.rdma = meta[k + 1].text;
+    if (range.items.size() > 3 + max_replicas_per_range)
+      return bad("CLUSTER SLOTS: a range with too many replicas");
+    // Each node of the range: [host, port, id, {meta}], its index in t.nodes.
+    std::vector<std::int32_t> at;
+    for (std::size_t j = 2; j < range.items.size(); ++j) {
+      const auto& pn = range.items[j];
+      if (pn.type != '*' || pn.items.size() < 3 || pn.items[2].type != '$' ||
+          pn.items[2].text.empty())
+        return bad("CLUSTER SLOTS: a node is not [host, port, id, ...]");
+      node_ref n{pn.items[2].text, {}};
+      if (pn.items.size() >= 4 && pn.items[3].type == '*') {
+        const auto& meta = pn.items[3].items;
+        for (std::size_t k = 0; k + 1 < meta.size(); k += 2)
+          if (meta[k].type == '$' && meta[k].text == "rdma" && meta[k + 1].type == '$')
+            n.rdma = meta[k + 1].text;
+      }
+      if (n.rdma.size() > max_address_bytes || n.id.size() > max_address_bytes)
+        return bad("CLUSTER SLOTS: a node's id or RDMA address is too long");
+      auto it = std::find_if(t.nodes.begin(), t.nodes.end(),
+                             [&](const node_ref& x) { return x.id == n.id; });
+      if (it == t.nodes.end()) {
+        if (t.nodes.size() >= max_nodes) return bad("CLUSTER SLOTS: too many nodes");
+        t.nodes.push_back(std::move(n));
+        it = t.nodes.end() - 1;
+      } else if (it->rdma != n.rdma) {
+        return bad("CLUSTER SLOTS: a node with two RDMA addresses");
+      }
+      const auto idx = static_cast<std::int32_t>(it - t.nodes.begin());
+      if (std::find(at.begin(), at.end(), idx) != at.end())
+        return bad("CLUSTER SLOTS: a node twice in one range");
+      at.push_back(idx);
     }
-    if (n.rdma.size() > max_address_bytes || n.id.size() > max_address_bytes)
-      return bad("CLUSTER SLOTS: a node's id or RDMA address is too long");
-    auto it = std::find_if(t.nodes.begin(), t.nodes.end(),
-                           [&](const node_ref& x) { return x.id == n.id; });
-    if (it == t.nodes.end()) {
-      if (t.nodes.size() >= max_nodes) return bad("CLUSTER SLOTS: too many nodes");
-      t.nodes.push_back(std::move(n));
-      it = t.nodes.end() - 1;
-    } else if (it->rdma != n.rdma) {
-      return bad("CLUSTER SLOTS: a node with two RDMA addresses");
+    std::int32_t set = -1;
+    if (at.size() > 1) {
+      std::vector<std::int32_t> reps(at.begin() + 1, at.end());
+      auto same = std::find(t.replica_sets.begin(), t.replica_sets.end(), reps);
+      if (same == t.replica_sets.end()) {
+        if (t.replica_sets.size() >= max_nodes) return bad("CLUSTER SLOTS: too many replica sets");
+        t.replica_sets.push_back(std::move(reps));
+        same = t.replica_sets.end() - 1;
+      }
+      set = static_cast<std::int32_t>(same - t.replica_sets.begin());
     }
-    const auto idx = static_cast<std::int32_t>(it - t.nodes.begin());
-    for (auto s = first; s <= last; ++s) t.owner[static_cast<std::size_t>(s)] = idx;
+    for (auto s = first; s <= last; ++s) {
+      t.owner[static_cast<std::size_t>(s)] = at[0];
+      t.replica_set[static_cast<std::size_t>(s)] = set;
+    }
   }
   return t;
 }

@@ -26,7 +26,13 @@ struct node_ref {
 struct slot_table {
   std::vector<node_ref> nodes;      // each once, by id
   std::vector<std::int32_t> owner;  // 16384 entries: an index into nodes, -1 not served
+  // The replicas CLUSTER SLOTS lists after each range's primary (indices
+  // into nodes), one set per distinct list, at most max_replica_sets;
+  // replica_set: 16384 entries, an index into replica_sets, -1 none.
+  std::vector<std::vector<std::int32_t>> replica_sets;
+  std::vector<std::int32_t> replica_set;
 };
+inline constexpr std::size_t max_replicas_per_range = 16;
 
 // CLUSTER INFO's reply (a bulk string): its cluster_current_epoch.
 // protocol_error naming what is wrong.

@@ -88,8 +88,9 @@ void bind_cluster_client(py::module_& m) {
       .def_static(
           "connect",
           [](const std::string& address, const std::string& provider, const std::string& password,
-             std::uint32_t depth, double timeout, double max_clock_skew) {
-            const auto o = client_options_of(password, depth, timeout, max_clock_skew);
+             std::uint32_t depth, double timeout, double max_clock_skew, bool replica_reads) {
+            auto o = client_options_of(password, depth, timeout, max_clock_skew);
+            o.replica_reads = replica_reads;
             auto r = [&] {
               py::gil_scoped_release nogil;
               return kv::cluster_client::connect(provider, address, o);
@@ -100,8 +101,10 @@ void bind_cluster_client(py::module_& m) {
           },
           py::arg("address"), py::arg("provider") = "soft", py::arg("password") = "",
           py::arg("depth") = 16, py::arg("timeout") = 5.0, py::arg("max_clock_skew") = 0.1,
+          py::arg("replica_reads") = false,
           "Learns a conveyor-kv cluster from any node's RDMA address (kv serve --cluster "
-          "--rdma-listen) and sends each key to its slot's primary (docs/KV-CLUSTER.md, "
+          "--rdma-listen) and sends each key to its slot's primary, its reads to the slot's "
+          "replicas with replica_reads=True (READONLY's semantics; docs/KV-CLUSTER.md, "
           "\"One-sided clients in a cluster\").")
       .def(
           "get",
@@ -172,6 +175,7 @@ void bind_cluster_client(py::module_& m) {
              d["moved"] = s.moved;
              d["retries"] = s.retries;
              d["nodes_connected"] = s.nodes_connected;
+             d["replica_reads"] = s.replica_reads;
              return d;
            })
       .def("close", &close_cluster, "Disconnects from every node. Idempotent.")

@@ -73,6 +73,15 @@ struct client_options {
   // answered only while the node's lease vouches for its data past now plus
   // this; on one host the clocks are one (0 would do).
   std::chrono::milliseconds max_clock_skew{100};
+  // cluster_client only: GETs and MGETs go to the slot's replicas (in turn)
+  // rather than its primary, as Redis Cluster's READONLY connections do.
+  // Every write the primary acknowledged is on every in-sync replica, but a
+  // replica serves what it applied, so a read there can also return a write
+  // not yet acknowledged, and a replica that is catching up (outside the
+  // in-sync set) can return values older than ones already read from the
+  // primary. Writes always go to the primary. A slot without a replica
+  // with an RDMA front end is read at its primary.
+  bool replica_reads = false;
   // For the device the client opens. A client is only ever an initiator (the
   // server never accesses its memory), so by default no engine thread: the
   // thread that waits for a GET's READs or an RPC's reply drives the device,
@@ -158,7 +167,8 @@ class client {
 // A client of a whole conveyor-kv cluster (kv serve --cluster), on the
 // public client above: it learns the cluster from any node (CLUSTER INFO's
 // epoch and CLUSTER SLOTS, whose nodes name their RDMA front ends), sends
-// each key to its slot's primary, and connects to a node when a key first
+// each key to its slot's primary (its reads to the slot's replicas with
+// client_options::replica_reads), and connects to a node when a key first
 // needs it.
 //
 //   auto c = conveyor::kv::cluster_client::connect("soft", "127.0.0.1:17001").value();
@@ -181,6 +191,7 @@ struct cluster_client_stats {
   std::uint64_t moved = 0;            // writes answered -MOVED
   std::uint64_t retries = 0;          // refused, unreachable, CLUSTERDOWN, TRYAGAIN
   std::uint64_t nodes_connected = 0;  // connections opened
+  std::uint64_t replica_reads = 0;    // keys read at a replica (replica_reads)
 };
 
 class cluster_client {
