@@ -34,7 +34,6 @@ import random
 import signal
 import socket
 import sys
-import threading
 import time
 import unittest
 
@@ -45,8 +44,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "history"))
 import kv_cluster  # noqa: E402
 from kv_cluster import wait_until  # noqa: E402
-import history  # noqa: E402
 import linearizability  # noqa: E402
+from load import Load as _Load  # noqa: E402
 
 NAME = kv_cluster.NAME
 LEASE_S = kv_cluster.LEASE_S
@@ -54,94 +53,13 @@ KEYS = ["fo:%d" % i for i in range(24)]
 CLIENTS = 4
 
 
+def Load(addrs, **kw):
+    """history/load.py's Load on this file's KEYS with CLIENTS clients."""
+    return _Load(addrs, KEYS, CLIENTS, **kw)
+
+
 def config(etcd):
     return json.loads(etcd.get("/conveyor-kv/%s/config" % NAME))
-
-
-class Load:
-    """CLIENTS threads, each a single connection that follows -MOVED and moves
-    to another node on errors, writing unique values (75 %) and reading."""
-
-    def __init__(self, nodes, timeout=1):
-        self.timeout = timeout  # each client's socket timeout, seconds
-        self.rec = history.Recorder()
-        self.ports = [n.port for n in nodes]
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(CLIENTS)]
-        for t in self.threads:
-            t.start()
-
-    def run(self, i):
-        rnd = random.Random(i)
-        port = self.ports[i % len(self.ports)]
-        conn = None
-        n = 0
-        while not self.stop.is_set():
-            if conn is None:
-                try:
-                    conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=self.timeout,
-                                       socket_connect_timeout=1, single_connection_client=True)
-                except (redis.RedisError, OSError):  # nothing was sent
-                    port = self.ports[(self.ports.index(port) + 1) % len(self.ports)]
-                    time.sleep(0.02)
-                    continue
-            key = rnd.choice(KEYS)
-            write = rnd.random() < 0.75
-            n += 1
-            value = "c%d-%d" % (i, n)
-            op = self.rec.record(client="c%d" % i, key=key, kind="write" if write else "read",
-                                 value=value if write else None)
-            try:
-                if write:
-                    conn.set(key, value)
-                    op.ok()
-                else:
-                    op.ok(conn.get(key))
-                continue
-            except redis.ResponseError as e:
-                msg = str(e)
-                # MOVED is answered before anything runs: the write did not
-                # happen. Anything else (CLUSTERDOWN from a fence, NOREPLICAS)
-                # may come after the write was applied: unknown.
-                if msg.startswith("MOVED") or not write:
-                    op.fail(msg[:100])
-                else:
-                    op.unknown(msg[:100])
-                if msg.startswith("MOVED"):
-                    port = int(msg.split()[2].rsplit(":", 1)[1])
-                else:
-                    port = self.ports[(self.ports.index(port) + 1) % len(self.ports)]
-                    time.sleep(0.02)
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-                if write:
-                    op.unknown(str(e)[:100])
-                else:
-                    op.fail(str(e)[:100])
-                port = self.ports[(self.ports.index(port) + 1) % len(self.ports)]
-                time.sleep(0.02)
-            try:
-                conn.close()
-            except Exception:
-                pass
-            conn = None
-
-    def finish(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
-        return self.rec.ops()
-
-    def first_ack_after(self, t_ns, timeout):
-        """Seconds from t_ns to the completion of the first acknowledged write
-        invoked after it (waits up to `timeout`)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            acks = [o.complete for o in self.rec.ops()
-                    if o.kind == "write" and o.outcome == "ok" and o.invoke >= t_ns]
-            if acks:
-                return (min(acks) - t_ns) / 1e9
-            time.sleep(0.05)
-        raise AssertionError("no write acknowledged within %s s of the fault" % timeout)
 
 
 class Failover(unittest.TestCase):
@@ -194,7 +112,7 @@ class Failover(unittest.TestCase):
     def test_failover_under_load_loses_no_acknowledged_write(self):
         kills = int(os.environ.get("KV_FAILOVER_KILLS", "6"))
         stops = int(os.environ.get("KV_FAILOVER_STOPS", "3"))
-        load = Load(self.nodes)
+        load = Load([("127.0.0.1", n.port) for n in self.nodes])
         handovers = int(os.environ.get("KV_FAILOVER_HANDOVERS", "2"))
         times = {"kill": [], "kill, restarted at once": [], "handover": [], "stop": []}
         try:

@@ -2,6 +2,7 @@
 #include "cluster/controller.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "cluster/cluster_node.hpp"
@@ -195,8 +196,14 @@ std::optional<shard_map> remove_from_isr(const shard_map& m, std::string_view pr
   return std::nullopt;
 }
 
-isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::string_view primary,
-                              std::string_view replica, bool add, int attempts) {
+namespace {
+
+// Read the map, compute the next one, write it by CAS on the revision read;
+// a lost CAS computes again from the map as it is now, at most `attempts`
+// times. `next`: the next map, or why there is nothing to change (moot).
+isr_change rewrite_map(
+    coord& c, std::string_view cluster_name, int attempts,
+    const std::function<std::expected<shard_map, std::string>(const shard_map&)>& next) {
   using outcome = isr_change::outcome;
   const std::string key = config_key(cluster_name);
   auto got = c.get(key);
@@ -206,14 +213,26 @@ isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::stri
     if (!cur) return {outcome::moot, 0, "no shard map"};
     auto m = parse_shard_map(cur->value);
     if (!m) return {outcome::moot, 0, m.error().to_string()};
-    auto next = add ? add_to_isr(*m, primary, replica) : remove_from_isr(*m, primary, replica);
-    if (!next) return {outcome::moot, 0, {}};
-    auto w = c.put_if(key, to_json(*next), cur->mod_revision);
+    auto n = next(*m);
+    if (!n) return {outcome::moot, 0, std::move(n.error())};
+    auto w = c.put_if(key, to_json(*n), cur->mod_revision);
     if (!w) return {outcome::failed, 0, w.error().to_string()};
-    if (w->succeeded) return {outcome::written, next->epoch, {}};
+    if (w->succeeded) return {outcome::written, n->epoch, {}};
     cur = std::move(w->current);  // the loser reads again: the map as it is now
   }
   return {outcome::failed, 0, "the shard map kept changing"};
+}
+
+}  // namespace
+
+isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::string_view primary,
+                              std::string_view replica, bool add, int attempts) {
+  return rewrite_map(
+      c, cluster_name, attempts, [&](const shard_map& m) -> std::expected<shard_map, std::string> {
+        auto n = add ? add_to_isr(m, primary, replica) : remove_from_isr(m, primary, replica);
+        if (!n) return std::unexpected(std::string());
+        return std::move(*n);
+      });
 }
 
 std::string handover_prefix(std::string_view cluster_name) {
@@ -244,26 +263,16 @@ isr_change propose_handover(coord& c, std::string_view cluster_name, std::string
   if (!*reg) return {outcome::moot, 0, "the node to promote is not registered"};
   auto r = parse_node_registration((*reg)->value);
   if (!r || r->id != to) return {outcome::moot, 0, "the node to promote has no valid registration"};
-  const std::string key = config_key(cluster_name);
-  auto got = c.get(key);
-  if (!got) return {outcome::failed, 0, got.error().to_string()};
-  std::optional<key_value> cur = std::move(*got);
-  for (int i = 0; i < attempts; ++i) {
-    if (!cur) return {outcome::moot, 0, "no shard map"};
-    auto m = parse_shard_map(cur->value);
-    if (!m) return {outcome::moot, 0, m.error().to_string()};
-    auto sh = std::find_if(m->shards.begin(), m->shards.end(),
-                           [&](const shard& s) { return s.primary == primary; });
-    if (sh == m->shards.end() || (!sh->primary_boot.empty() && sh->primary_boot != primary_boot))
-      return {outcome::moot, 0, "this node is no longer the shard's primary"};
-    auto d = manual_failover(*m, sh->id, to, r->boot_id);
-    if (!d) return {outcome::moot, 0, d.error().context};
-    auto w = c.put_if(key, to_json(d->map), cur->mod_revision);
-    if (!w) return {outcome::failed, 0, w.error().to_string()};
-    if (w->succeeded) return {outcome::written, d->map.epoch, {}};
-    cur = std::move(w->current);
-  }
-  return {outcome::failed, 0, "the shard map kept changing"};
+  return rewrite_map(
+      c, cluster_name, attempts, [&](const shard_map& m) -> std::expected<shard_map, std::string> {
+        auto sh = std::find_if(m.shards.begin(), m.shards.end(),
+                               [&](const shard& s) { return s.primary == primary; });
+        if (sh == m.shards.end() || (!sh->primary_boot.empty() && sh->primary_boot != primary_boot))
+          return std::unexpected(std::string("this node is no longer the shard's primary"));
+        auto d = manual_failover(m, sh->id, to, r->boot_id);
+        if (!d) return std::unexpected(d.error().context);
+        return std::move(d->map);
+      });
 }
 
 std::chrono::milliseconds fence_margin(std::chrono::seconds ttl) noexcept {
