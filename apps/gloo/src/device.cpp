@@ -65,6 +65,10 @@ Device::Device(const attr& a) : forced_(forced_from_env(a.device)) {
   // (docs/performance/2026-12-07-gloo-progress.md).
   if (const char* ws = std::getenv("CONVEYOR_GLOO_WAIT_SPIN_US"))
     wait_spin_ = std::chrono::microseconds(std::clamp(std::atol(ws), 0L, 1000000L));
+  // Meanwhile it takes completions from the context's queue itself while the
+  // progress thread is not taking them (CONVEYOR_GLOO_WAIT_POLL=0: it only
+  // looks, as before 2026-12-07's latency work).
+  if (const char* wp = std::getenv("CONVEYOR_GLOO_WAIT_POLL")) wait_poll_ = std::string(wp) != "0";
   // The contexts' progress threads drive the engine themselves (manual
   // progress): one thread hand-off less per message each side (4 KiB
   // all_reduce over soft, 2 ranks: 1.5 ms -> 0.27 ms on the 2-core build
