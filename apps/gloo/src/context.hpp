@@ -111,7 +111,14 @@ class Context final : public ::gloo::transport::Context,
   std::mutex mu_;  // all protocol state of every pair of this context
   std::condition_variable bound_cv_;
   std::uint64_t next_token_ = 1;
-  std::uint32_t next_serial_ = 1;  // of the QPs the pairs make (mu_)
+  std::uint32_t next_serial_ = 1;    // of the QPs the pairs make (mu_)
+  std::atomic<int> local_peers_{0};  // connected pairs whose peer is on this host
+
+  // Whether a waiting thread takes completions itself (Device::wait_poll).
+  bool wait_poll() const {
+    int m = device_->wait_poll();
+    return m >= 0 ? m > 0 : local_peers_.load(std::memory_order_relaxed) + 1 <= device_->cpus();
+  }
 
  private:
   struct any_recv {

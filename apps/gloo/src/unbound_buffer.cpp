@@ -94,7 +94,7 @@ class UnboundBuffer final : public ::gloo::transport::UnboundBuffer {
     std::size_t helped = 0;
     if (!ready() && spin.count() > 0) {
       auto spin_end = clock_type::now() + spin;
-      helped = ctx_->device_->wait_poll() ? ctx_->begin_wait() : 0;
+      helped = ctx_->wait_poll() ? ctx_->begin_wait() : 0;
       while (!ready() && clock_type::now() < spin_end) {
         l.unlock();
         if (helped == 0 || !ctx_->help_poll(helped)) std::this_thread::yield();
