@@ -76,14 +76,17 @@ void Context::poll_loop(poller& p) {
 }
 
 // Until no waiter has polled for a lease (the wait spin), one goes to sleep
-// (then nobody else polls) or the context stops. Bounded: a spinning waiter
-// leaves within its spin, and the lease is a timed wait.
+// (then nobody else polls) or the context stops. A waiter that leaves with
+// its completion does not wake this thread (that would be a wake-up per
+// operation): behind spinning waiters it looks again every park_check, so
+// the queue comes back at most that long after the last one left.
 void Context::park(poller& p) {
+  constexpr auto park_check = 1ms;
   const auto lease = device_->wait_spin();
   std::unique_lock l(p.park_mu);
   while (!p.stop.load(std::memory_order_acquire) && p.sleepers.load() == 0) {
     if (p.spinners.load() > 0) {
-      p.park_cv.wait_for(l, 10ms);
+      p.park_cv.wait_for(l, park_check);
       continue;
     }
     auto until = p.last_spin + lease;
