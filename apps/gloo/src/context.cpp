@@ -26,7 +26,11 @@ constexpr std::chrono::milliseconds cancel_wait_max{1000};
 Context::~Context() {
   for (auto& p : pairs_)
     if (p) static_cast<Pair*>(p.get())->shutdown();
-  for (auto& p : pollers_) p.stop.store(true, std::memory_order_release);
+  for (auto& p : pollers_) {
+    p.stop.store(true, std::memory_order_release);
+    std::lock_guard g(p.park_mu);
+    p.park_cv.notify_all();
+  }
   for (auto& p : pollers_)
     if (p.thread.joinable()) p.thread.join();
   pairs_.clear();

@@ -4,6 +4,7 @@
 // notifications, debts); one mutex for all protocol state of its pairs.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +43,23 @@ struct poller {
   std::map<std::uint32_t, std::pair<Pair*, std::uint32_t>> by_qp;
   std::atomic<bool> stop{false};
   std::thread thread;
+
+  // Taking completions from `cq` and handing them to their pairs happens
+  // under q_mu, so one QP's completions reach the protocol in queue order
+  // whichever thread takes them. The progress thread holds it, also while
+  // asleep in cq.wait; a thread waiting for an unbound buffer's operation
+  // only ever try_locks it (Context::help_poll).
+  std::mutex q_mu;
+  // Waiters polling the queue themselves (spinning) and waiters asleep on
+  // their buffer; while some spin and none sleeps, the progress thread
+  // leaves the queue to them (parks on park_cv) and takes it back once none
+  // has polled for a lease (the wait spin) or one goes to sleep
+  // (docs/GLOO.md, "Waiting").
+  std::mutex park_mu;
+  std::condition_variable park_cv;
+  std::atomic<int> spinners{0};        // written under park_mu
+  std::atomic<int> sleepers{0};        // written under park_mu
+  clock_type::time_point last_spin{};  // park_mu: when the last spinner left
 };
 
 class Context final : public ::gloo::transport::Context,
@@ -65,6 +84,17 @@ class Context final : public ::gloo::transport::Context,
             std::byte* ptr, std::size_t n);
   void cancel(const std::shared_ptr<buf_state>& st);
 
+  // A thread waiting for an unbound buffer's operation: begin_wait counts it
+  // as spinning on the context's queues; help_poll takes and hands out one
+  // batch of completions from each queue nobody else is taking from (false:
+  // none taken); end_spin counts it out, asleep when `sleeping` (the progress
+  // thread then takes the queues back at once); end_sleep after that sleep.
+  // Each takes the number of queues begin_wait counted the thread on.
+  std::size_t begin_wait();
+  bool help_poll(std::size_t n);
+  void end_spin(std::size_t n, bool sleeping);
+  void end_sleep(std::size_t n);
+
   // A NOTIFY from `rank` for `slot` (mu_ held).
   void on_notify(Pair& p, std::uint64_t slot);
   // Fails the recv-from-any operations that could be served by `rank` (mu_ held).
@@ -81,7 +111,14 @@ class Context final : public ::gloo::transport::Context,
   std::mutex mu_;  // all protocol state of every pair of this context
   std::condition_variable bound_cv_;
   std::uint64_t next_token_ = 1;
-  std::uint32_t next_serial_ = 1;  // of the QPs the pairs make (mu_)
+  std::uint32_t next_serial_ = 1;    // of the QPs the pairs make (mu_)
+  std::atomic<int> local_peers_{0};  // connected pairs whose peer is on this host
+
+  // Whether a waiting thread takes completions itself (Device::wait_poll).
+  bool wait_poll() const {
+    int m = device_->wait_poll();
+    return m >= 0 ? m > 0 : local_peers_.load(std::memory_order_relaxed) + 1 <= device_->cpus();
+  }
 
  private:
   struct any_recv {
@@ -99,7 +136,13 @@ class Context final : public ::gloo::transport::Context,
   // Appended under mu_ only; stopped and joined in ~Context, after the pairs
   // have left them (stable addresses: the pairs point into it).
   std::list<poller> pollers_;
+  std::atomic<std::size_t> npollers_{0};  // pollers_'s first entries a waiter may use
+  static constexpr std::size_t max_helped = 4;
+  std::array<poller*, max_helped> helped_{};  // set before npollers_ is raised
   void poll_loop(poller& p);
+  void park(poller& p);
+  // Hands a batch taken from p.cq to the pairs (q_mu held; takes mu_).
+  void deliver(poller& p, std::span<const conveyor::work_completion> wcs);
   friend class Pair;
 };
 

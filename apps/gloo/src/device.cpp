@@ -3,6 +3,8 @@
 // them with; CreateDevice, the library's entry point.
 #include "device.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <sstream>
@@ -65,6 +67,17 @@ Device::Device(const attr& a) : forced_(forced_from_env(a.device)) {
   // (docs/performance/2026-12-07-gloo-progress.md).
   if (const char* ws = std::getenv("CONVEYOR_GLOO_WAIT_SPIN_US"))
     wait_spin_ = std::chrono::microseconds(std::clamp(std::atol(ws), 0L, 1000000L));
+  // Meanwhile it takes completions from the context's queue itself while the
+  // progress thread is not taking them, unless the host is oversubscribed by
+  // the context's own ranks: then the waiters of ranks that are not running
+  // hold the queue, and 4 ranks on 2 cores took 1.4 ms instead of 0.8
+  // (docs/performance/2026-12-07-gloo-4k-latency.md). CONVEYOR_GLOO_WAIT_POLL=1
+  // polls always, 0 never (it only looks, as before).
+  if (const char* wp = std::getenv("CONVEYOR_GLOO_WAIT_POLL"); wp && *wp)
+    wait_poll_ = std::string(wp) != "0";
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  cpus_ = ::sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
   // The contexts' progress threads drive the engine themselves (manual
   // progress): one thread hand-off less per message each side (4 KiB
   // all_reduce over soft, 2 ranks: 1.5 ms -> 0.27 ms on the 2-core build

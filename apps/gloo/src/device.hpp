@@ -42,11 +42,19 @@ class Device final : public ::gloo::transport::Device, public std::enable_shared
   // How long a thread waiting for an unbound buffer's operation looks for its
   // completion before sleeping (CONVEYOR_GLOO_WAIT_SPIN_US).
   std::chrono::microseconds wait_spin() const { return wait_spin_; }
+  // Whether that waiting thread takes completions from the queue itself
+  // (CONVEYOR_GLOO_WAIT_POLL: 1 always, 0 never, unset: when a context's
+  // ranks on this host do not outnumber cpus()) or only looks for its own.
+  int wait_poll() const { return wait_poll_; }
+  // The CPUs this process may run on (sched_getaffinity).
+  int cpus() const { return cpus_; }
 
  private:
   std::string forced_, forced_base_, ip_, ip_from_, str_, pci_;
   std::uint8_t host_id_[24];
   std::chrono::microseconds wait_spin_{50};
+  int wait_poll_ = -1;  // -1: auto
+  int cpus_ = 1;
   std::vector<provider> providers_;
 };
 

@@ -215,6 +215,7 @@ void Pair::establish(const std::vector<char>& bytes) {
     std::lock_guard g(ctx_.mu_);
     credits_ = recv_depth;
     connected_ = true;
+    if (same_host) ctx_.local_peers_.fetch_add(1, std::memory_order_relaxed);
     auto early = std::move(early_);
     early_.clear();
     for (auto& wc : early) handle(wc);

@@ -37,19 +37,31 @@ poller& Context::poller_for(Device::provider& prov) {
   // The first pair takes it even where max_cqe leaves only its own share.
   p.room = usable >= per_pair_cqes ? usable - per_pair_cqes : 0;
   p.thread = std::thread([this, &p] { poll_loop(p); });
+  if (auto n = npollers_.load(std::memory_order_relaxed); n < max_helped) {
+    helped_[n] = &p;
+    npollers_.store(n + 1, std::memory_order_release);
+  }
   return p;
 }
 
 // The thread sleeps in cq.wait (which spins briefly first, and in manual
 // progress drives the device's engine), wakes for a batch of completions,
 // hands them out under the context's lock and posts what they made possible.
-// A completion of a QP the map does not know, or of an older QP of the pair
-// (another serial), belongs to a closed or replaced connection: dropped.
+// While threads waiting for an unbound buffer's operation poll the queue
+// themselves (help_poll), it leaves the queue to them: one thread less to
+// schedule per message (docs/GLOO.md, "Waiting").
 void Context::poll_loop(poller& p) {
   ::pthread_setname_np(::pthread_self(), "cvgloo-progress");
   std::array<conveyor::work_completion, 32> wcs;
-  std::array<Pair*, 32> touched;
+  std::unique_lock q(p.q_mu);
   while (!p.stop.load(std::memory_order_acquire)) {
+    if (p.spinners.load(std::memory_order_acquire) > 0 &&
+        p.sleepers.load(std::memory_order_acquire) == 0) {
+      q.unlock();
+      park(p);
+      q.lock();
+      continue;
+    }
     auto n = p.cq.wait(wcs, 50ms);
     if (!n) {
       if (n.error() == conveyor::errc::timed_out) continue;
@@ -59,17 +71,95 @@ void Context::poll_loop(poller& p) {
         e.first->fail("completion queue: " + std::string(conveyor::to_string(n.error())));
       return;
     }
-    std::lock_guard g(mu_);
-    std::size_t nt = 0;
-    for (std::size_t i = 0; i < *n; ++i) {
-      auto it = p.by_qp.find(wcs[i].qp_num);
-      if (it == p.by_qp.end() || it->second.second != wr_serial(wcs[i].wr_id)) continue;
-      Pair* pr = it->second.first;
-      pr->on_completion(wcs[i]);
-      if (std::find(touched.begin(), touched.begin() + nt, pr) == touched.begin() + nt)
-        touched[nt++] = pr;
+    deliver(p, std::span(wcs.data(), *n));
+  }
+}
+
+// Until no waiter has polled for a lease (the wait spin), one goes to sleep
+// (then nobody else polls) or the context stops. A waiter that leaves with
+// its completion does not wake this thread (that would be a wake-up per
+// operation): behind spinning waiters it looks again every park_check, so
+// the queue comes back at most that long after the last one left.
+void Context::park(poller& p) {
+  constexpr auto park_check = 1ms;
+  const auto lease = device_->wait_spin();
+  std::unique_lock l(p.park_mu);
+  while (!p.stop.load(std::memory_order_acquire) && p.sleepers.load() == 0) {
+    if (p.spinners.load() > 0) {
+      p.park_cv.wait_for(l, park_check);
+      continue;
     }
-    for (std::size_t i = 0; i < nt; ++i) touched[i]->pump();
+    auto until = p.last_spin + lease;
+    if (clock_type::now() >= until) return;
+    p.park_cv.wait_until(l, until);
+  }
+}
+
+// A completion of a QP the map does not know, or of an older QP of the pair
+// (another serial), belongs to a closed or replaced connection: dropped.
+void Context::deliver(poller& p, std::span<const conveyor::work_completion> wcs) {
+  std::array<Pair*, 32> touched;
+  std::lock_guard g(mu_);
+  std::size_t nt = 0;
+  for (const auto& wc : wcs) {
+    auto it = p.by_qp.find(wc.qp_num);
+    if (it == p.by_qp.end() || it->second.second != wr_serial(wc.wr_id)) continue;
+    Pair* pr = it->second.first;
+    pr->on_completion(wc);
+    if (nt < touched.size() &&
+        std::find(touched.begin(), touched.begin() + nt, pr) == touched.begin() + nt)
+      touched[nt++] = pr;
+  }
+  for (std::size_t i = 0; i < nt; ++i) touched[i]->pump();
+}
+
+std::size_t Context::begin_wait() {
+  std::size_t n = std::min(npollers_.load(std::memory_order_acquire), max_helped);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::lock_guard g(helped_[i]->park_mu);
+    helped_[i]->spinners.fetch_add(1);
+  }
+  return n;
+}
+
+// Only where nobody else takes completions (the progress thread holds q_mu
+// also while asleep in cq.wait): the batch is handed out before q_mu is let
+// go, so the queue's order is the protocol's. An error (overflow) is left to
+// the progress thread, which gets it from its own wait.
+bool Context::help_poll(std::size_t n) {
+  std::array<conveyor::work_completion, 32> wcs;
+  bool got = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    poller& p = *helped_[i];
+    std::unique_lock q(p.q_mu, std::try_to_lock);
+    if (!q) continue;
+    auto r = p.cq.poll(wcs);
+    if (!r || *r == 0) continue;
+    deliver(p, std::span(wcs.data(), *r));
+    got = true;
+  }
+  return got;
+}
+
+void Context::end_spin(std::size_t n, bool sleeping) {
+  auto now = clock_type::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    poller& p = *helped_[i];
+    std::lock_guard g(p.park_mu);
+    p.spinners.fetch_sub(1);
+    if (sleeping) {
+      p.sleepers.fetch_add(1);
+      p.park_cv.notify_all();  // nobody polls now: the progress thread takes over
+    } else {
+      p.last_spin = now;
+    }
+  }
+}
+
+void Context::end_sleep(std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::lock_guard g(helped_[i]->park_mu);
+    helped_[i]->sleepers.fetch_sub(1);
   }
 }
 

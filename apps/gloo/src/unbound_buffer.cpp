@@ -83,16 +83,34 @@ class UnboundBuffer final : public ::gloo::transport::UnboundBuffer {
     auto& count = is_recv ? st_->recv_completions : st_->send_completions;
     auto& abort = is_recv ? st_->abort_recv : st_->abort_send;
     auto ready = [&] { return count > 0 || abort || st_->ex; };
-    // The progress thread usually completes the operation within
-    // microseconds (it spins in cq.wait too): look again for a short while,
-    // yielding, before sleeping on the condition variable, so that it need
-    // not wake this thread (a futex wake and a reschedule per operation).
-    auto spin_end = clock_type::now() + ctx_->device_->wait_spin();
-    while (!ready() && clock_type::now() < spin_end) {
-      l.unlock();
-      std::this_thread::yield();
-      l.lock();
+    // Look for the completion for a short while before sleeping on the
+    // condition variable, taking completions from the context's queue
+    // itself while the progress thread is not (it then leaves the queue to
+    // this thread): no thread hand-off per message on either side, and no
+    // wake-up of this one (docs/GLOO.md, "Waiting"). Bounded: yields between
+    // empty looks, sleeps after the wait spin.
+    const auto spin = ctx_->device_->wait_spin();
+    bool slept = false;
+    std::size_t helped = 0;
+    if (!ready() && spin.count() > 0) {
+      auto spin_end = clock_type::now() + spin;
+      helped = ctx_->wait_poll() ? ctx_->begin_wait() : 0;
+      while (!ready() && clock_type::now() < spin_end) {
+        l.unlock();
+        if (helped == 0 || !ctx_->help_poll(helped)) std::this_thread::yield();
+        l.lock();
+      }
+      slept = !ready();
+      ctx_->end_spin(helped, slept);
     }
+    struct sleep_end {
+      Context& c;
+      bool on;
+      std::size_t n;
+      ~sleep_end() {
+        if (on) c.end_sleep(n);
+      }
+    } se{*ctx_, slept, helped};
     if (!st_->cv.wait_for(l, timeout, ready)) {
       GLOO_THROW_IO_EXCEPTION("Timed out waiting ", timeout.count(), "ms for ",
                               is_recv ? "recv" : "send", " operation to complete (",
