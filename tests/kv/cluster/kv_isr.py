@@ -3,7 +3,7 @@
 real etcd and a 1-shard x 1-replica cluster (5 s lease, so that a replica
 stopped for the shrink keeps its registration; --repl-timeout-ms 3000, so
 the shrink bound is 1.5 s). Concurrent clients write unique values
-and read (kv_failover.py's Load, with a 5 s socket timeout so that a held
+and read (history/load.py's Load on kv_failover.py's keys, with a 5 s socket timeout so that a held
 reply is seen released, not timed out) while the test
   - SIGKILLs the replica: the primary asks it out of the in-sync set by a
     shard-map CAS, and the writes held meanwhile are released once the map
@@ -107,7 +107,7 @@ class Shrink(unittest.TestCase):
 
     def test_1_a_killed_replica_leaves_the_isr_and_rejoins_after_catching_up(self):
         self.assertEqual(config(self.etcd)["shards"][0]["primary"], self.primary.id)
-        load = kv_failover.Load(self.nodes, timeout=5)
+        load = kv_failover.Load([("127.0.0.1", n.port) for n in self.nodes], timeout=5)
         try:
             time.sleep(1.0)  # writes flow, each waiting for the replica
             self.both_in_sync()

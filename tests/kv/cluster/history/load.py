@@ -16,8 +16,9 @@ import history
 
 
 class Load:
-    def __init__(self, addrs, keys, clients, password=None, tag="c"):
+    def __init__(self, addrs, keys, clients, password=None, tag="c", timeout=1):
         self.addrs = list(addrs)  # (host, port)
+        self.timeout = timeout  # each client's socket timeout, seconds
         self.keys = list(keys)
         self.password = password
         self.tag = tag  # the values' prefix: unique across loads on the same keys
@@ -38,7 +39,7 @@ class Load:
         while not self.stop.is_set():
             if conn is None:
                 try:
-                    conn = redis.Redis(host=addr[0], port=addr[1], socket_timeout=1,
+                    conn = redis.Redis(host=addr[0], port=addr[1], socket_timeout=self.timeout,
                                        socket_connect_timeout=1, password=self.password,
                                        single_connection_client=True)
                 except (redis.RedisError, OSError):  # nothing was sent
