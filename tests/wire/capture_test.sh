@@ -78,6 +78,13 @@ capture() {
   echo "--- demo with CRC $crc on 127.0.0.1:$port"
   "$demo" --role target --address "127.0.0.1:$port" --crc "$crc" >"$work/target-$crc.log" 2>&1 &
   target_pid=$!
+  # The initiator retries a refused connection, but each refused try is a SYN
+  # and a RST in the capture; start it once the target listens.
+  for _ in $(seq 100); do
+    [ -n "$(ss -Hltn "sport = :$port" 2>/dev/null)" ] && break
+    kill -0 "$target_pid" 2>/dev/null || break
+    sleep 0.1
+  done
   local irc=0 trc=0
   "$demo" --role initiator --address "127.0.0.1:$port" --crc "$crc" >"$work/initiator-$crc.log" 2>&1 || irc=$?
   [ "$irc" -ne 0 ] && { sleep 2; kill "$target_pid" 2>/dev/null || true; }
@@ -160,17 +167,25 @@ check() {
 # is not one clean stream for Wireshark, whose MPA framing then desynchronises.
 # TCP repaired the stream for Conveyor, so it says nothing about Conveyor's
 # encoding: capture again, up to 3 times.
+# The frames that disturbed a capture, with the analysis flags that fired, go
+# to the log: they say whether it was the kernel or the test.
+disturbances='tcp.analysis.retransmission || tcp.analysis.lost_segment ||
+  tcp.analysis.out_of_order || tcp.analysis.fast_retransmission || tcp.analysis.spurious_retransmission'
 disturbed() {
-  tshark -r "$work/crc-$1.pcap" -n -Y 'tcp.analysis.retransmission || tcp.analysis.lost_segment ||
-    tcp.analysis.out_of_order || tcp.analysis.fast_retransmission || tcp.analysis.spurious_retransmission' \
-    2>/dev/null | wc -l
+  tshark -r "$work/crc-$1.pcap" -n -Y "$disturbances" 2>/dev/null | wc -l
+}
+show_disturbed() {
+  tshark -r "$work/crc-$1.pcap" -n -Y "$disturbances" -T fields -e frame.number -e frame.time_relative \
+    -e tcp.srcport -e tcp.dstport -e tcp.flags.str -e tcp.seq -e tcp.len -e _ws.expert.message \
+    2>/dev/null | head -8
 }
 for crc in on off; do
   for attempt in 1 2 3; do
     capture "$crc"
     n=$(disturbed "$crc")
     [ "$n" -eq 0 ] && break
-    echo "capture $attempt with CRC $crc holds $n TCP retransmission/loss segments (kernel drops under load)"
+    echo "capture $attempt with CRC $crc holds $n TCP retransmission/loss segments (kernel drops under load):"
+    show_disturbed "$crc"
     [ "$attempt" -eq 3 ] && die "CRC $crc: 3 captures in a row disturbed by TCP loss; the machine is too loaded to judge"
   done
   check "$crc"
