@@ -1,9 +1,11 @@
-// conveyor kv cluster — create, status, up and failover (kv_cluster.hpp).
+// conveyor kv cluster — create, status, up, failover, add-node and del-node (kv_cluster.hpp).
 //
 //   conveyor kv cluster up --shards 3                    # etcd + 3 nodes on 7001..7003
 //   conveyor kv cluster create --etcd 127.0.0.1:2379 --shards 3
 //   conveyor kv cluster status --etcd 127.0.0.1:2379 [--json]
 //   conveyor kv cluster failover --etcd 127.0.0.1:2379 --shard 127.0.0.1:7001 [--to <id>]
+//   conveyor kv cluster add-node --etcd 127.0.0.1:2379 --node 127.0.0.1:7004 [--shard
+//   S|--new-shard] conveyor kv cluster del-node --etcd 127.0.0.1:2379 --node 127.0.0.1:7004
 //
 // `up` is Redis's create-cluster script for conveyor-kv: it starts a local
 // etcd (/usr/bin/etcd, a data directory of its own, free loopback ports) when
@@ -91,18 +93,36 @@ int run_create(const kv_cluster_options& o) {
   return 0;
 }
 
+// Prints the state after a change of the map, or the error (exit 2 when the
+// command was refused, 1 otherwise).
+int report(const char* what, const result<kv::cluster_state>& s) {
+  if (!s) {
+    std::fprintf(stderr, "conveyor kv cluster %s: %s\n", what, s.error().to_string().c_str());
+    return s.error().code == errc::invalid_argument ? 2 : 1;
+  }
+  std::printf("%s", kv::to_table(*s).c_str());
+  return 0;
+}
+
 int run_failover(const kv_cluster_options& o) {
   kv::cluster_failover_options f;
   f.shard = o.shard;
   f.to = o.to;
   f.wait = std::chrono::seconds(o.failover_wait_s);
-  auto s = kv::failover_cluster(admin(o), f);
-  if (!s) {
-    std::fprintf(stderr, "conveyor kv cluster failover: %s\n", s.error().to_string().c_str());
-    return s.error().code == errc::invalid_argument ? 2 : 1;
-  }
-  std::printf("%s", kv::to_table(*s).c_str());
-  return 0;
+  return report("failover", kv::failover_cluster(admin(o), f));
+}
+
+int run_add_node(const kv_cluster_options& o) {
+  kv::cluster_add_node_options a;
+  a.node = o.node;
+  a.shard = o.shard;
+  a.new_shard = o.new_shard;
+  a.wait = std::chrono::seconds(o.add_wait_s);
+  return report("add-node", kv::add_node_cluster(admin(o), a));
+}
+
+int run_del_node(const kv_cluster_options& o) {
+  return report("del-node", kv::del_node_cluster(admin(o), {.node = o.node}));
 }
 
 // ---- up ------------------------------------------------------------------------
@@ -398,7 +418,15 @@ kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o)
       "failover",
       "promote an in-sync replica of a shard by hand: its primary fences itself, waits for the "
       "replica to hold every write, then hands over (nothing lost, nothing stale served)");
-  for (auto* sub : {c.create, c.status, c.up, c.failover}) {
+  c.add_node = cl->add_subcommand(
+      "add-node",
+      "add a registered node to the map: a replica of a shard (it catches up, then joins the "
+      "in-sync set) or, with --new-shard, the primary of a new shard with no slots");
+  c.del_node = cl->add_subcommand(
+      "del-node",
+      "remove a node from the map: a replica leaves its shard; a primary only with its shard, "
+      "which must own no slot and have no replica");
+  for (auto* sub : {c.create, c.status, c.up, c.failover, c.add_node, c.del_node}) {
     auto* e = sub->add_option("--etcd", o.etcd, "etcd endpoints, host:port[,host:port...]");
     if (sub != c.up) e->required();
     sub->add_option("--name", o.name, "the cluster's name in etcd")->capture_default_str();
@@ -424,6 +452,19 @@ kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o)
       ->add_option("--wait-s", o.failover_wait_s,
                    "seconds to wait for the map that names the new primary")
       ->capture_default_str();
+  for (auto* sub : {c.add_node, c.del_node})
+    sub->add_option("--node", o.node, "the node: its id (or 4+ leading characters) or RESP address")
+        ->required();
+  auto* shard_opt = c.add_node->add_option(
+      "--shard", o.shard,
+      "the shard it joins as a replica: its id (or 4+ leading characters), or its primary's id or "
+      "RESP address (default: the shard with the fewest replicas)");
+  c.add_node->add_flag("--new-shard", o.new_shard, "the primary of a new shard that owns no slot")
+      ->excludes(shard_opt);
+  c.add_node
+      ->add_option("--wait-s", o.add_wait_s,
+                   "seconds to wait for the replica to enter the in-sync set (0: do not wait)")
+      ->capture_default_str();
   c.up->add_option("--port", o.port, "the first node's RESP port (then +1 for each)")
       ->capture_default_str();
   c.up->add_option("--etcd-port", o.etcd_port,
@@ -441,6 +482,8 @@ int run_kv_cluster(const kv_cluster_commands& c, const kv_cluster_options& o) {
   if (c.status && *c.status) return run_status(o);
   if (c.up && *c.up) return run_up(o);
   if (c.failover && *c.failover) return run_failover(o);
+  if (c.add_node && *c.add_node) return run_add_node(o);
+  if (c.del_node && *c.del_node) return run_del_node(o);
   return -1;
 }
 

@@ -23,10 +23,14 @@ struct kv_cluster_options {
   std::string shard;            // failover: the shard (id, prefix, or its primary's id or address)
   std::string to;               // failover: the node to promote (empty: an in-sync replica)
   unsigned failover_wait_s = 10;  // failover: for the map that names the new primary
+  std::string node;               // add-node, del-node: the node (id, prefix or RESP address)
+  bool new_shard = false;         // add-node: the primary of a new, empty shard
+  unsigned add_wait_s = 30;       // add-node: for the replica to enter the in-sync set
 };
 
 struct kv_cluster_commands {
   CLI::App *create = nullptr, *status = nullptr, *up = nullptr, *failover = nullptr;
+  CLI::App *add_node = nullptr, *del_node = nullptr;
 };
 
 kv_cluster_commands add_kv_cluster_commands(CLI::App& kv, kv_cluster_options& o);

@@ -1,7 +1,8 @@
 // conveyor_kv/cluster.hpp — administering a conveyor-kv cluster (issue 35,
 // docs/KV-CLUSTER.md): read what etcd holds about it, create its shard map,
-// fail a shard over by hand. `conveyor kv cluster status|create|up|failover`
-// are command lines around it.
+// fail a shard over by hand, add nodes to it and remove them. `conveyor kv
+// cluster status|create|up|failover|add-node|del-node` are command lines
+// around it.
 //
 //   conveyor::kv::cluster_admin_options a;
 //   a.etcd = {"127.0.0.1:2379"};
@@ -117,5 +118,44 @@ struct cluster_failover_options {
 // log says which), etcd's.
 result<cluster_state> failover_cluster(const cluster_admin_options& a,
                                        const cluster_failover_options& f);
+
+struct cluster_add_node_options {
+  // The node: a registered node outside the map, by its id, a unique prefix
+  // of it (at least 4 characters) or its RESP address.
+  std::string node;
+  // The shard it joins as a replica (as cluster_failover_options::shard);
+  // empty: the shard with the fewest replicas (the first such in the map).
+  std::string shard;
+  // Instead: the primary of a new shard that owns no slot yet.
+  bool new_shard = false;
+  // As a replica: how long to wait for it to enter the in-sync set (it
+  // catches up first); 0: return once the map names it.
+  std::chrono::seconds wait{30};
+};
+
+// Adds a registered node to the map by compare-and-swap (Redis's `--cluster
+// add-node`, docs/KV-CLUSTER.md "Adding and removing nodes"): as a replica of
+// a shard, outside the in-sync set until its primary finds it holds every
+// acknowledged write and asks it in, or as the primary of a new, empty shard.
+// Returns the state read after. Errors: invalid_argument (no such node or
+// shard, the node already in the map, no replication address, the shard
+// full), timed_out (the replica was in the map but not in the in-sync set
+// within `wait`: its log and its primary's say why), etcd's.
+result<cluster_state> add_node_cluster(const cluster_admin_options& a,
+                                       const cluster_add_node_options& o);
+
+struct cluster_del_node_options {
+  std::string node;  // in the map: its id, a unique prefix of it, or its RESP address
+};
+
+// Removes a node from the map by compare-and-swap (Redis's `--cluster
+// del-node`): a replica leaves its shard and the in-sync set; a primary only
+// with its shard, which must own no slot and have no replica (fail a shard
+// over first to retire its primary). The node stays up and registered,
+// serving nothing (every key -MOVED) until it is stopped or added again.
+// Errors: invalid_argument (not in the map, or the reason it cannot leave),
+// etcd's.
+result<cluster_state> del_node_cluster(const cluster_admin_options& a,
+                                       const cluster_del_node_options& o);
 
 }  // namespace conveyor::kv

@@ -11,6 +11,7 @@
 #include "cluster/cluster_node.hpp"
 #include "cluster/controller.hpp"
 #include "cluster/etcd.hpp"
+#include "cluster/membership.hpp"
 #include "cluster/routing.hpp"
 #include "cluster/shard_map.hpp"
 #include "cluster/slots.hpp"
@@ -302,7 +303,117 @@ result<const T*> pick(const std::vector<T>& v, const std::string& want, Key key,
   return found;
 }
 
+// The shard `want` names: its id or a prefix of it, or its primary's id or
+// RESP address.
+result<const cluster::shard*> find_shard(const cluster::shard_map& m, const std::string& want) {
+  for (const auto& s : m.shards) {
+    const auto* n = cluster::find_node(m, s.primary);
+    if (s.primary == want || (n != nullptr && n->resp == want)) return &s;
+  }
+  return pick(
+      m.shards, want, [](const cluster::shard& s) -> const std::string& { return s.id; }, "shard");
+}
+
+// The shard map as it is now (an error when there is none).
+result<cluster::shard_map> read_map(etcd_coord& etcd, const cluster_admin_options& a) {
+  auto cfg = etcd.get(cluster::config_key(a.name));
+  if (!cfg) return std::unexpected(cfg.error());
+  if (!*cfg) return make_error(errc::invalid_argument, "cluster " + a.name + " has no shard map");
+  return cluster::parse_shard_map((*cfg)->value);
+}
+
+// Writes the map `next` computes by CAS (rewrite_shard_map); its refusal is
+// an invalid_argument error.
+result<void> change_map(
+    etcd_coord& etcd, const cluster_admin_options& a,
+    const std::function<std::expected<cluster::shard_map, std::string>(const cluster::shard_map&)>&
+        next) {
+  const auto w = cluster::rewrite_shard_map(etcd, a.name, 5, next);
+  using outcome = cluster::isr_change::outcome;
+  if (w.result == outcome::written) return {};
+  return make_error(w.result == outcome::moot ? errc::invalid_argument : errc::io_error, w.error);
+}
+
 }  // namespace
+
+result<cluster_state> add_node_cluster(const cluster_admin_options& a,
+                                       const cluster_add_node_options& o) {
+  auto e = open_etcd(a);
+  if (!e) return std::unexpected(e.error());
+  etcd_coord& etcd = **e;
+  auto regs = read_registrations(etcd, a.name);
+  if (!regs) return std::unexpected(regs.error());
+  const cluster::node_registration* n = nullptr;
+  for (const auto& r : regs->nodes)
+    if (r.resp == o.node) n = &r;
+  if (n == nullptr) {
+    auto p = pick(
+        regs->nodes, o.node,
+        [](const cluster::node_registration& r) -> const std::string& { return r.id; },
+        "registered node");
+    if (!p) return std::unexpected(p.error());
+    n = *p;
+  }
+  const cluster::node_registration node = *n;
+  const std::string new_id = cluster::random_id();
+  auto changed = change_map(
+      etcd, a, [&](const cluster::shard_map& m) -> std::expected<cluster::shard_map, std::string> {
+        if (o.new_shard) return cluster::with_shard_added(m, node, new_id);
+        if (m.shards.empty()) return std::unexpected("the map has no shard to join");
+        std::size_t at = 0;
+        if (o.shard.empty()) {
+          for (std::size_t i = 1; i < m.shards.size(); ++i)
+            if (m.shards[i].replicas.size() < m.shards[at].replicas.size()) at = i;
+        } else {
+          auto sh = find_shard(m, o.shard);
+          if (!sh) return std::unexpected(sh.error().to_string());
+          at = static_cast<std::size_t>(*sh - m.shards.data());
+        }
+        return cluster::with_replica_added(m, node, at);
+      });
+  if (!changed) return std::unexpected(changed.error());
+  const auto deadline = std::chrono::steady_clock::now() + o.wait;
+  while (!o.new_shard && o.wait.count() > 0) {
+    auto m = read_map(etcd, a);
+    if (m)
+      for (const auto& sh : m->shards)
+        if (std::find(sh.isr.begin(), sh.isr.end(), node.id) != sh.isr.end())
+          return state_of(etcd, a);
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(errc::timed_out,
+                        "node " + node.id +
+                            " is a replica in the map but not in the in-sync set "
+                            "after " +
+                            std::to_string(o.wait.count()) +
+                            " s (still catching up? its log and its primary's say)");
+    std::this_thread::sleep_for(100ms);
+  }
+  return state_of(etcd, a);
+}
+
+result<cluster_state> del_node_cluster(const cluster_admin_options& a,
+                                       const cluster_del_node_options& o) {
+  auto e = open_etcd(a);
+  if (!e) return std::unexpected(e.error());
+  etcd_coord& etcd = **e;
+  auto changed = change_map(
+      etcd, a, [&](const cluster::shard_map& m) -> std::expected<cluster::shard_map, std::string> {
+        std::string id;
+        for (const auto& n : m.nodes)
+          if (n.resp == o.node) id = n.id;
+        if (id.empty()) {
+          auto p = pick(
+              m.nodes, o.node,
+              [](const cluster::node_info& n) -> const std::string& { return n.id; },
+              "node in the shard map");
+          if (!p) return std::unexpected(p.error().to_string());
+          id = (*p)->id;
+        }
+        return cluster::with_node_removed(m, id);
+      });
+  if (!changed) return std::unexpected(changed.error());
+  return state_of(etcd, a);
+}
 
 result<cluster_state> failover_cluster(const cluster_admin_options& a,
                                        const cluster_failover_options& f) {
@@ -323,18 +434,9 @@ result<cluster_state> failover_cluster(const cluster_admin_options& a,
           "the cluster has " + std::to_string(m->shards.size()) + " shards: say which (--shard)");
     sh = &m->shards[0];
   } else {
-    // A primary's id or RESP address names its shard too.
-    for (const auto& s : m->shards) {
-      const auto* n = cluster::find_node(*m, s.primary);
-      if (s.primary == f.shard || (n != nullptr && n->resp == f.shard)) sh = &s;
-    }
-    if (sh == nullptr) {
-      auto p = pick(
-          m->shards, f.shard, [](const cluster::shard& s) -> const std::string& { return s.id; },
-          "shard");
-      if (!p) return std::unexpected(p.error());
-      sh = *p;
-    }
+    auto p = find_shard(*m, f.shard);
+    if (!p) return std::unexpected(p.error());
+    sh = *p;
   }
   auto regs = read_registrations(etcd, a.name);
   if (!regs) return std::unexpected(regs.error());

@@ -196,12 +196,7 @@ std::optional<shard_map> remove_from_isr(const shard_map& m, std::string_view pr
   return std::nullopt;
 }
 
-namespace {
-
-// Read the map, compute the next one, write it by CAS on the revision read;
-// a lost CAS computes again from the map as it is now, at most `attempts`
-// times. `next`: the next map, or why there is nothing to change (moot).
-isr_change rewrite_map(
+isr_change rewrite_shard_map(
     coord& c, std::string_view cluster_name, int attempts,
     const std::function<std::expected<shard_map, std::string>(const shard_map&)>& next) {
   using outcome = isr_change::outcome;
@@ -223,11 +218,9 @@ isr_change rewrite_map(
   return {outcome::failed, 0, "the shard map kept changing"};
 }
 
-}  // namespace
-
 isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::string_view primary,
                               std::string_view replica, bool add, int attempts) {
-  return rewrite_map(
+  return rewrite_shard_map(
       c, cluster_name, attempts, [&](const shard_map& m) -> std::expected<shard_map, std::string> {
         auto n = add ? add_to_isr(m, primary, replica) : remove_from_isr(m, primary, replica);
         if (!n) return std::unexpected(std::string());
@@ -263,7 +256,7 @@ isr_change propose_handover(coord& c, std::string_view cluster_name, std::string
   if (!*reg) return {outcome::moot, 0, "the node to promote is not registered"};
   auto r = parse_node_registration((*reg)->value);
   if (!r || r->id != to) return {outcome::moot, 0, "the node to promote has no valid registration"};
-  return rewrite_map(
+  return rewrite_shard_map(
       c, cluster_name, attempts, [&](const shard_map& m) -> std::expected<shard_map, std::string> {
         auto sh = std::find_if(m.shards.begin(), m.shards.end(),
                                [&](const shard& s) { return s.primary == primary; });

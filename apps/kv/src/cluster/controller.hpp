@@ -31,6 +31,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <expected>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -157,6 +159,15 @@ struct isr_change {
   std::uint64_t epoch = 0;
   std::string error;
 };
+// Read the map of `cluster_name`, compute the next one, write it by CAS on
+// the mod_revision read; a lost CAS computes again from the map as it is now,
+// at most `attempts` times. `next`: the next map, or why there is nothing to
+// change (moot, with that reason as the error). Every change of the map but
+// the controller's failover and `create` goes through here.
+isr_change rewrite_shard_map(
+    coord& c, std::string_view cluster_name, int attempts,
+    const std::function<std::expected<shard_map, std::string>(const shard_map&)>& next);
+
 isr_change propose_isr_change(coord& c, std::string_view cluster_name, std::string_view primary,
                               std::string_view replica, bool add, int attempts = 3);
 
