@@ -303,6 +303,17 @@ result<const T*> pick(const std::vector<T>& v, const std::string& want, Key key,
   return found;
 }
 
+// The node of `v` (registrations or map nodes) that `want` names: its RESP
+// address, its id or a prefix of it.
+template <class T>
+result<const T*> find_named_node(const std::vector<T>& v, const std::string& want,
+                                 const char* what) {
+  for (const auto& n : v)
+    if (n.resp == want) return &n;
+  return pick(
+      v, want, [](const T& n) -> const std::string& { return n.id; }, what);
+}
+
 // The shard `want` names: its id or a prefix of it, or its primary's id or
 // RESP address.
 result<const cluster::shard*> find_shard(const cluster::shard_map& m, const std::string& want) {
@@ -343,18 +354,9 @@ result<cluster_state> add_node_cluster(const cluster_admin_options& a,
   etcd_coord& etcd = **e;
   auto regs = read_registrations(etcd, a.name);
   if (!regs) return std::unexpected(regs.error());
-  const cluster::node_registration* n = nullptr;
-  for (const auto& r : regs->nodes)
-    if (r.resp == o.node) n = &r;
-  if (n == nullptr) {
-    auto p = pick(
-        regs->nodes, o.node,
-        [](const cluster::node_registration& r) -> const std::string& { return r.id; },
-        "registered node");
-    if (!p) return std::unexpected(p.error());
-    n = *p;
-  }
-  const cluster::node_registration node = *n;
+  auto n = find_named_node(regs->nodes, o.node, "registered node");
+  if (!n) return std::unexpected(n.error());
+  const cluster::node_registration node = **n;
   const std::string new_id = cluster::random_id();
   auto changed = change_map(
       etcd, a, [&](const cluster::shard_map& m) -> std::expected<cluster::shard_map, std::string> {
@@ -398,18 +400,9 @@ result<cluster_state> del_node_cluster(const cluster_admin_options& a,
   etcd_coord& etcd = **e;
   auto changed = change_map(
       etcd, a, [&](const cluster::shard_map& m) -> std::expected<cluster::shard_map, std::string> {
-        std::string id;
-        for (const auto& n : m.nodes)
-          if (n.resp == o.node) id = n.id;
-        if (id.empty()) {
-          auto p = pick(
-              m.nodes, o.node,
-              [](const cluster::node_info& n) -> const std::string& { return n.id; },
-              "node in the shard map");
-          if (!p) return std::unexpected(p.error().to_string());
-          id = (*p)->id;
-        }
-        return cluster::with_node_removed(m, id);
+        auto n = find_named_node(m.nodes, o.node, "node in the shard map");
+        if (!n) return std::unexpected(n.error().to_string());
+        return cluster::with_node_removed(m, (*n)->id);
       });
   if (!changed) return std::unexpected(changed.error());
   return state_of(etcd, a);
