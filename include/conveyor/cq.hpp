@@ -95,6 +95,10 @@ class CONVEYOR_API completion_queue {
   // Event integration (ibv_req_notify_cq + completion channel): fd() is readable
   // after arm() once a new completion arrives (or at once if some are queued).
   // Typical loop: arm(); epoll_wait(...); poll() until empty; arm() again.
+  // With progress_mode::manual (soft, shm) nothing runs the device's engine
+  // but poll() and wait(), so fd() is also readable after arm() once the
+  // engine has work (a peer's message or response): the loop wakes, and its
+  // poll() runs the engine, which may or may not complete anything yet.
   int fd() const noexcept;
   void arm() noexcept;
 

@@ -275,6 +275,52 @@ TEST_P(queues, cq_fd_and_arm_work_with_poll_and_epoll) {
   EXPECT_TRUE(ok(check_wc(wc, wc_status::success, wc_opcode::rdma_write, 962)));
 }
 
+// cq.hpp's event loop as an application writes it, with nothing else driving
+// the device: arm(); sleep in epoll on fd(); poll() until empty; arm() again.
+// A READ's completion needs the peer's response, which only the device's
+// engine takes in, so in manual progress (no engine thread) fd() must wake
+// the loop for the engine's work too, not only for completions: before it
+// did, this loop slept until its timeout.
+TEST_P(queues, an_event_loop_sleeping_on_the_cq_fd_alone_gets_its_read_completions) {
+  ASSERT_NO_FATAL_FAILURE(connect_pair());
+  auto sink = make_region(init.pd, 3 * 4096, access::local_write, 0x9700);
+  CVT_ASSERT_OK(sink);
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(ep, 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = init.scq.fd();
+  ASSERT_EQ(::epoll_ctl(ep, EPOLL_CTL_ADD, init.scq.fd(), &ev), 0);
+  for (std::uint64_t round = 0; round < 3; ++round) {
+    const std::uint64_t id = 0x97a0 + round;
+    CVT_ASSERT_POST_OK(
+        init.qp.post_read(sink->sge(round * 4096, 4096), peer.slice(round * 4096, 4096), id));
+    const auto deadline = steady_clock::now() + op_timeout(4096);
+    bool got = false;
+    while (!got) {
+      init.scq.arm();
+      const auto left = duration_cast<milliseconds>(deadline - steady_clock::now()).count();
+      epoll_event out{};
+      const int n = ::epoll_wait(ep, &out, 1, static_cast<int>(std::max<long long>(left, 0)));
+      ASSERT_EQ(n, 1) << "round " << round << ": the loop slept on fd() until its timeout";
+      std::array<work_completion, 4> buf;
+      for (;;) {
+        auto r = init.scq.poll(buf);
+        ASSERT_TRUE(r.has_value()) << name(r.error());
+        if (*r == 0) break;
+        for (std::size_t i = 0; i < *r; ++i) {
+          EXPECT_TRUE(ok(check_wc(buf[i], wc_status::success, wc_opcode::rdma_read, id)));
+          got = true;
+        }
+      }
+    }
+    EXPECT_TRUE(ok(check_equal(sink->bytes().subspan(round * 4096, 4096),
+                               tgt_main.bytes().subspan(round * 4096, 4096))))
+        << "round " << round << ": the READ's bytes";
+  }
+  ::close(ep);
+}
+
 TEST_P(queues, wait_one_times_out_in_bounded_time_when_nothing_happens) {
   ASSERT_NO_FATAL_FAILURE(connect_pair());
   const auto t0 = steady_clock::now();

@@ -1,6 +1,7 @@
 #include "providers/swnic/sw_cq.hpp"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -17,7 +18,22 @@ result<std::shared_ptr<sw_cq>> sw_cq::create(std::uint32_t depth, std::shared_pt
                       "create_cq: depth " + std::to_string(depth) + " not in 1..4194304");
   int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (efd < 0) return make_error(errc::resource_exhausted, "create_cq: eventfd", errno);
-  return std::make_shared<sw_cq>(depth, efd, std::move(keep), engine, spin_us, manual);
+  auto cq = std::make_shared<sw_cq>(depth, efd, std::move(keep), engine, spin_us, manual);
+  if (manual && engine) {
+    // What fd() returns: readable when a completion is signalled or the
+    // engine has work (level-triggered, as both descriptors are).
+    const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0) return make_error(errc::resource_exhausted, "create_cq: epoll_create1", errno);
+    cq->wfd_ = ep;
+    for (int fd : {efd, engine->wait_fd()}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      if (::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0)
+        return make_error(errc::resource_exhausted, "create_cq: epoll_ctl", errno);
+    }
+  }
+  return cq;
 }
 
 sw_cq::sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_source* engine,
@@ -31,14 +47,14 @@ sw_cq::sw_cq(std::uint32_t depth, int efd, std::shared_ptr<void> keep, progress_
       ring_(depth) {}
 
 sw_cq::~sw_cq() {
+  if (fd_waiting_.load(std::memory_order_acquire)) engine_->end_wait();
+  if (wfd_ >= 0) ::close(wfd_);
   ::close(efd_);
 }
 
 void sw_cq::notify() noexcept {
   if (armed_.exchange(false, std::memory_order_acq_rel)) {
-    signaled_.store(true, std::memory_order_release);
-    std::uint64_t one = 1;
-    [[maybe_unused]] auto r = ::write(efd_, &one, sizeof one);
+    signal();
   }
 }
 
@@ -72,7 +88,17 @@ std::size_t sw_cq::take(std::span<work_completion> out) noexcept {
   return n;
 }
 
+void sw_cq::signal() noexcept {
+  signaled_.store(true, std::memory_order_release);
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto r = ::write(efd_, &one, sizeof one);
+}
+
 std::expected<std::size_t, errc> sw_cq::poll(std::span<work_completion> out) noexcept {
+  // The application is awake again: the wait arm() prepared is over.
+  if (fd_waiting_.load(std::memory_order_relaxed) &&
+      fd_waiting_.exchange(false, std::memory_order_acq_rel))
+    engine_->end_wait();
   if (overflow_.load(std::memory_order_acquire)) return std::unexpected(errc::cq_overflow);
   std::size_t n = take(out);
   if (n == 0 && engine_) {
@@ -89,6 +115,19 @@ std::expected<std::size_t, errc> sw_cq::poll(std::span<work_completion> out) noe
 }
 
 void sw_cq::arm() noexcept {
+  arm_event();
+  // Manual progress: the caller is about to sleep on fd(), and only poll()
+  // runs the engine. Ask the engine to be woken by new work (a shm peer then
+  // rings its doorbell; soft's sockets wake wait_fd() by themselves), which
+  // fd() watches; work that turned up meanwhile makes fd() readable at once.
+  if (!manual_ || !engine_ || fd_waiting_.exchange(true, std::memory_order_acq_rel)) return;
+  if (engine_->prepare_wait()) {
+    fd_waiting_.store(false, std::memory_order_release);
+    signal();
+  }
+}
+
+void sw_cq::arm_event() noexcept {
   armed_.store(true, std::memory_order_release);
   // Arming means the caller is about to sleep on fd() (epoll): hand progress
   // back to the engine thread, as wait() does before it sleeps. Without this an
@@ -124,7 +163,7 @@ std::expected<std::size_t, errc> sw_cq::wait(std::span<work_completion> out,
       std::this_thread::yield();
       continue;
     }
-    arm();
+    arm_event();  // wait() prepares the engine below itself
     r = poll(out);
     if (!r || *r > 0) return r;
     if (engine_ && !manual_) engine_->idle();  // the engine thread takes over

@@ -42,7 +42,13 @@ class sw_cq final : public cq_impl {
   std::expected<std::size_t, errc> poll(std::span<work_completion> out) noexcept override;
   std::expected<std::size_t, errc> wait(std::span<work_completion> out,
                                         std::chrono::nanoseconds timeout) noexcept override;
-  int fd() const noexcept override { return efd_; }
+  // Manual progress: an epoll descriptor over the event descriptor and the
+  // engine's wait_fd(), so that an application sleeping on fd() is woken by
+  // work for the engine too (nothing else would run it); otherwise the
+  // event descriptor itself.
+  int fd() const noexcept override { return wfd_ >= 0 ? wfd_ : efd_; }
+  // Manual progress: also arranges for the engine's new work to wake fd()
+  // (progress_source::prepare_wait; the next poll() ends that wait).
   void arm() noexcept override;
 
   // Provider side: false if the queue was full (the completion is lost and the
@@ -56,6 +62,8 @@ class sw_cq final : public cq_impl {
  private:
   std::size_t take(std::span<work_completion> out) noexcept;
   void notify() noexcept;
+  void arm_event() noexcept;  // arm() without the manual-progress wait
+  void signal() noexcept;     // fd() readable now
 
   const std::uint32_t depth_;
   const int efd_;
@@ -70,6 +78,9 @@ class sw_cq final : public cq_impl {
   std::atomic<bool> overflow_{false};
   std::atomic<bool> armed_{false};
   std::atomic<bool> signaled_{false};
+  int wfd_ = -1;  // manual progress with an engine: what fd() returns
+  // arm() left the engine prepared for a sleeper on fd(): poll() ends it.
+  std::atomic<bool> fd_waiting_{false};
 };
 
 }  // namespace conveyor::detail
