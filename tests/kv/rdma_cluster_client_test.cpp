@@ -185,6 +185,45 @@ TEST_P(kv_cluster_client, a_write_answered_moved_goes_to_the_new_owner) {
   EXPECT_EQ(c->stats().epoch, 4u);
 }
 
+// Issue 35's "a client holding a map two epochs old": the key's slots moved
+// twice (node 1 -> node 0 at epoch 4 -> node 2 at epoch 5) while two clients
+// held epoch 3. A GET at node 1 sees epoch 5 in the words read with the
+// bucket, drops the value and reads the map of now; a SET at node 1 gets
+// -MOVED to node 2. Neither ever sees the intermediate owner or old data.
+TEST_P(kv_cluster_client, a_client_two_epochs_behind_reads_and_writes_at_the_owner_of_now) {
+  three_nodes n(GetParam());
+  auto reader = connect(n), writer = connect(n);
+  ASSERT_TRUE(reader && writer);
+  const auto key = key_in(5461, 10922, "twice");
+  ASSERT_TRUE(writer->set(key, "at-1"));
+  ASSERT_EQ(reader->get(key).value().value_or("<nil>"), "at-1");
+  ASSERT_EQ(reader->stats().epoch, 3u);
+  auto m4 = n.map;  // shard b's slots to node 0; node 1 leaves
+  m4.epoch = 4;
+  m4.shards[0].slots = {{0, 10922}};
+  m4.shards.erase(m4.shards.begin() + 1);
+  m4.nodes.erase(m4.nodes.begin() + 1);
+  n.put(0, key, "at-0");
+  n.install(m4);
+  auto m5 = m4;  // then on to node 2
+  m5.epoch = 5;
+  m5.shards[0].slots = {{0, 5460}};
+  m5.shards[1].slots = {{5461, 16383}};
+  n.put(2, key, "at-2");
+  n.install(m5);
+  auto v = reader->get(key);
+  ASSERT_TRUE(v.has_value()) << v.error().to_string();
+  EXPECT_EQ(v->value_or("<nil>"), "at-2");
+  EXPECT_GE(reader->stats().stale_epochs, 1u);
+  EXPECT_EQ(reader->stats().epoch, 5u);
+  ASSERT_TRUE(writer->set(key, "written")) << "a write from epoch 3";
+  EXPECT_EQ(n.stored(2, key).value_or("<nil>"), "written");
+  EXPECT_EQ(n.stored(0, key).value_or("<nil>"), "at-0") << "the intermediate owner untouched";
+  EXPECT_EQ(writer->stats().moved, 1u);
+  EXPECT_EQ(writer->stats().epoch, 5u);
+  EXPECT_EQ(reader->get(key).value().value_or("<nil>"), "written");
+}
+
 TEST_P(kv_cluster_client, a_node_whose_lease_does_not_vouch_is_retried_until_it_does) {
   three_nodes n(GetParam());
   auto c = connect(n);
