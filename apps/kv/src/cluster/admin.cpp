@@ -413,11 +413,7 @@ result<cluster_state> failover_cluster(const cluster_admin_options& a,
   auto e = open_etcd(a);
   if (!e) return std::unexpected(e.error());
   etcd_coord& etcd = **e;
-  const std::string key = cluster::config_key(a.name);
-  auto cfg = etcd.get(key);
-  if (!cfg) return std::unexpected(cfg.error());
-  if (!*cfg) return make_error(errc::invalid_argument, "cluster " + a.name + " has no shard map");
-  auto m = cluster::parse_shard_map((*cfg)->value);
+  auto m = read_map(etcd, a);
   if (!m) return std::unexpected(m.error());
   const cluster::shard* sh = nullptr;
   if (f.shard.empty()) {
@@ -470,14 +466,12 @@ result<cluster_state> failover_cluster(const cluster_admin_options& a,
   const auto deadline = std::chrono::steady_clock::now() + f.wait;
   for (;;) {
     std::this_thread::sleep_for(100ms);
-    auto now_cfg = etcd.get(key);
-    if (now_cfg && *now_cfg)
-      if (auto now_map = cluster::parse_shard_map((*now_cfg)->value))
-        for (const auto& s : now_map->shards)
-          if (s.id == shard_id && s.primary == to) {
-            (void)etcd.revoke_lease(lease->id);
-            return state_of(etcd, a);
-          }
+    if (auto now_map = read_map(etcd, a))
+      for (const auto& s : now_map->shards)
+        if (s.id == shard_id && s.primary == to) {
+          (void)etcd.revoke_lease(lease->id);
+          return state_of(etcd, a);
+        }
     if (std::chrono::steady_clock::now() >= deadline) break;
   }
   (void)etcd.revoke_lease(lease->id);
